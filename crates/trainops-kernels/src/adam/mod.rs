@@ -1,0 +1,185 @@
+//! ONNX `ai.onnx.preview.training::Adam` (since version 1), per element:
+//!
+//! ```text
+//! g  = norm_coefficient * x + g
+//! v' = alpha * v + (1 - alpha) * g
+//! h' = beta  * h + (1 - beta)  * g * g
+//! x' = x - r * (v' / (sqrt(h') + epsilon))
+//! x' = (1 - norm_coefficient_post) * x'
+//! ```
+//! where `r` is the bias-corrected learning rate ([`adjusted_rate`]), computed once per call
+//! in `f64`. Scalar coefficients are formed in `f64` from the `f32` attributes and rounded to
+//! the compute type once, as numpy does with Python scalars.
+
+pub mod reference;
+
+use crate::parallel::for_each_item;
+use crate::{Compute, Element, InOut, KernelError, Parallelism};
+
+/// The operator's attributes, with ONNX's defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamAttrs {
+    /// Coefficient of the running gradient average.
+    pub alpha: f32,
+    /// Coefficient of the running squared-gradient average.
+    pub beta: f32,
+    /// Added to `sqrt(h')` to keep the division finite.
+    pub epsilon: f32,
+    /// L2 regularisation added to the gradient before the update.
+    pub norm_coefficient: f32,
+    /// Decay applied to the updated weights.
+    pub norm_coefficient_post: f32,
+}
+
+impl Default for AdamAttrs {
+    fn default() -> Self {
+        Self { alpha: 0.9, beta: 0.999, epsilon: 1e-6, norm_coefficient: 0.0, norm_coefficient_post: 0.0 }
+    }
+}
+
+/// `R * sqrt(1 - beta^T) / (1 - alpha^T)` when `T > 0`, else `R`, in `f64`.
+pub fn adjusted_rate(r: f64, t: i64, alpha: f32, beta: f32) -> f64 {
+    if t > 0 {
+        let t = t as f64;
+        r * (1.0 - f64::from(beta).powf(t)).sqrt() / (1.0 - f64::from(alpha).powf(t))
+    } else {
+        r
+    }
+}
+
+/// The per-call scalars of the update, rounded once to the compute type `C`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct AdamCoeffs<C> {
+    /// `alpha`.
+    pub alpha: C,
+    /// `1 - alpha`.
+    pub one_minus_alpha: C,
+    /// `beta`.
+    pub beta: C,
+    /// `1 - beta`.
+    pub one_minus_beta: C,
+    /// `epsilon`.
+    pub epsilon: C,
+    /// `norm_coefficient`.
+    pub norm: C,
+    /// `1 - norm_coefficient_post`.
+    pub keep: C,
+    /// The adjusted learning rate.
+    pub rate: C,
+}
+
+impl<C: Compute> AdamCoeffs<C> {
+    /// Coefficients for one call with adjusted learning rate `rate` (see [`adjusted_rate`]).
+    pub fn new(a: &AdamAttrs, rate: f64) -> Self {
+        let f = |v: f32| C::from_f64(f64::from(v));
+        let one_minus = |v: f32| C::from_f64(1.0 - f64::from(v));
+        Self {
+            alpha: f(a.alpha),
+            one_minus_alpha: one_minus(a.alpha),
+            beta: f(a.beta),
+            one_minus_beta: one_minus(a.beta),
+            epsilon: f(a.epsilon),
+            norm: f(a.norm_coefficient),
+            keep: one_minus(a.norm_coefficient_post),
+            rate: C::from_f64(rate),
+        }
+    }
+}
+
+/// The update of one element: `(x, g, v, h) -> (x', v', h')`.
+#[inline(always)]
+pub fn update<C: Compute>(c: &AdamCoeffs<C>, x: C, g: C, v: C, h: C) -> (C, C, C) {
+    let g = c.norm * x + g;
+    let v = c.alpha * v + c.one_minus_alpha * g;
+    let h = c.beta * h + c.one_minus_beta * (g * g);
+    let x = x - c.rate * (v / (h.sqrt() + c.epsilon));
+    (c.keep * x, v, h)
+}
+
+/// One tensor of an Adam node: weights, gradient (already broadcast to the weights' shape),
+/// first and second moments.
+pub struct AdamTensor<'a, X, G> {
+    /// Weights `X`, rewritten as `X_new`.
+    pub x: InOut<'a, X>,
+    /// Gradient `G`, one element per weight.
+    pub g: &'a [G],
+    /// First moment `V`, rewritten as `V_new`.
+    pub v: InOut<'a, X>,
+    /// Second moment `H`, rewritten as `H_new`.
+    pub h: InOut<'a, X>,
+}
+
+impl<'a, X: Element, G: Element> AdamTensor<'a, X, G> {
+    /// Checks that all four buffers have the weights' length.
+    pub fn new(x: InOut<'a, X>, g: &'a [G], v: InOut<'a, X>, h: InOut<'a, X>) -> Result<Self, KernelError> {
+        let n = x.len();
+        for (what, got) in [("G", g.len()), ("V", v.len()), ("H", h.len())] {
+            if got != n {
+                return Err(KernelError::LengthMismatch { what, got, expected: n });
+            }
+        }
+        Ok(Self { x, g, v, h })
+    }
+
+    /// Number of weights.
+    pub fn len(&self) -> usize {
+        self.x.len()
+    }
+
+    /// True when the tensor has no elements.
+    pub fn is_empty(&self) -> bool {
+        self.x.is_empty()
+    }
+
+    fn split_at(self, mid: usize) -> (Self, Self) {
+        let (x0, x1) = self.x.split_at(mid);
+        let (g0, g1) = self.g.split_at(mid);
+        let (v0, v1) = self.v.split_at(mid);
+        let (h0, h1) = self.h.split_at(mid);
+        (Self { x: x0, g: g0, v: v0, h: h0 }, Self { x: x1, g: g1, v: v1, h: h1 })
+    }
+}
+
+/// Elements per task when a node's work is spread over threads.
+pub const CHUNK: usize = 1 << 15;
+/// Below this many elements in a whole node, everything runs on the calling thread.
+pub const SERIAL_BELOW: usize = 1 << 16;
+
+/// One Adam step over every tensor of a node. Each element's result does not depend on how
+/// the work is split, so the output is bitwise identical for any `par`.
+pub fn step<X, G>(c: &AdamCoeffs<X::C>, tensors: Vec<AdamTensor<'_, X, G>>, par: &dyn Parallelism)
+where
+    X: Element,
+    G: Element<C = X::C>,
+{
+    let total: usize = tensors.iter().map(AdamTensor::len).sum();
+    if total < SERIAL_BELOW {
+        tensors.into_iter().for_each(|t| chunk(c, t));
+        return;
+    }
+    let mut items = Vec::with_capacity(total / CHUNK + tensors.len());
+    for mut t in tensors {
+        while t.len() > CHUNK {
+            let (head, tail) = t.split_at(CHUNK);
+            items.push(head);
+            t = tail;
+        }
+        if !t.is_empty() {
+            items.push(t);
+        }
+    }
+    for_each_item(par, items, |t| chunk(c, t));
+}
+
+/// The portable kernel over one chunk.
+fn chunk<X: Element, G: Element<C = X::C>>(c: &AdamCoeffs<X::C>, mut t: AdamTensor<'_, X, G>) {
+    for i in 0..t.len() {
+        let (x, v, h) = update(c, t.x.get(i).load(), t.g[i].load(), t.v.get(i).load(), t.h.get(i).load());
+        t.x.set(i, X::store(x));
+        t.v.set(i, X::store(v));
+        t.h.set(i, X::store(h));
+    }
+}
+
+#[cfg(test)]
+mod tests;

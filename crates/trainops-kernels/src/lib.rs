@@ -1,0 +1,19 @@
+//! Training-operator numerics on plain slices, with no knowledge of ONNX Runtime.
+//!
+//! Every operator has a plain scalar reference (`reference` modules), written straight from
+//! the specification and used only by tests, and a fast path that the runtime layer calls.
+//! Fast paths take their memory through [`InOut`] streams, so that an output bound to its own
+//! input's buffer (in-place update) never becomes two overlapping Rust references, and run
+//! their work through a caller-supplied [`Parallelism`], so that the host decides the threads.
+
+pub mod adam;
+pub mod broadcast;
+pub mod elem;
+mod error;
+pub mod parallel;
+pub mod stream;
+
+pub use elem::{Compute, Element};
+pub use error::KernelError;
+pub use parallel::{Parallelism, RayonPool, Sequential};
+pub use stream::InOut;
