@@ -1,0 +1,262 @@
+//! A kernel call's context, a kernel's creation info, and a node's shape-inference context.
+
+use core::ffi::{c_char, c_void};
+use core::marker::PhantomData;
+use std::ffi::CString;
+
+use ort_sys as sys;
+
+use super::tensor::{elem_size, DType, Tensor};
+use super::Api;
+use crate::error::{Error, Result};
+
+/// Reads dtype and shape of a value's type-and-shape info, then releases it if `owned`.
+///
+/// # Safety
+/// `info` must be a valid `OrtTensorTypeAndShapeInfo` of this runtime.
+unsafe fn read_info(api: Api, op: &'static str, info: *mut sys::OrtTensorTypeAndShapeInfo, owned: bool) -> Result<(DType, Vec<i64>)> {
+    let raw = api.raw();
+    let mut ty: i32 = 0;
+    let mut rank = 0usize;
+    // SAFETY: `info` is valid (caller); the element type is written as a C enum, which is an
+    // `int`, so an `i32` receives it without assuming which values our bindings know.
+    let s = unsafe { (raw.GetTensorElementType)(info, (&raw mut ty).cast()) };
+    let result = api.check(op, "GetTensorElementType", s).and_then(|()| {
+        // SAFETY: valid info, `rank` is a valid out pointer.
+        api.check(op, "GetDimensionsCount", unsafe { (raw.GetDimensionsCount)(info, &mut rank) })?;
+        let mut shape = vec![0i64; rank];
+        // SAFETY: `shape` has room for exactly `rank` dimensions.
+        api.check(op, "GetDimensions", unsafe { (raw.GetDimensions)(info, shape.as_mut_ptr(), rank) })?;
+        Ok((DType::from_raw(ty), shape))
+    });
+    if owned {
+        // SAFETY: we own this info (it came from GetTensorTypeAndShape) and release it once.
+        unsafe { (raw.ReleaseTensorTypeAndShapeInfo)(info) };
+    }
+    result
+}
+
+/// Number of elements of a shape; `None` when a dimension is negative (unknown) or the
+/// product overflows.
+pub fn numel(shape: &[i64]) -> Option<usize> {
+    shape.iter().try_fold(1usize, |n, &d| usize::try_from(d).ok().and_then(|d| n.checked_mul(d)))
+}
+
+/// The context of one kernel call.
+pub struct Context<'a> {
+    api: Api,
+    op: &'static str,
+    ctx: *mut sys::OrtKernelContext,
+    _call: PhantomData<&'a mut sys::OrtKernelContext>,
+}
+
+impl Context<'_> {
+    /// Wraps the context of the current call.
+    ///
+    /// # Safety
+    /// `ctx` must be the valid context of a call in progress, used only during it.
+    pub unsafe fn new(api: Api, op: &'static str, ctx: *mut sys::OrtKernelContext) -> Self {
+        Self { api, op, ctx, _call: PhantomData }
+    }
+
+    /// The API table.
+    pub fn api(&self) -> Api {
+        self.api
+    }
+
+    /// The raw context, for [`super::pool::OrtPool`].
+    pub(crate) fn raw(&self) -> *mut sys::OrtKernelContext {
+        self.ctx
+    }
+
+    /// Number of inputs of the node.
+    pub fn input_count(&self) -> Result<usize> {
+        let mut n = 0;
+        // SAFETY: valid context for this call; `n` is a valid out pointer.
+        let s = unsafe { (self.api.raw().KernelContext_GetInputCount)(self.ctx, &mut n) };
+        self.api.check(self.op, "KernelContext_GetInputCount", s).map(|()| n)
+    }
+
+    /// Number of outputs of the node.
+    pub fn output_count(&self) -> Result<usize> {
+        let mut n = 0;
+        // SAFETY: as in `input_count`.
+        let s = unsafe { (self.api.raw().KernelContext_GetOutputCount)(self.ctx, &mut n) };
+        self.api.check(self.op, "KernelContext_GetOutputCount", s).map(|()| n)
+    }
+
+    /// Input `index`, or `None` when an optional input is absent.
+    pub fn input(&self, index: usize) -> Result<Option<Tensor>> {
+        let raw = self.api.raw();
+        let mut value: *const sys::OrtValue = core::ptr::null();
+        // SAFETY: valid context; `value` is a valid out pointer.
+        let s = unsafe { (raw.KernelContext_GetInput)(self.ctx, index, &mut value) };
+        self.api.check(self.op, "KernelContext_GetInput", s)?;
+        if value.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: `value` is the runtime's input value for this call.
+        unsafe { self.tensor_of(value as *mut sys::OrtValue) }.map(Some)
+    }
+
+    /// Allocates (or fetches the caller-bound buffer of) output `index` with `shape`.
+    pub fn output(&mut self, index: usize, shape: &[i64]) -> Result<Tensor> {
+        let raw = self.api.raw();
+        let mut value: *mut sys::OrtValue = core::ptr::null_mut();
+        // SAFETY: valid context; `shape` is valid for its length; `value` is an out pointer.
+        let s = unsafe { (raw.KernelContext_GetOutput)(self.ctx, index, shape.as_ptr(), shape.len(), &mut value) };
+        self.api.check(self.op, "KernelContext_GetOutput", s)?;
+        if value.is_null() {
+            return Err(Error::Runtime { op: self.op, call: "KernelContext_GetOutput", message: format!("no value for output {index}") });
+        }
+        // SAFETY: `value` is the runtime's output value for this call.
+        unsafe { self.tensor_of(value) }
+    }
+
+    /// # Safety
+    /// `value` must be a valid tensor value of this call.
+    unsafe fn tensor_of(&self, value: *mut sys::OrtValue) -> Result<Tensor> {
+        let raw = self.api.raw();
+        let mut info: *mut sys::OrtTensorTypeAndShapeInfo = core::ptr::null_mut();
+        // SAFETY: valid value (caller); `info` is an out pointer, released by `read_info`.
+        let s = unsafe { (raw.GetTensorTypeAndShape)(value, &mut info) };
+        self.api.check(self.op, "GetTensorTypeAndShape", s)?;
+        // SAFETY: `info` was just returned by the runtime and is ours to release.
+        let (dtype, shape) = unsafe { read_info(self.api, self.op, info, true) }?;
+        let mut ptr: *mut c_void = core::ptr::null_mut();
+        // SAFETY: valid value; `ptr` is an out pointer.
+        let s = unsafe { (raw.GetTensorMutableData)(value, &mut ptr) };
+        self.api.check(self.op, "GetTensorMutableData", s)?;
+        let numel = numel(&shape).ok_or_else(|| Error::Runtime {
+            op: self.op,
+            call: "GetDimensions",
+            message: format!("tensor of shape {shape:?} has no valid element count"),
+        })?;
+        Ok(Tensor { dtype, shape, numel, ptr, elem_size: elem_size(dtype) })
+    }
+}
+
+/// What a kernel may read when it is created: its node's attributes.
+pub struct KernelInfo<'a> {
+    api: Api,
+    op: &'static str,
+    info: *const sys::OrtKernelInfo,
+    _node: PhantomData<&'a sys::OrtKernelInfo>,
+}
+
+impl KernelInfo<'_> {
+    /// # Safety
+    /// `info` must be valid for the duration of kernel creation, and so must this value.
+    pub unsafe fn new(api: Api, op: &'static str, info: *const sys::OrtKernelInfo) -> Self {
+        Self { api, op, info, _node: PhantomData }
+    }
+
+    /// Whether the node has attribute `name` of some type other than `except` (a float,
+    /// int, string or list attribute).
+    fn present_as_other(&self, name: &CString, except: &str) -> Option<&'static str> {
+        let raw = self.api.raw();
+        let ok = |s: sys::OrtStatusPtr| self.api.check(self.op, "KernelInfoGetAttribute", s).is_ok();
+        let mut f = 0f32;
+        let mut i = 0i64;
+        let mut size = 0usize;
+        // SAFETY (all four probes): valid info; each out pointer is valid; with a null buffer
+        // the string and array getters only report the size.
+        let probes: [(&'static str, bool); 5] = unsafe {
+            [
+                ("float", except != "float" && ok((raw.KernelInfoGetAttribute_float)(self.info, name.as_ptr(), &mut f))),
+                ("int", except != "int" && ok((raw.KernelInfoGetAttribute_int64)(self.info, name.as_ptr(), &mut i))),
+                ("string", ok((raw.KernelInfoGetAttribute_string)(self.info, name.as_ptr(), core::ptr::null_mut::<c_char>(), &mut size))),
+                ("list of floats", ok((raw.KernelInfoGetAttributeArray_float)(self.info, name.as_ptr(), core::ptr::null_mut(), &mut size))),
+                ("list of ints", ok((raw.KernelInfoGetAttributeArray_int64)(self.info, name.as_ptr(), core::ptr::null_mut(), &mut size))),
+            ]
+        };
+        probes.into_iter().find(|&(_, present)| present).map(|(ty, _)| ty)
+    }
+
+    fn wrong_type(&self, name: &'static str, expected: &str, got: &str) -> Error {
+        Error::Attribute { op: self.op, name, what: format!("expected a {expected} attribute, got a {got} attribute") }
+    }
+
+    /// Float attribute `name`, or `default` when the node does not set it; an attribute of
+    /// another type is an error (the runtime itself does not check custom ops' attributes).
+    pub fn f32_or(&self, name: &'static str, default: f32) -> Result<f32> {
+        self.f32_opt(name).map(|v| v.unwrap_or(default))
+    }
+
+    /// Float attribute `name`, `None` when absent.
+    pub fn f32_opt(&self, name: &'static str) -> Result<Option<f32>> {
+        let cname = CString::new(name).expect("attribute names have no NUL");
+        let mut v = 0f32;
+        // SAFETY: valid info and name; `v` is a valid out pointer.
+        let s = unsafe { (self.api.raw().KernelInfoGetAttribute_float)(self.info, cname.as_ptr(), &mut v) };
+        if self.api.check(self.op, "KernelInfoGetAttribute_float", s).is_ok() {
+            return Ok(Some(v));
+        }
+        match self.present_as_other(&cname, "float") {
+            Some(got) => Err(self.wrong_type(name, "float", got)),
+            None => Ok(None),
+        }
+    }
+
+    /// Int attribute `name`, `None` when absent.
+    pub fn i64_opt(&self, name: &'static str) -> Result<Option<i64>> {
+        let cname = CString::new(name).expect("attribute names have no NUL");
+        let mut v = 0i64;
+        // SAFETY: valid info and name; `v` is a valid out pointer.
+        let s = unsafe { (self.api.raw().KernelInfoGetAttribute_int64)(self.info, cname.as_ptr(), &mut v) };
+        if self.api.check(self.op, "KernelInfoGetAttribute_int64", s).is_ok() {
+            return Ok(Some(v));
+        }
+        match self.present_as_other(&cname, "int") {
+            Some(got) => Err(self.wrong_type(name, "int", got)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// A node's shape-inference context (at model load).
+pub struct ShapeInfer<'a> {
+    api: Api,
+    op: &'static str,
+    ctx: *mut sys::OrtShapeInferContext,
+    _node: PhantomData<&'a mut sys::OrtShapeInferContext>,
+}
+
+impl ShapeInfer<'_> {
+    /// # Safety
+    /// `ctx` must be valid for the duration of the inference call, and so must this value.
+    pub unsafe fn new(api: Api, op: &'static str, ctx: *mut sys::OrtShapeInferContext) -> Self {
+        Self { api, op, ctx, _node: PhantomData }
+    }
+
+    /// Number of inputs of the node.
+    pub fn input_count(&self) -> Result<usize> {
+        let mut n = 0;
+        // SAFETY: valid context; `n` is a valid out pointer.
+        let s = unsafe { (self.api.raw().ShapeInferContext_GetInputCount)(self.ctx, &mut n) };
+        self.api.check(self.op, "ShapeInferContext_GetInputCount", s).map(|()| n)
+    }
+
+    /// Input `index`'s element type and shape as far as they are known (`-1` for an unknown
+    /// dimension), or `None` when the runtime knows nothing of it.
+    pub fn input(&self, index: usize) -> Option<(DType, Vec<i64>)> {
+        let info = self.input_info(index)?;
+        // SAFETY: `info` belongs to the context (not released here) and is valid now.
+        unsafe { read_info(self.api, self.op, info, false) }.ok()
+    }
+
+    fn input_info(&self, index: usize) -> Option<*mut sys::OrtTensorTypeAndShapeInfo> {
+        let mut info: *mut sys::OrtTensorTypeAndShapeInfo = core::ptr::null_mut();
+        // SAFETY: valid context; the returned info is owned by the context.
+        let s = unsafe { (self.api.raw().ShapeInferContext_GetInputTypeShape)(self.ctx, index, &mut info) };
+        (self.api.check(self.op, "ShapeInferContext_GetInputTypeShape", s).is_ok() && !info.is_null()).then_some(info)
+    }
+
+    /// Gives output `output` the shape of input `input` (symbolic dimensions included).
+    pub fn output_like_input(&mut self, output: usize, input: usize) -> Result<()> {
+        let Some(info) = self.input_info(input) else { return Ok(()) };
+        // SAFETY: valid context; `info` is valid and only read by the runtime.
+        let s = unsafe { (self.api.raw().ShapeInferContext_SetOutputTypeShape)(self.ctx, output, info) };
+        self.api.check(self.op, "ShapeInferContext_SetOutputTypeShape", s)
+    }
+}

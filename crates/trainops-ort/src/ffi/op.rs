@@ -1,0 +1,302 @@
+//! Op descriptors: a static `OrtCustomOp` per op, whose callbacks dispatch to an [`OpSpec`].
+//!
+//! Every callback of the struct is set: with `version >= 17` the runtime calls some of them
+//! (`GetEndVersion`, for one) without checking for null, and a null there is a crash.
+
+use core::ffi::{c_char, c_int, c_void};
+use std::ffi::CStr;
+
+use ort_sys as sys;
+
+use super::api::{guard, new_status, panic_message, API_VERSION};
+use super::{Api, Context, KernelInfo, ShapeInfer};
+use crate::error::Result;
+use crate::ffi::tensor::DType;
+
+/// One formal input or output of an op.
+#[derive(Debug, Clone, Copy)]
+pub enum Formal {
+    /// Exactly one tensor; `None` means any element type (checked by the kernel).
+    One(Option<DType>),
+    /// Zero or one tensor.
+    Optional(Option<DType>),
+    /// The rest of the node's inputs (or outputs): at least `min`, types may differ.
+    Variadic {
+        /// Element type, `None` for any.
+        dtype: Option<DType>,
+        /// Lower bound on the count of this formal alone (the runtime adds the fixed ones).
+        min: usize,
+    },
+}
+
+/// An op as registered with ONNX Runtime.
+pub trait OpSpec: Sync + 'static {
+    /// The op's name in its domain.
+    fn name(&self) -> &'static CStr;
+    /// The op's formal inputs, in order.
+    fn inputs(&self) -> &'static [Formal];
+    /// The op's formal outputs, in order.
+    fn outputs(&self) -> &'static [Formal];
+    /// First opset version of the domain this op belongs to.
+    fn since_version(&self) -> c_int {
+        1
+    }
+    /// Creates the kernel of one node (reads and checks its attributes).
+    fn create(&self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>>;
+    /// Sets output shapes at model load; an error fails the load with its message.
+    fn infer(&self, _ctx: &mut ShapeInfer<'_>) -> Result<()> {
+        Ok(())
+    }
+    /// The op name as `&str`, for messages.
+    fn op(&self) -> &'static str {
+        self.name().to_str().unwrap_or("trainops op")
+    }
+}
+
+/// The kernel of one node.
+pub trait Kernel: Send + Sync {
+    /// Runs the node once.
+    fn compute(&self, ctx: &mut Context<'_>) -> Result<()>;
+}
+
+/// A registered op: the C struct the runtime calls through, then the spec it serves.
+/// `#[repr(C)]` with `base` first, so the runtime's `*const OrtCustomOp` is a pointer to us.
+#[repr(C)]
+pub struct OpDescriptor {
+    base: sys::OrtCustomOp,
+    spec: &'static dyn OpSpec,
+}
+
+// SAFETY: a descriptor is built once, never mutated, and holds only function pointers and
+// a `Sync` spec, so sharing it between the runtime's threads is sound.
+unsafe impl Sync for OpDescriptor {}
+// SAFETY: as above; it owns no thread-bound resource.
+unsafe impl Send for OpDescriptor {}
+
+struct KernelBox {
+    api: Api,
+    op: &'static str,
+    kernel: Box<dyn Kernel>,
+}
+
+/// # Safety
+/// `op` must point to the `base` field of a live [`OpDescriptor`].
+unsafe fn spec_of(op: *const sys::OrtCustomOp) -> &'static dyn OpSpec {
+    // SAFETY: every OrtCustomOp we hand out is the first field of a leaked OpDescriptor.
+    unsafe { (*(op as *const OpDescriptor)).spec }
+}
+
+/// Runs an infallible callback, giving `fallback` if it panics (these callbacks cannot return
+/// a status, so a panic, which would abort the host, is turned into a harmless value).
+fn quiet<T>(fallback: T, f: impl FnOnce() -> T) -> T {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(fallback)
+}
+
+fn formal_at(list: &'static [Formal], index: usize) -> Option<Formal> {
+    list.get(index).copied()
+}
+
+fn type_of(f: Option<Formal>) -> sys::ONNXTensorElementDataType {
+    let dtype = match f {
+        Some(Formal::One(d) | Formal::Optional(d) | Formal::Variadic { dtype: d, .. }) => d,
+        None => None,
+    };
+    dtype.map_or(sys::ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED, DType::to_sys)
+}
+
+fn characteristic(f: Option<Formal>) -> sys::OrtCustomOpInputOutputCharacteristic {
+    use sys::OrtCustomOpInputOutputCharacteristic::*;
+    match f {
+        Some(Formal::Optional(_)) => INPUT_OUTPUT_OPTIONAL,
+        Some(Formal::Variadic { .. }) => INPUT_OUTPUT_VARIADIC,
+        _ => INPUT_OUTPUT_REQUIRED,
+    }
+}
+
+fn variadic_min(list: &'static [Formal]) -> c_int {
+    list.iter()
+        .find_map(|f| match f {
+            Formal::Variadic { min, .. } => Some(c_int::try_from(*min).unwrap_or(1)),
+            _ => None,
+        })
+        .unwrap_or(1)
+}
+
+unsafe extern "system" fn get_name(op: *const sys::OrtCustomOp) -> *const c_char {
+    // SAFETY: the runtime passes back the pointer we registered.
+    quiet(c"trainops".as_ptr(), || unsafe { spec_of(op) }.name().as_ptr())
+}
+
+unsafe extern "system" fn get_ep(_op: *const sys::OrtCustomOp) -> *const c_char {
+    c"CPUExecutionProvider".as_ptr()
+}
+
+unsafe extern "system" fn input_type(op: *const sys::OrtCustomOp, i: usize) -> sys::ONNXTensorElementDataType {
+    // SAFETY: the runtime passes back the pointer we registered.
+    let undefined = sys::ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    quiet(undefined, || type_of(formal_at(unsafe { spec_of(op) }.inputs(), i)))
+}
+
+unsafe extern "system" fn input_count(op: *const sys::OrtCustomOp) -> usize {
+    // SAFETY: the runtime passes back the pointer we registered.
+    quiet(0, || unsafe { spec_of(op) }.inputs().len())
+}
+
+unsafe extern "system" fn output_type(op: *const sys::OrtCustomOp, i: usize) -> sys::ONNXTensorElementDataType {
+    let undefined = sys::ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    // SAFETY: the runtime passes back the pointer we registered.
+    quiet(undefined, || type_of(formal_at(unsafe { spec_of(op) }.outputs(), i)))
+}
+
+unsafe extern "system" fn output_count(op: *const sys::OrtCustomOp) -> usize {
+    // SAFETY: the runtime passes back the pointer we registered.
+    quiet(0, || unsafe { spec_of(op) }.outputs().len())
+}
+
+unsafe extern "system" fn input_characteristic(op: *const sys::OrtCustomOp, i: usize) -> sys::OrtCustomOpInputOutputCharacteristic {
+    let required = sys::OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+    // SAFETY: the runtime passes back the pointer we registered.
+    quiet(required, || characteristic(formal_at(unsafe { spec_of(op) }.inputs(), i)))
+}
+
+unsafe extern "system" fn output_characteristic(op: *const sys::OrtCustomOp, i: usize) -> sys::OrtCustomOpInputOutputCharacteristic {
+    let required = sys::OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
+    // SAFETY: the runtime passes back the pointer we registered.
+    quiet(required, || characteristic(formal_at(unsafe { spec_of(op) }.outputs(), i)))
+}
+
+unsafe extern "system" fn input_min_arity(op: *const sys::OrtCustomOp) -> c_int {
+    // SAFETY: the runtime passes back the pointer we registered.
+    quiet(1, || variadic_min(unsafe { spec_of(op) }.inputs()))
+}
+
+unsafe extern "system" fn output_min_arity(op: *const sys::OrtCustomOp) -> c_int {
+    // SAFETY: the runtime passes back the pointer we registered.
+    quiet(1, || variadic_min(unsafe { spec_of(op) }.outputs()))
+}
+
+unsafe extern "system" fn heterogeneous(_op: *const sys::OrtCustomOp) -> c_int {
+    0
+}
+
+unsafe extern "system" fn start_version(op: *const sys::OrtCustomOp) -> c_int {
+    // SAFETY: the runtime passes back the pointer we registered.
+    quiet(1, || unsafe { spec_of(op) }.since_version())
+}
+
+unsafe extern "system" fn end_version(_op: *const sys::OrtCustomOp) -> c_int {
+    c_int::MAX
+}
+
+unsafe extern "system" fn memory_type(_op: *const sys::OrtCustomOp, _i: usize) -> sys::OrtMemType {
+    sys::OrtMemType::OrtMemTypeDefault
+}
+
+unsafe extern "system" fn create_kernel(
+    op: *const sys::OrtCustomOp,
+    api: *const sys::OrtApi,
+    info: *const sys::OrtKernelInfo,
+    kernel: *mut *mut c_void,
+) -> sys::OrtStatusPtr {
+    // SAFETY: the runtime passes its own API table, which it checked is at least the
+    // version our descriptor declares (17), and the pointer we registered.
+    let (api, spec) = unsafe { (Api::from_raw(api), spec_of(op)) };
+    let name = spec.op();
+    guard(api, name, || {
+        // SAFETY: `info` is valid during this call, and so is the wrapper.
+        let info = unsafe { KernelInfo::new(api, name, info) };
+        let boxed = Box::new(KernelBox { api, op: name, kernel: spec.create(&info)? });
+        // SAFETY: `kernel` is the runtime's out pointer; it hands the box back to
+        // `compute_kernel` and `destroy_kernel`.
+        unsafe { *kernel = Box::into_raw(boxed).cast() };
+        Ok(())
+    })
+}
+
+unsafe extern "system" fn compute_kernel(kernel: *mut c_void, ctx: *mut sys::OrtKernelContext) -> sys::OrtStatusPtr {
+    // SAFETY: `kernel` is the box `create_kernel` made, alive until `destroy_kernel`; the
+    // runtime may call compute from several threads at once, so it is only borrowed shared.
+    let k = unsafe { &*(kernel as *const KernelBox) };
+    guard(k.api, k.op, || {
+        // SAFETY: `ctx` is the context of this call.
+        let mut ctx = unsafe { Context::new(k.api, k.op, ctx) };
+        k.kernel.compute(&mut ctx)
+    })
+}
+
+unsafe extern "system" fn destroy_kernel(kernel: *mut c_void) {
+    if kernel.is_null() {
+        return;
+    }
+    // SAFETY: the runtime destroys each kernel it created exactly once.
+    let boxed = unsafe { Box::from_raw(kernel as *mut KernelBox) };
+    // A panicking destructor must not unwind into the runtime.
+    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(boxed)));
+}
+
+unsafe extern "system" fn infer_shape(op: *const sys::OrtCustomOp, ctx: *mut sys::OrtShapeInferContext) -> sys::OrtStatusPtr {
+    let Some(api) = crate::register::api() else {
+        return sys::OrtStatusPtr::default();
+    };
+    // SAFETY: the runtime passes back the pointer we registered.
+    let spec = unsafe { spec_of(op) };
+    let name = spec.op();
+    guard(api, name, || {
+        // SAFETY: `ctx` is valid for this call.
+        let mut ctx = unsafe { ShapeInfer::new(api, name, ctx) };
+        spec.infer(&mut ctx)
+    })
+}
+
+impl OpDescriptor {
+    /// The descriptor of `spec`, leaked: the runtime keeps pointers to it for as long as
+    /// any session lives, which may be the whole process.
+    pub fn leak(spec: &'static dyn OpSpec) -> &'static OpDescriptor {
+        let base = sys::OrtCustomOp {
+            version: API_VERSION,
+            CreateKernel: None,
+            GetName: Some(get_name),
+            GetExecutionProviderType: Some(get_ep),
+            GetInputType: Some(input_type),
+            GetInputTypeCount: Some(input_count),
+            GetOutputType: Some(output_type),
+            GetOutputTypeCount: Some(output_count),
+            KernelCompute: None,
+            KernelDestroy: Some(destroy_kernel),
+            GetInputCharacteristic: Some(input_characteristic),
+            GetOutputCharacteristic: Some(output_characteristic),
+            GetInputMemoryType: Some(memory_type),
+            GetVariadicInputMinArity: Some(input_min_arity),
+            GetVariadicInputHomogeneity: Some(heterogeneous),
+            GetVariadicOutputMinArity: Some(output_min_arity),
+            GetVariadicOutputHomogeneity: Some(heterogeneous),
+            CreateKernelV2: Some(create_kernel),
+            KernelComputeV2: Some(compute_kernel),
+            InferOutputShapeFn: Some(infer_shape),
+            GetStartVersion: Some(start_version),
+            GetEndVersion: Some(end_version),
+        };
+        Box::leak(Box::new(OpDescriptor { base, spec }))
+    }
+
+    /// The pointer to hand to `CustomOpDomain_Add`.
+    pub fn as_raw(&'static self) -> *const sys::OrtCustomOp {
+        &self.base
+    }
+}
+
+/// Used by `RegisterCustomOps` when the runtime is too old for [`API_VERSION`].
+pub fn too_old_status(api_v1: &sys::OrtApi, version: &str) -> sys::OrtStatusPtr {
+    new_status(
+        api_v1,
+        sys::OrtErrorCode::ORT_FAIL,
+        &format!(
+            "trainops needs ONNX Runtime 1.17 or newer (C API version {API_VERSION}); this process runs ONNX Runtime {version}"
+        ),
+    )
+}
+
+/// Message of a panic caught outside any op.
+pub fn registration_panic(payload: &(dyn std::any::Any + Send)) -> String {
+    format!("trainops: internal error while registering ops: {}", panic_message(payload))
+}

@@ -1,0 +1,17 @@
+//! libtrainops: ONNX training operators for ONNX Runtime, as a custom-op library.
+//!
+//! Load it into any ONNX Runtime from 1.17 with `register_custom_ops_library` (Python),
+//! `RegisterCustomOpsLibrary_V2` (C/C++) or `SessionBuilder::with_operator_library` (Rust's
+//! `ort`). It exports one symbol, [`RegisterCustomOps`], which registers:
+//!
+//! - `ai.onnx.preview.training::Adam` (v1), ONNX's own operator.
+//!
+//! All arithmetic lives in `trainops-kernels`; this crate checks nodes, plans memory and is
+//! the only code that calls ONNX Runtime's C API (module `ffi`).
+
+pub mod error;
+pub mod ffi;
+pub mod ops;
+mod register;
+
+pub use register::{op_names, RegisterCustomOps};

@@ -1,0 +1,4 @@
+//! One module per op family; each exposes its `OpSpec`s.
+
+pub mod adam;
+mod common;

@@ -1,0 +1,49 @@
+"""trainops: ONNX training operators for ONNX Runtime.
+
+The package's only job at load time is to say where the custom-op library is::
+
+    import onnxruntime as ort, trainops
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(trainops.get_library_path())
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["get_library_path", "LIBRARY_NAME"]
+
+if sys.platform == "win32":
+    LIBRARY_NAME = "trainops.dll"
+elif sys.platform == "darwin":
+    LIBRARY_NAME = "libtrainops.dylib"
+else:
+    LIBRARY_NAME = "libtrainops.so"
+
+
+def _candidates():
+    env = os.environ.get("TRAINOPS_LIBRARY")
+    if env:
+        yield Path(env)
+    here = Path(__file__).resolve().parent
+    yield here / LIBRARY_NAME  # installed wheel
+    root = here.parent.parent  # a source checkout: python/trainops -> repository root
+    for profile in ("release", "debug"):
+        yield root / "target" / profile / LIBRARY_NAME
+
+
+def get_library_path() -> str:
+    """Absolute path of the trainops custom-op library, for
+    ``SessionOptions.register_custom_ops_library``.
+
+    Looks at ``$TRAINOPS_LIBRARY``, then beside this package (an installed wheel), then in a
+    source checkout's ``target/release`` and ``target/debug``.
+    """
+    tried = []
+    for path in _candidates():
+        if path.is_file():
+            return str(path)
+        tried.append(str(path))
+    raise FileNotFoundError(f"{LIBRARY_NAME} not found; looked at: {', '.join(tried)}")
