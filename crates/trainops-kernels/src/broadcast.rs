@@ -18,8 +18,11 @@ pub fn broadcast_to<T: Copy>(src: &[T], from: &[usize], to: &[usize]) -> Result<
         return Err(not());
     }
     let expected: usize = from.iter().product();
-    let view = ArrayView::from_shape(IxDyn(from), src)
-        .map_err(|_| KernelError::LengthMismatch { what: "broadcast source", got: src.len(), expected })?;
+    let view = ArrayView::from_shape(IxDyn(from), src).map_err(|_| KernelError::LengthMismatch {
+        what: "broadcast source",
+        got: src.len(),
+        expected,
+    })?;
     let wide = view.broadcast(IxDyn(to)).ok_or_else(not)?;
     Ok(wide.iter().copied().collect())
 }

@@ -83,7 +83,13 @@ pub enum Error {
 
 impl Error {
     /// A bad input.
-    pub fn input(op: &'static str, index: usize, name: impl Into<String>, expected: impl Into<String>, got: impl Into<String>) -> Self {
+    pub fn input(
+        op: &'static str,
+        index: usize,
+        name: impl Into<String>,
+        expected: impl Into<String>,
+        got: impl Into<String>,
+    ) -> Self {
         Self::Input { op, index, name: name.into(), expected: expected.into(), got: got.into() }
     }
 
@@ -91,9 +97,11 @@ impl Error {
     pub fn code(&self) -> ort_sys::OrtErrorCode {
         use ort_sys::OrtErrorCode::*;
         match self {
-            Self::Input { .. } | Self::Output { .. } | Self::Arity { .. } | Self::Attribute { .. } | Self::Aliasing { .. } => {
-                ORT_INVALID_ARGUMENT
-            }
+            Self::Input { .. }
+            | Self::Output { .. }
+            | Self::Arity { .. }
+            | Self::Attribute { .. }
+            | Self::Aliasing { .. } => ORT_INVALID_ARGUMENT,
             Self::Runtime { .. } | Self::Panic { .. } => ORT_FAIL,
         }
     }

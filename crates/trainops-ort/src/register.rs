@@ -38,7 +38,9 @@ fn create_domains(api: Api) -> Result<Domains> {
     for (name, specs) in domains() {
         let mut domain: *mut sys::OrtCustomOpDomain = core::ptr::null_mut();
         // SAFETY: a valid NUL-terminated name and out pointer.
-        api.check("trainops", "CreateCustomOpDomain", unsafe { (raw.CreateCustomOpDomain)(name.as_ptr(), &mut domain) })?;
+        api.check("trainops", "CreateCustomOpDomain", unsafe {
+            (raw.CreateCustomOpDomain)(name.as_ptr(), &mut domain)
+        })?;
         for spec in specs {
             let op = OpDescriptor::leak(spec);
             // SAFETY: `domain` was just created; `op` is leaked, so it outlives the domain.
@@ -73,7 +75,10 @@ fn register(options: *mut sys::OrtSessionOptions, api: Api) -> Result<()> {
 /// # Safety
 /// Called by ONNX Runtime with its `OrtApiBase` and a valid `OrtSessionOptions`.
 #[no_mangle]
-pub unsafe extern "C" fn RegisterCustomOps(options: *mut sys::OrtSessionOptions, api_base: *const sys::OrtApiBase) -> sys::OrtStatusPtr {
+pub unsafe extern "C" fn RegisterCustomOps(
+    options: *mut sys::OrtSessionOptions,
+    api_base: *const sys::OrtApiBase,
+) -> sys::OrtStatusPtr {
     if api_base.is_null() {
         // No API to make an error status with; the runtime never passes null, so this only
         // happens when called by hand, wrongly: register nothing.
@@ -87,9 +92,8 @@ pub unsafe extern "C" fn RegisterCustomOps(options: *mut sys::OrtSessionOptions,
         if table.is_null() {
             // SAFETY: version 1 exists in every runtime and starts with CreateStatus; the
             // version string is a static NUL-terminated string of the runtime.
-            let (v1, version) = unsafe {
-                ((base.GetApi)(1), CStr::from_ptr((base.GetVersionString)()).to_string_lossy().into_owned())
-            };
+            let (v1, version) =
+                unsafe { ((base.GetApi)(1), CStr::from_ptr((base.GetVersionString)()).to_string_lossy().into_owned()) };
             if v1.is_null() {
                 return sys::OrtStatusPtr::default();
             }
@@ -99,7 +103,10 @@ pub unsafe extern "C" fn RegisterCustomOps(options: *mut sys::OrtSessionOptions,
         // SAFETY: non-null table of at least API_VERSION, owned by the runtime.
         let api = unsafe { Api::from_raw(table) };
         if options.is_null() {
-            return api.status(&Error::Arity { op: "trainops", what: "RegisterCustomOps called with null SessionOptions".into() });
+            return api.status(&Error::Arity {
+                op: "trainops",
+                what: "RegisterCustomOps called with null SessionOptions".into(),
+            });
         }
         match register(options, api) {
             Ok(()) => sys::OrtStatusPtr::default(),
@@ -107,7 +114,9 @@ pub unsafe extern "C" fn RegisterCustomOps(options: *mut sys::OrtSessionOptions,
         }
     });
     outcome.unwrap_or_else(|payload| match api() {
-        Some(api) => crate::ffi::api::new_status(api.raw(), sys::OrtErrorCode::ORT_FAIL, &registration_panic(&*payload)),
+        Some(api) => {
+            crate::ffi::api::new_status(api.raw(), sys::OrtErrorCode::ORT_FAIL, &registration_panic(&*payload))
+        }
         None => sys::OrtStatusPtr::default(),
     })
 }

@@ -68,9 +68,7 @@ pub fn plan(op: &'static str, inputs: &[Range<usize>], outputs: &[OutputRegion])
             }
         }
     }
-    let in_place = (0..outputs.len())
-        .map(|o| exact[o] && outputs[o].own_input.is_some_and(|k| !snapshot[k]))
-        .collect();
+    let in_place = (0..outputs.len()).map(|o| exact[o] && outputs[o].own_input.is_some_and(|k| !snapshot[k])).collect();
     Ok(AliasPlan { in_place, snapshot })
 }
 

@@ -14,7 +14,12 @@ use crate::error::{Error, Result};
 ///
 /// # Safety
 /// `info` must be a valid `OrtTensorTypeAndShapeInfo` of this runtime.
-unsafe fn read_info(api: Api, op: &'static str, info: *mut sys::OrtTensorTypeAndShapeInfo, owned: bool) -> Result<(DType, Vec<i64>)> {
+unsafe fn read_info(
+    api: Api,
+    op: &'static str,
+    info: *mut sys::OrtTensorTypeAndShapeInfo,
+    owned: bool,
+) -> Result<(DType, Vec<i64>)> {
     let raw = api.raw();
     let mut ty: i32 = 0;
     let mut rank = 0usize;
@@ -107,7 +112,11 @@ impl Context<'_> {
         let s = unsafe { (raw.KernelContext_GetOutput)(self.ctx, index, shape.as_ptr(), shape.len(), &mut value) };
         self.api.check(self.op, "KernelContext_GetOutput", s)?;
         if value.is_null() {
-            return Err(Error::Runtime { op: self.op, call: "KernelContext_GetOutput", message: format!("no value for output {index}") });
+            return Err(Error::Runtime {
+                op: self.op,
+                call: "KernelContext_GetOutput",
+                message: format!("no value for output {index}"),
+            });
         }
         // SAFETY: `value` is the runtime's output value for this call.
         unsafe { self.tensor_of(value) }
@@ -163,18 +172,45 @@ impl KernelInfo<'_> {
         // the string and array getters only report the size.
         let probes: [(&'static str, bool); 5] = unsafe {
             [
-                ("float", except != "float" && ok((raw.KernelInfoGetAttribute_float)(self.info, name.as_ptr(), &mut f))),
-                ("int", except != "int" && ok((raw.KernelInfoGetAttribute_int64)(self.info, name.as_ptr(), &mut i))),
-                ("string", ok((raw.KernelInfoGetAttribute_string)(self.info, name.as_ptr(), core::ptr::null_mut::<c_char>(), &mut size))),
-                ("list of floats", ok((raw.KernelInfoGetAttributeArray_float)(self.info, name.as_ptr(), core::ptr::null_mut(), &mut size))),
-                ("list of ints", ok((raw.KernelInfoGetAttributeArray_int64)(self.info, name.as_ptr(), core::ptr::null_mut(), &mut size))),
+                (
+                    "a float",
+                    except != "float" && ok((raw.KernelInfoGetAttribute_float)(self.info, name.as_ptr(), &mut f)),
+                ),
+                ("an int", except != "int" && ok((raw.KernelInfoGetAttribute_int64)(self.info, name.as_ptr(), &mut i))),
+                (
+                    "a string",
+                    ok((raw.KernelInfoGetAttribute_string)(
+                        self.info,
+                        name.as_ptr(),
+                        core::ptr::null_mut::<c_char>(),
+                        &mut size,
+                    )),
+                ),
+                (
+                    "a list of floats",
+                    ok((raw.KernelInfoGetAttributeArray_float)(
+                        self.info,
+                        name.as_ptr(),
+                        core::ptr::null_mut(),
+                        &mut size,
+                    )),
+                ),
+                (
+                    "a list of ints",
+                    ok((raw.KernelInfoGetAttributeArray_int64)(
+                        self.info,
+                        name.as_ptr(),
+                        core::ptr::null_mut(),
+                        &mut size,
+                    )),
+                ),
             ]
         };
         probes.into_iter().find(|&(_, present)| present).map(|(ty, _)| ty)
     }
 
     fn wrong_type(&self, name: &'static str, expected: &str, got: &str) -> Error {
-        Error::Attribute { op: self.op, name, what: format!("expected a {expected} attribute, got a {got} attribute") }
+        Error::Attribute { op: self.op, name, what: format!("expected {expected} attribute, got {got} attribute") }
     }
 
     /// Float attribute `name`, or `default` when the node does not set it; an attribute of
@@ -193,7 +229,7 @@ impl KernelInfo<'_> {
             return Ok(Some(v));
         }
         match self.present_as_other(&cname, "float") {
-            Some(got) => Err(self.wrong_type(name, "float", got)),
+            Some(got) => Err(self.wrong_type(name, "a float", got)),
             None => Ok(None),
         }
     }
@@ -208,7 +244,7 @@ impl KernelInfo<'_> {
             return Ok(Some(v));
         }
         match self.present_as_other(&cname, "int") {
-            Some(got) => Err(self.wrong_type(name, "int", got)),
+            Some(got) => Err(self.wrong_type(name, "an int", got)),
             None => Ok(None),
         }
     }

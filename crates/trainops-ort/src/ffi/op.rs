@@ -153,13 +153,19 @@ unsafe extern "system" fn output_count(op: *const sys::OrtCustomOp) -> usize {
     quiet(0, || unsafe { spec_of(op) }.outputs().len())
 }
 
-unsafe extern "system" fn input_characteristic(op: *const sys::OrtCustomOp, i: usize) -> sys::OrtCustomOpInputOutputCharacteristic {
+unsafe extern "system" fn input_characteristic(
+    op: *const sys::OrtCustomOp,
+    i: usize,
+) -> sys::OrtCustomOpInputOutputCharacteristic {
     let required = sys::OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
     // SAFETY: the runtime passes back the pointer we registered.
     quiet(required, || characteristic(formal_at(unsafe { spec_of(op) }.inputs(), i)))
 }
 
-unsafe extern "system" fn output_characteristic(op: *const sys::OrtCustomOp, i: usize) -> sys::OrtCustomOpInputOutputCharacteristic {
+unsafe extern "system" fn output_characteristic(
+    op: *const sys::OrtCustomOp,
+    i: usize,
+) -> sys::OrtCustomOpInputOutputCharacteristic {
     let required = sys::OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
     // SAFETY: the runtime passes back the pointer we registered.
     quiet(required, || characteristic(formal_at(unsafe { spec_of(op) }.outputs(), i)))
@@ -234,7 +240,10 @@ unsafe extern "system" fn destroy_kernel(kernel: *mut c_void) {
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(boxed)));
 }
 
-unsafe extern "system" fn infer_shape(op: *const sys::OrtCustomOp, ctx: *mut sys::OrtShapeInferContext) -> sys::OrtStatusPtr {
+unsafe extern "system" fn infer_shape(
+    op: *const sys::OrtCustomOp,
+    ctx: *mut sys::OrtShapeInferContext,
+) -> sys::OrtStatusPtr {
     let Some(api) = crate::register::api() else {
         return sys::OrtStatusPtr::default();
     };

@@ -62,9 +62,30 @@ impl DType {
     /// The name ONNX Runtime uses in its messages, e.g. `tensor(float)`.
     pub fn name(self) -> String {
         const NAMES: [&str; 24] = [
-            "undefined", "float", "uint8", "int8", "uint16", "int16", "int32", "int64", "string", "bool", "float16",
-            "double", "uint32", "uint64", "complex64", "complex128", "bfloat16", "float8e4m3fn", "float8e4m3fnuz",
-            "float8e5m2", "float8e5m2fnuz", "uint4", "int4", "float4e2m1",
+            "undefined",
+            "float",
+            "uint8",
+            "int8",
+            "uint16",
+            "int16",
+            "int32",
+            "int64",
+            "string",
+            "bool",
+            "float16",
+            "double",
+            "uint32",
+            "uint64",
+            "complex64",
+            "complex128",
+            "bfloat16",
+            "float8e4m3fn",
+            "float8e4m3fnuz",
+            "float8e5m2",
+            "float8e5m2fnuz",
+            "uint4",
+            "int4",
+            "float4e2m1",
         ];
         match usize::try_from(self.raw()).ok().and_then(|i| NAMES.get(i)) {
             Some(n) => format!("tensor({n})"),

@@ -62,7 +62,10 @@ fn check_outputs(outputs: usize, n: usize) -> Result<()> {
     }
     Err(Error::Arity {
         op: OP,
-        what: format!("expected 3n = {} outputs (X_new, V_new, H_new for each of n = {n} tensors), got {outputs}", 3 * n),
+        what: format!(
+            "expected 3n = {} outputs (X_new, V_new, H_new for each of n = {n} tensors), got {outputs}",
+            3 * n
+        ),
     })
 }
 
@@ -130,7 +133,13 @@ impl OpSpec for Adam {
         let known = |s: Option<(DType, Vec<i64>)>| s.filter(|(d, _)| *d != DType::Other(0));
         if let Some((d, _)) = known(ctx.input(0)) {
             if !is_float(d) {
-                return Err(Error::input(OP, 0, "R", "a tensor(float) or tensor(double) with exactly one element", d.name()));
+                return Err(Error::input(
+                    OP,
+                    0,
+                    "R",
+                    "a tensor(float) or tensor(double) with exactly one element",
+                    d.name(),
+                ));
             }
         }
         for i in 0..n {
@@ -178,7 +187,13 @@ impl Kernel for AdamKernel {
             check_group(n, i, [&sigs[0], &sigs[1], &sigs[2], &sigs[3]], true)?;
         }
         if let Some(k) = inputs.iter().position(|t| !t.aligned()) {
-            return Err(Error::input(OP, k + 2, input_name(k + 2, n), "a buffer aligned for its type", "a misaligned one"));
+            return Err(Error::input(
+                OP,
+                k + 2,
+                input_name(k + 2, n),
+                "a buffer aligned for its type",
+                "a misaligned one",
+            ));
         }
         let mut outputs = Vec::with_capacity(3 * n);
         for o in 0..3 * n {
@@ -196,7 +211,11 @@ impl Kernel for AdamKernel {
         let regions: Vec<OutputRegion> = outputs
             .iter()
             .enumerate()
-            .map(|(o, t)| OutputRegion { bytes: t.bytes(), own_input: Some(own(o)), name: format!("output {o} ({})", output_name(o, n)) })
+            .map(|(o, t)| OutputRegion {
+                bytes: t.bytes(),
+                own_input: Some(own(o)),
+                name: format!("output {o} ({})", output_name(o, n)),
+            })
             .collect();
         let in_bytes: Vec<_> = inputs.iter().map(Tensor::bytes).collect();
         let plan = alias::plan(OP, &in_bytes, &regions)?;

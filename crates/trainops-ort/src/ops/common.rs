@@ -17,7 +17,13 @@ pub fn scalar_float(ctx: &Context<'_>, op: &'static str, index: usize, name: &st
     let t = required(ctx, op, index, name)?;
     let expected = "a tensor(float) or tensor(double) with exactly one element";
     if t.numel != 1 {
-        return Err(Error::input(op, index, name, expected, format!("{} with {}", t.dtype.name(), shape_text(&t.shape))));
+        return Err(Error::input(
+            op,
+            index,
+            name,
+            expected,
+            format!("{} with {}", t.dtype.name(), shape_text(&t.shape)),
+        ));
     }
     // SAFETY (both arms): one element of the checked type; inputs are never written by us,
     // and no output slice exists yet.
@@ -66,8 +72,7 @@ impl Sig {
 /// True when `from` broadcasts one way to `to` (numpy rules, right-aligned). Unknown
 /// dimensions are assumed to fit.
 pub fn broadcastable(from: &[i64], to: &[i64]) -> bool {
-    from.len() <= to.len()
-        && from.iter().rev().zip(to.iter().rev()).all(|(&f, &t)| f == t || f == 1 || f < 0 || t < 0)
+    from.len() <= to.len() && from.iter().rev().zip(to.iter().rev()).all(|(&f, &t)| f == t || f == 1 || f < 0 || t < 0)
 }
 
 /// True when two shapes may be equal (unknown dimensions match anything).
