@@ -28,7 +28,11 @@ def _candidates():
     if env:
         yield Path(env)
     here = Path(__file__).resolve().parent
-    yield here / LIBRARY_NAME  # installed wheel
+    # An installed wheel: setuptools-rust names the library like an extension module,
+    # e.g. libtrainops.cpython-311-x86_64-linux-gnu.so.
+    stem, _, suffix = LIBRARY_NAME.rpartition(".")
+    yield from sorted(here.glob(f"{stem}*.{suffix}"))
+    yield from sorted(here.glob(f"{stem}*.pyd")) if sys.platform == "win32" else ()
     root = here.parent.parent  # a source checkout: python/trainops -> repository root
     for profile in ("release", "debug"):
         yield root / "target" / profile / LIBRARY_NAME

@@ -1,0 +1,102 @@
+"""Command line: ``python -m trainops <command>``.
+
+Commands:
+  conformance   run onnx's training-domain backend test cases through onnxruntime
+  demo          train a small model whose Adam steps run in onnxruntime (trainops.demo)
+  library       print the path of the custom-op library
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _cmd_conformance(args: argparse.Namespace) -> int:
+    from . import conformance
+
+    v = conformance.versions()
+    print(f"onnxruntime {v['onnxruntime']}, onnx {v['onnx']}")
+    try:
+        library = args.library
+        if library is None:
+            from . import get_library_path
+
+            library = get_library_path()
+        print(f"library {library}")
+        if not args.from_onnx:
+            models_dir = args.models or conformance.find_models_dir()
+            print(f"cases {models_dir if models_dir else '(none found)'}")
+        else:
+            models_dir = None
+            print("cases from the installed onnx")
+        rows = conformance.run_conformance(models_dir, from_onnx=args.from_onnx,
+                                           library=library)
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print()
+    print(conformance.format_table(rows))
+    return 1 if any(r.status == "fail" for r in rows) else 0
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from . import demo
+
+    return demo.main(args.rest)
+
+
+def _cmd_library(args: argparse.Namespace) -> int:
+    from . import get_library_path
+
+    try:
+        print(get_library_path())
+    except FileNotFoundError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m trainops",
+                                     description="trainops: ONNX training operators for "
+                                                 "ONNX Runtime")
+    sub = parser.add_subparsers(dest="command", metavar="command")
+    sub.required = True
+
+    p = sub.add_parser("conformance",
+                       help="run onnx's ai.onnx.preview.training test cases in onnxruntime",
+                       description="Run onnx's ai.onnx.preview.training backend test cases "
+                                   "in onnxruntime with the library registered; exit 1 if "
+                                   "any implemented case fails.")
+    p.add_argument("--models", metavar="DIR",
+                   help="cases in onnx's backend-test layout (default: the package's "
+                        "data/onnx-node, else the checkout's models/onnx-node)")
+    p.add_argument("--from-onnx", action="store_true",
+                   help="take the cases from the installed onnx instead of a directory")
+    p.add_argument("--library", metavar="PATH",
+                   help="custom-op library (default: trainops.get_library_path())")
+    p.set_defaults(func=_cmd_conformance)
+
+    p = sub.add_parser("demo", add_help=False,
+                       help="train a logistic regression with Adam steps in onnxruntime "
+                            "(options: python -m trainops demo --help)")
+    p.set_defaults(func=_cmd_demo, passthrough=True)
+
+    p = sub.add_parser("library", help="print the custom-op library's path")
+    p.set_defaults(func=_cmd_library)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    if getattr(args, "passthrough", False):
+        args.rest = rest  # the subcommand parses its own options
+    elif rest:
+        parser.error(f"unrecognized arguments: {' '.join(rest)}")
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

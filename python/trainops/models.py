@@ -1,0 +1,213 @@
+"""Small helpers to build training-operator models with ``onnx.helper`` and run them in
+ONNX Runtime with the trainops library registered.
+
+    import numpy as np
+    from trainops.models import adam_model, adam_feeds, session
+
+    model = adam_model([(3,), (2, 5)], alpha=0.95)
+    sess = session(model)
+    outs = sess.run(None, adam_feeds(0.01, 1, xs, gs, vs, hs))
+
+Input names are ``R, T, X_1..X_n, G_1..G_n, V_1..V_n, H_1..H_n``, output names
+``X_1_new..X_n_new, V_1_new..V_n_new, H_1_new..H_n_new``. Models are written with IR
+version 8 (onnx >= 1.16 writes a newer IR than older runtimes accept).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "TRAINING_DOMAIN",
+    "IR_VERSION",
+    "ONNX_OPSET",
+    "adam_names",
+    "adam_model",
+    "adam_feeds",
+    "node_model",
+    "tensor_type",
+    "session_options",
+    "session",
+]
+
+TRAINING_DOMAIN = "ai.onnx.preview.training"
+IR_VERSION = 8
+ONNX_OPSET = 17
+
+Shape = Sequence[int | str | None] | None
+
+
+def tensor_type(dtype: Any) -> int:
+    """ONNX ``TensorProto`` data type for a numpy dtype (or an ONNX enum passed through)."""
+    from onnx import helper
+
+    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
+        return int(dtype)
+    return int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
+
+
+def adam_names(n: int) -> tuple[list[str], list[str]]:
+    """(input names, output names) of an Adam node over ``n`` tensors."""
+    idx = range(1, n + 1)
+    inputs = ["R", "T"] + [f"{p}_{i}" for p in "XGVH" for i in idx]
+    outputs = [f"{p}_{i}_new" for p in "XVH" for i in idx]
+    return inputs, outputs
+
+
+def node_model(
+    op_type: str,
+    inputs: Sequence[tuple[str, Any, Shape]],
+    outputs: Sequence[tuple[str, Any, Shape]],
+    domain: str = TRAINING_DOMAIN,
+    node_name: str | None = None,
+    **attrs: Any,
+):
+    """A one-node model: ``inputs``/``outputs`` are ``(name, dtype, shape)``; a shape of
+    ``None`` leaves the rank unknown, ``None``/str entries are symbolic dims."""
+    from onnx import helper
+
+    def vi(name, dtype, shape):
+        return helper.make_tensor_value_info(name, tensor_type(dtype), shape)
+
+    node = helper.make_node(
+        op_type,
+        [name for name, _, _ in inputs],
+        [name for name, _, _ in outputs],
+        domain=domain,
+        name=node_name or op_type.lower(),
+        **attrs,
+    )
+    graph = helper.make_graph(
+        [node],
+        f"{op_type.lower()}_graph",
+        [vi(*i) for i in inputs],
+        [vi(*o) for o in outputs],
+    )
+    opsets = [helper.make_opsetid("", ONNX_OPSET)]
+    if domain:
+        opsets.append(helper.make_opsetid(domain, 1))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="trainops")
+    model.ir_version = IR_VERSION
+    return model
+
+
+def adam_model(
+    n_or_shapes: int | Sequence[Shape],
+    dtype: Any = np.float32,
+    r_dtype: Any = None,
+    g_shapes: Sequence[Shape] | None = None,
+    *,
+    g_dtype: Any = None,
+    t_dtype: Any = np.int64,
+    r_shape: Shape = (),
+    t_shape: Shape = (),
+    dynamic: bool = False,
+    **attrs: Any,
+):
+    """An ``ai.onnx.preview.training::Adam`` model.
+
+    ``n_or_shapes``: the number of tensors (shapes left unknown) or a list of ``X_i``
+    shapes (``V_i``/``H_i`` get the same). ``dtype``: ``X/V/H`` element type (``G`` too
+    unless ``g_dtype``; every output has ``dtype``). ``r_dtype``: ``R``'s type (default:
+    ``dtype``). ``g_shapes``: ``G_i`` shapes when they differ (broadcast). ``dynamic``:
+    declare every tensor with unknown shape (one session then takes any shapes).
+    Attributes (``alpha``, ``beta``, ``epsilon``, ``norm_coefficient``,
+    ``norm_coefficient_post``) are passed to ``onnx.helper.make_node`` as given, so
+    ``alpha=1`` makes an INT attribute.
+    """
+    if isinstance(n_or_shapes, (int, np.integer)):
+        n = int(n_or_shapes)
+        shapes: list[Shape] = [None] * n
+    else:
+        shapes = [None if s is None else tuple(s) for s in n_or_shapes]
+        n = len(shapes)
+    if n < 1:
+        raise ValueError("Adam needs at least one tensor")
+    if g_shapes is None:
+        g_shapes = shapes
+    elif len(g_shapes) != n:
+        raise ValueError(f"g_shapes has {len(g_shapes)} entries, expected {n}")
+    if dynamic:
+        shapes = [None] * n
+        g_shapes = [None] * n
+        r_shape = t_shape = None
+    r_dtype = dtype if r_dtype is None else r_dtype
+    g_dtype = dtype if g_dtype is None else g_dtype
+    in_names, out_names = adam_names(n)
+    inputs = [("R", r_dtype, r_shape), ("T", t_dtype, t_shape)]
+    for p, dt, shp in (("X", dtype, shapes), ("G", g_dtype, g_shapes),
+                       ("V", dtype, shapes), ("H", dtype, shapes)):
+        inputs += [(f"{p}_{i + 1}", dt, shp[i]) for i in range(n)]
+    outputs = []
+    for p in "XVH":
+        outputs += [(f"{p}_{i + 1}_new", dtype, shapes[i]) for i in range(n)]
+    assert [i[0] for i in inputs] == in_names and [o[0] for o in outputs] == out_names
+    return node_model("Adam", inputs, outputs, **attrs)
+
+
+def adam_feeds(
+    r: Any,
+    t: Any,
+    xs: Sequence[np.ndarray],
+    gs: Sequence[np.ndarray],
+    vs: Sequence[np.ndarray],
+    hs: Sequence[np.ndarray],
+    r_dtype: Any = None,
+) -> dict[str, np.ndarray]:
+    """The ``InferenceSession.run`` feed dict for :func:`adam_model`'s names.
+
+    ``r``/``t`` may be Python numbers (then ``R`` gets ``r_dtype`` or ``xs[0]``'s dtype,
+    ``T`` int64, both rank 0) or numpy arrays/scalars (passed with their own dtype)."""
+    n = len(xs)
+    if not (len(gs) == len(vs) == len(hs) == n):
+        raise ValueError("xs, gs, vs, hs must have the same length")
+    if isinstance(r, np.generic):
+        r = np.asarray(r)
+    elif not isinstance(r, np.ndarray):
+        r = np.array(r, dtype=r_dtype or np.asarray(xs[0]).dtype)
+    if isinstance(t, np.generic):
+        t = np.asarray(t)
+    elif not isinstance(t, np.ndarray):
+        t = np.array(t, dtype=np.int64)
+    feeds = {"R": r, "T": t}
+    for p, arrs in (("X", xs), ("G", gs), ("V", vs), ("H", hs)):
+        for i, a in enumerate(arrs):
+            feeds[f"{p}_{i + 1}"] = a
+    return feeds
+
+
+def session_options(threads: int | None = None, library: str | None = None,
+                    log_severity_level: int | None = None):
+    """``SessionOptions`` with the trainops library registered."""
+    import onnxruntime as ort
+
+    from . import get_library_path
+
+    so = ort.SessionOptions()
+    if threads is not None:
+        so.intra_op_num_threads = int(threads)
+    if log_severity_level is not None:
+        so.log_severity_level = int(log_severity_level)
+    so.register_custom_ops_library(library or get_library_path())
+    return so
+
+
+def session(model: Any, threads: int | None = None, library: str | None = None,
+            log_severity_level: int | None = None, **options: Any):
+    """A CPU ``InferenceSession`` for ``model`` (ModelProto, bytes or path) with trainops
+    registered. ``threads`` sets ``intra_op_num_threads``; other keyword arguments are set
+    on the ``SessionOptions`` as attributes."""
+    import onnxruntime as ort
+
+    so = session_options(threads, library, log_severity_level)
+    for key, value in options.items():
+        setattr(so, key, value)
+    if hasattr(model, "SerializeToString"):
+        model = model.SerializeToString()
+    elif not isinstance(model, (bytes, bytearray)):
+        model = str(model)
+    return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+
