@@ -15,5 +15,5 @@ pub mod stream;
 
 pub use elem::{Compute, Element};
 pub use error::KernelError;
-pub use parallel::{Parallelism, RayonPool, Sequential};
+pub use parallel::{run_chunked, Parallelism, RayonPool, Sequential, Splittable};
 pub use stream::InOut;

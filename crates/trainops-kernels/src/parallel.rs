@@ -52,3 +52,45 @@ pub(crate) fn for_each_item<W: Send>(par: &dyn Parallelism, items: Vec<W>, f: im
         }
     });
 }
+
+/// Work that can be cut into pieces at any element boundary (a tensor group of an
+/// optimizer: every stream split at the same index).
+pub trait Splittable: Send + Sized {
+    /// Number of elements.
+    fn len(&self) -> usize;
+    /// The first `mid` elements and the rest.
+    fn split_at(self, mid: usize) -> (Self, Self);
+    /// True when there are no elements.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Runs `f` over all of `work`: on the calling thread when there are fewer than
+/// `serial_below` elements in all, else cut into pieces of at most `chunk` elements that run
+/// as tasks of `par`. Elementwise kernels give the same bits however the work is cut.
+pub fn run_chunked<W: Splittable>(
+    work: Vec<W>,
+    par: &dyn Parallelism,
+    chunk: usize,
+    serial_below: usize,
+    f: impl Fn(W) + Sync,
+) {
+    let total: usize = work.iter().map(W::len).sum();
+    if total < serial_below {
+        work.into_iter().for_each(f);
+        return;
+    }
+    let mut items = Vec::with_capacity(total / chunk.max(1) + work.len());
+    for mut w in work {
+        while w.len() > chunk {
+            let (head, tail) = w.split_at(chunk);
+            items.push(head);
+            w = tail;
+        }
+        if !w.is_empty() {
+            items.push(w);
+        }
+    }
+    for_each_item(par, items, f);
+}

@@ -13,7 +13,7 @@
 
 pub mod reference;
 
-use crate::parallel::for_each_item;
+use crate::parallel::{run_chunked, Splittable};
 use crate::{Compute, Element, InOut, KernelError, Parallelism};
 
 /// The operator's attributes, with ONNX's defaults.
@@ -120,15 +120,11 @@ impl<'a, X: Element, G: Element> AdamTensor<'a, X, G> {
         }
         Ok(Self { x, g, v, h })
     }
+}
 
-    /// Number of weights.
-    pub fn len(&self) -> usize {
+impl<X: Element, G: Element> Splittable for AdamTensor<'_, X, G> {
+    fn len(&self) -> usize {
         self.x.len()
-    }
-
-    /// True when the tensor has no elements.
-    pub fn is_empty(&self) -> bool {
-        self.x.is_empty()
     }
 
     fn split_at(self, mid: usize) -> (Self, Self) {
@@ -152,23 +148,7 @@ where
     X: Element,
     G: Element<C = X::C>,
 {
-    let total: usize = tensors.iter().map(AdamTensor::len).sum();
-    if total < SERIAL_BELOW {
-        tensors.into_iter().for_each(|t| chunk(c, t));
-        return;
-    }
-    let mut items = Vec::with_capacity(total / CHUNK + tensors.len());
-    for mut t in tensors {
-        while t.len() > CHUNK {
-            let (head, tail) = t.split_at(CHUNK);
-            items.push(head);
-            t = tail;
-        }
-        if !t.is_empty() {
-            items.push(t);
-        }
-    }
-    for_each_item(par, items, |t| chunk(c, t));
+    run_chunked(tensors, par, CHUNK, SERIAL_BELOW, |t| chunk(c, t));
 }
 
 /// The portable kernel over one chunk.

@@ -3,18 +3,21 @@ use proptest::prelude::*;
 use super::*;
 use crate::{RayonPool, Sequential};
 
+/// One tensor's (x, g, v, h) and one tensor's (x', v', h').
+type Case<X, G> = (Vec<X>, Vec<G>, Vec<X>, Vec<X>);
+type Out<X> = (Vec<X>, Vec<X>, Vec<X>);
+
 /// Runs the fast path out of place on copies, returning (x, v, h).
 fn fast<X: Element, G: Element<C = X::C>>(
     a: &AdamAttrs,
     r: f64,
     t: i64,
-    tensors: &[(Vec<X>, Vec<G>, Vec<X>, Vec<X>)],
+    tensors: &[Case<X, G>],
     par: &dyn Parallelism,
     in_place: bool,
-) -> Vec<(Vec<X>, Vec<X>, Vec<X>)> {
+) -> Vec<Out<X>> {
     let c = AdamCoeffs::<X::C>::new(a, adjusted_rate(r, t, a.alpha, a.beta));
-    let mut outs: Vec<(Vec<X>, Vec<X>, Vec<X>)> =
-        tensors.iter().map(|(x, _, v, h)| (x.clone(), v.clone(), h.clone())).collect();
+    let mut outs: Vec<Out<X>> = tensors.iter().map(|(x, _, v, h)| (x.clone(), v.clone(), h.clone())).collect();
     let work = tensors
         .iter()
         .zip(outs.iter_mut())
@@ -42,20 +45,20 @@ fn reference_all<X: Element, G: Element<C = X::C>>(
     a: &AdamAttrs,
     r: f64,
     t: i64,
-    tensors: &[(Vec<X>, Vec<G>, Vec<X>, Vec<X>)],
-) -> Vec<(Vec<X>, Vec<X>, Vec<X>)> {
+    tensors: &[Case<X, G>],
+) -> Vec<Out<X>> {
     tensors.iter().map(|(x, g, v, h)| reference::adam(a, r, t, x, g, v, h)).collect()
 }
 
-fn bits32(o: &[(Vec<f32>, Vec<f32>, Vec<f32>)]) -> Vec<u32> {
+fn bits32(o: &[Out<f32>]) -> Vec<u32> {
     o.iter().flat_map(|(x, v, h)| x.iter().chain(v).chain(h).map(|e| e.to_bits())).collect()
 }
 
-fn bits64(o: &[(Vec<f64>, Vec<f64>, Vec<f64>)]) -> Vec<u64> {
+fn bits64(o: &[Out<f64>]) -> Vec<u64> {
     o.iter().flat_map(|(x, v, h)| x.iter().chain(v).chain(h).map(|e| e.to_bits())).collect()
 }
 
-fn tensor_f32(len: usize) -> impl Strategy<Value = (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>)> {
+fn tensor_f32(len: usize) -> impl Strategy<Value = Case<f32, f32>> {
     let vals = move |lo: f32, hi: f32| proptest::collection::vec(lo..hi, len);
     (vals(-10.0, 10.0), vals(-5.0, 5.0), vals(-1.0, 1.0), vals(0.0, 4.0))
 }

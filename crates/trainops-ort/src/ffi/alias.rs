@@ -93,6 +93,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::single_range_in_vec_init)] // one input's byte range, not a range of items
     fn binding_over_another_input_snapshots_it() {
         // Output 0 is written over input 1 (not its own): input 1 must be copied first.
         let p = plan("t", &[0..8, 8..16], &[out(8..16, 0), out(200..208, 1)]).unwrap();

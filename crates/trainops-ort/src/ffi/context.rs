@@ -168,8 +168,8 @@ impl KernelInfo<'_> {
         let mut f = 0f32;
         let mut i = 0i64;
         let mut size = 0usize;
-        // SAFETY (all four probes): valid info; each out pointer is valid; with a null buffer
-        // the string and array getters only report the size.
+        // SAFETY: valid info; each out pointer is valid; with a null buffer the string and
+        // array getters only report the size.
         let probes: [(&'static str, bool); 5] = unsafe {
             [
                 (

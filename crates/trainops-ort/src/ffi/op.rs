@@ -132,8 +132,8 @@ unsafe extern "system" fn get_ep(_op: *const sys::OrtCustomOp) -> *const c_char 
 }
 
 unsafe extern "system" fn input_type(op: *const sys::OrtCustomOp, i: usize) -> sys::ONNXTensorElementDataType {
-    // SAFETY: the runtime passes back the pointer we registered.
     let undefined = sys::ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
+    // SAFETY: the runtime passes back the pointer we registered.
     quiet(undefined, || type_of(formal_at(unsafe { spec_of(op) }.inputs(), i)))
 }
 

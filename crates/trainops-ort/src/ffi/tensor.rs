@@ -155,7 +155,8 @@ impl Tensor {
 
     /// True when the buffer can be viewed as `T` (type and alignment).
     fn viewable<T: TensorElem>(&self) -> bool {
-        T::DTYPE == self.dtype && (self.numel == 0 || (!self.ptr.is_null() && self.ptr as usize % align_of::<T>() == 0))
+        T::DTYPE == self.dtype
+            && (self.numel == 0 || (!self.ptr.is_null() && (self.ptr as usize).is_multiple_of(align_of::<T>())))
     }
 
     /// The elements, read-only. Panics when `T` is not the tensor's type or the buffer is
@@ -189,7 +190,7 @@ impl Tensor {
 
     /// True when the buffer is aligned for its element type.
     pub fn aligned(&self) -> bool {
-        self.numel == 0 || (!self.ptr.is_null() && (self.ptr as usize) % self.elem_size.max(1) == 0)
+        self.numel == 0 || (!self.ptr.is_null() && (self.ptr as usize).is_multiple_of(self.elem_size.max(1)))
     }
 }
 
@@ -202,4 +203,19 @@ pub fn elem_size(d: DType) -> usize {
         DType::Int64 | DType::Double => 8,
         DType::Other(_) => 1,
     }
+}
+
+/// A copy of the tensor's elements, as a boxed `Vec` of its element type, for the types the
+/// ops compute on; `None` for other types.
+///
+/// # Safety
+/// No mutable reference to any part of the tensor's buffer may exist during the call.
+pub unsafe fn snapshot(t: &Tensor) -> Option<Box<dyn std::any::Any>> {
+    Some(match t.dtype {
+        // SAFETY: the type is checked by `slice`; the caller excludes writers.
+        DType::Float => Box::new(unsafe { t.slice::<f32>() }.to_vec()),
+        // SAFETY: as above.
+        DType::Double => Box::new(unsafe { t.slice::<f64>() }.to_vec()),
+        _ => return None,
+    })
 }

@@ -25,10 +25,11 @@ pub fn scalar_float(ctx: &Context<'_>, op: &'static str, index: usize, name: &st
             format!("{} with {}", t.dtype.name(), shape_text(&t.shape)),
         ));
     }
-    // SAFETY (both arms): one element of the checked type; inputs are never written by us,
-    // and no output slice exists yet.
     match t.dtype {
+        // SAFETY: one element of the checked type; inputs are never written by us, and no
+        // output slice exists yet.
         DType::Float if t.aligned() => Ok(f64::from(unsafe { t.slice::<f32>() }[0])),
+        // SAFETY: as above.
         DType::Double if t.aligned() => Ok(unsafe { t.slice::<f64>() }[0]),
         DType::Float | DType::Double => Err(Error::input(op, index, name, "an aligned buffer", "a misaligned one")),
         other => Err(Error::input(op, index, name, expected, other.name())),

@@ -2,3 +2,4 @@
 
 pub mod adam;
 mod common;
+pub mod optimizer;
