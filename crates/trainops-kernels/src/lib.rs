@@ -11,6 +11,7 @@ pub mod broadcast;
 pub mod elem;
 mod error;
 pub mod parallel;
+pub mod philox;
 pub mod stream;
 
 pub use elem::{Compute, Element};
