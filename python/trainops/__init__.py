@@ -34,8 +34,10 @@ def _candidates():
     yield from sorted(here.glob(f"{stem}*.{suffix}"))
     yield from sorted(here.glob(f"{stem}*.pyd")) if sys.platform == "win32" else ()
     root = here.parent.parent  # a source checkout: python/trainops -> repository root
-    for profile in ("release", "debug"):
-        yield root / "target" / profile / LIBRARY_NAME
+    # The most recently built of the release and debug libraries, so that a stale build
+    # of one profile never shadows a fresh build of the other.
+    built = [root / "target" / profile / LIBRARY_NAME for profile in ("release", "debug")]
+    yield from sorted((p for p in built if p.is_file()), key=lambda p: p.stat().st_mtime, reverse=True)
 
 
 def get_library_path() -> str:
@@ -43,7 +45,7 @@ def get_library_path() -> str:
     ``SessionOptions.register_custom_ops_library``.
 
     Looks at ``$TRAINOPS_LIBRARY``, then beside this package (an installed wheel), then in a
-    source checkout's ``target/release`` and ``target/debug``.
+    source checkout's ``target/release`` and ``target/debug`` (the newer of the two).
     """
     tried = []
     for path in _candidates():

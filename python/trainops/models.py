@@ -31,6 +31,7 @@ __all__ = [
     "tensor_type",
     "session_options",
     "session",
+    "philox_model",
 ]
 
 TRAINING_DOMAIN = "ai.onnx.preview.training"
@@ -211,3 +212,24 @@ def session(model: Any, threads: int | None = None, library: str | None = None,
         model = str(model)
     return ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
 
+
+
+def philox_model(shape: Sequence[int] | None = None, *, state_shape: Shape = (6,),
+                 state_out: bool = True, dynamic: bool = False):
+    """A ``com.trainops::Philox`` model: input ``state`` (uint32, 6 elements); the output
+    shape comes from the ``shape`` attribute when ``shape`` is given, else from a second
+    input ``shape`` (int64, 1-D). Outputs ``output`` and, if ``state_out``, ``state_out``.
+    ``dynamic`` declares every input with unknown rank, so that the op itself (not ONNX
+    Runtime's input checks) sees whatever is fed."""
+    if dynamic:
+        state_shape = None
+    inputs = [("state", np.uint32, state_shape)]
+    attrs = {}
+    if shape is None:
+        inputs.append(("shape", np.int64, None if dynamic else [None]))
+    else:
+        attrs["shape"] = [int(d) for d in shape]
+    outputs = [("output", np.uint32, None)]
+    if state_out:
+        outputs.append(("state_out", np.uint32, state_shape))
+    return node_model("Philox", inputs, outputs, domain="com.trainops", **attrs)

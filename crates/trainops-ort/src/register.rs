@@ -15,7 +15,10 @@ use crate::ops;
 
 /// Every op the library registers, by domain.
 pub fn domains() -> Vec<(&'static CStr, Vec<&'static dyn OpSpec>)> {
-    vec![(c"ai.onnx.preview.training", vec![&ops::adam::Adam as &'static dyn OpSpec])]
+    vec![
+        (c"ai.onnx.preview.training", vec![&ops::adam::Adam as &'static dyn OpSpec]),
+        (c"com.trainops", vec![&ops::philox::Philox as &'static dyn OpSpec]),
+    ]
 }
 
 struct Domains(Vec<*mut sys::OrtCustomOpDomain>);

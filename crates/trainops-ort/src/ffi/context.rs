@@ -250,6 +250,33 @@ impl KernelInfo<'_> {
     }
 }
 
+impl KernelInfo<'_> {
+    /// List-of-ints attribute `name`, `None` when absent.
+    pub fn i64s_opt(&self, name: &'static str) -> Result<Option<Vec<i64>>> {
+        let cname = CString::new(name).expect("attribute names have no NUL");
+        let raw = self.api.raw();
+        let mut size = 0usize;
+        // SAFETY: valid info and name; with a null buffer the runtime only reports the size.
+        let s = unsafe {
+            (raw.KernelInfoGetAttributeArray_int64)(self.info, cname.as_ptr(), core::ptr::null_mut(), &mut size)
+        };
+        if self.api.check(self.op, "KernelInfoGetAttributeArray_int64", s).is_err() {
+            return match self.present_as_other(&cname, "ints") {
+                Some(got) => Err(self.wrong_type(name, "a list of ints", got)),
+                None => Ok(None),
+            };
+        }
+        let mut values = vec![0i64; size];
+        // SAFETY: `values` has room for the `size` elements the runtime reported.
+        let s = unsafe {
+            (raw.KernelInfoGetAttributeArray_int64)(self.info, cname.as_ptr(), values.as_mut_ptr(), &mut size)
+        };
+        self.api.check(self.op, "KernelInfoGetAttributeArray_int64", s)?;
+        values.truncate(size);
+        Ok(Some(values))
+    }
+}
+
 /// A node's shape-inference context (at model load).
 pub struct ShapeInfer<'a> {
     api: Api,

@@ -3,3 +3,4 @@
 pub mod adam;
 mod common;
 pub mod optimizer;
+pub mod philox;
