@@ -5,6 +5,7 @@
 //! `ort`). It exports one symbol, [`RegisterCustomOps`], which registers:
 //!
 //! - `ai.onnx.preview.training::Adam` (v1), ONNX's own operator.
+//! - `com.trainops::Philox` (v1), DirectML's Philox4x32-10 random generator.
 //!
 //! All arithmetic lives in `trainops-kernels`; this crate checks nodes, plans memory and is
 //! the only code that calls ONNX Runtime's C API (module `ffi`).
