@@ -12,9 +12,11 @@ pub mod elem;
 mod error;
 pub mod parallel;
 pub mod philox;
+pub mod simd;
 pub mod stream;
 
 pub use elem::{Compute, Element};
 pub use error::KernelError;
 pub use parallel::{run_chunked, Parallelism, RayonPool, Sequential, Splittable};
+pub use simd::Level;
 pub use stream::InOut;

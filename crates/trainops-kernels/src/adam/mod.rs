@@ -12,8 +12,11 @@
 //! the compute type once, as numpy does with Python scalars.
 
 pub mod reference;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use crate::parallel::{run_chunked, Splittable};
+use crate::simd::{detected, Level};
 use crate::{Compute, Element, InOut, KernelError, Parallelism};
 
 /// The operator's attributes, with ONNX's defaults.
@@ -141,18 +144,66 @@ pub const CHUNK: usize = 1 << 15;
 /// Below this many elements in a whole node, everything runs on the calling thread.
 pub const SERIAL_BELOW: usize = 1 << 16;
 
-/// One Adam step over every tensor of a node. Each element's result does not depend on how
-/// the work is split, so the output is bitwise identical for any `par`.
+/// One Adam step over every tensor of a node, with the [`detected`] kernel level. Each
+/// element's result depends neither on how the work is split nor on the level, so the
+/// output is bitwise identical for any `par` and any CPU.
 pub fn step<X, G>(c: &AdamCoeffs<X::C>, tensors: Vec<AdamTensor<'_, X, G>>, par: &dyn Parallelism)
 where
-    X: Element,
+    X: AdamKernel<G>,
     G: Element<C = X::C>,
 {
-    run_chunked(tensors, par, CHUNK, SERIAL_BELOW, |t| chunk(c, t));
+    step_with(detected(), c, tensors, par);
 }
 
+/// [`step`] with a given level (tests force each one the CPU has).
+///
+/// # Panics
+/// When `level` is not available on this CPU.
+pub fn step_with<X, G>(level: Level, c: &AdamCoeffs<X::C>, tensors: Vec<AdamTensor<'_, X, G>>, par: &dyn Parallelism)
+where
+    X: AdamKernel<G>,
+    G: Element<C = X::C>,
+{
+    assert!(level.is_available(), "kernel level {level:?} is not available on this CPU");
+    run_chunked(tensors, par, CHUNK, SERIAL_BELOW, |t| X::chunk(level, c, t));
+}
+
+/// Weight types with an Adam kernel for gradients of type `G`.
+pub trait AdamKernel<G: Element>: Element {
+    /// Updates one chunk with the kernel of `level` (available, checked by the caller).
+    fn chunk(level: Level, c: &AdamCoeffs<Self::C>, t: AdamTensor<'_, Self, G>);
+}
+
+macro_rules! simd_adam {
+    ($t:ty, $avx512:ident, $avx2:ident) => {
+        impl AdamKernel<$t> for $t {
+            #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut, unused_variables))]
+            fn chunk(level: Level, c: &AdamCoeffs<$t>, mut t: AdamTensor<'_, $t, $t>) {
+                #[cfg(target_arch = "x86_64")]
+                if level != Level::Scalar {
+                    let n = t.len();
+                    let p = x86::Ptrs { x: t.x.as_ptrs(), g: t.g.as_ptr(), v: t.v.as_ptrs(), h: t.h.as_ptrs() };
+                    // SAFETY: the level is available (checked in `step_with`); the streams
+                    // and the gradient all hold `n` elements (checked in `AdamTensor::new`),
+                    // and an InOut's source is its destination or does not overlap it.
+                    unsafe {
+                        match level {
+                            Level::Avx512 => x86::$avx512(c, p, n),
+                            _ => x86::$avx2(c, p, n),
+                        }
+                    }
+                    return;
+                }
+                portable(c, t);
+            }
+        }
+    };
+}
+simd_adam!(f32, adam_f32_avx512, adam_f32_avx2);
+simd_adam!(f64, adam_f64_avx512, adam_f64_avx2);
+
 /// The portable kernel over one chunk.
-fn chunk<X: Element, G: Element<C = X::C>>(c: &AdamCoeffs<X::C>, mut t: AdamTensor<'_, X, G>) {
+fn portable<X: Element, G: Element<C = X::C>>(c: &AdamCoeffs<X::C>, mut t: AdamTensor<'_, X, G>) {
     for i in 0..t.len() {
         let (x, v, h) = update(c, t.x.get(i).load(), t.g[i].load(), t.v.get(i).load(), t.h.get(i).load());
         t.x.set(i, X::store(x));

@@ -1,6 +1,7 @@
 use proptest::prelude::*;
 
 use super::*;
+use crate::simd::Level;
 use crate::{RayonPool, Sequential};
 
 /// One tensor's (x, g, v, h) and one tensor's (x', v', h').
@@ -8,7 +9,20 @@ type Case<X, G> = (Vec<X>, Vec<G>, Vec<X>, Vec<X>);
 type Out<X> = (Vec<X>, Vec<X>, Vec<X>);
 
 /// Runs the fast path out of place on copies, returning (x, v, h).
-fn fast<X: Element, G: Element<C = X::C>>(
+fn fast<X: AdamKernel<G>, G: Element<C = X::C>>(
+    a: &AdamAttrs,
+    r: f64,
+    t: i64,
+    tensors: &[Case<X, G>],
+    par: &dyn Parallelism,
+    in_place: bool,
+) -> Vec<Out<X>> {
+    fast_with(crate::simd::detected(), a, r, t, tensors, par, in_place)
+}
+
+/// [`fast`] with a forced kernel level.
+fn fast_with<X: AdamKernel<G>, G: Element<C = X::C>>(
+    level: Level,
     a: &AdamAttrs,
     r: f64,
     t: i64,
@@ -37,7 +51,7 @@ fn fast<X: Element, G: Element<C = X::C>>(
             AdamTensor::new(s(x, ox, in_place), g, s(v, ov, in_place), s(h, oh, in_place)).unwrap()
         })
         .collect();
-    step(&c, work, par);
+    step_with(level, &c, work, par);
     outs
 }
 
@@ -149,4 +163,84 @@ fn mismatched_lengths_are_rejected() {
         InOut::split(&h, &mut oh).unwrap(),
     );
     assert!(matches!(r, Err(KernelError::LengthMismatch { what: "G", got: 2, expected: 3 })));
+}
+
+/// Random data for the level tests: lengths around every lane width (4, 8, 16) and chunk.
+fn level_cases(lens: &[usize], seed: u64) -> Vec<Case<f64, f64>> {
+    let mut s = seed;
+    let mut rnd = move || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    };
+    lens.iter()
+        .map(|&n| {
+            let mut v = |k: f64| (0..n).map(|_| rnd() * k).collect::<Vec<f64>>();
+            (v(8.0), v(2.0), v(0.5), v(0.1).into_iter().map(f64::abs).collect())
+        })
+        .collect()
+}
+
+const EDGE_LENGTHS: [usize; 14] = [0, 1, 3, 4, 7, 8, 15, 16, 17, 31, 63, 64, 65, 1000];
+
+/// Every kernel level the CPU has gives the reference's bits, f32 and f64, in place and
+/// out of place, on the edge lengths and on a node big enough to be threaded.
+#[test]
+fn every_level_is_bitwise_the_reference() {
+    let a = AdamAttrs { norm_coefficient: 0.02, norm_coefficient_post: 0.003, ..AdamAttrs::default() };
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let mut lens = EDGE_LENGTHS.to_vec();
+    lens.push(2 * CHUNK + 13);
+    let cases64 = level_cases(&lens, 7);
+    let cases32: Vec<Case<f32, f32>> = cases64
+        .iter()
+        .map(|(x, g, v, h)| {
+            let f = |a: &Vec<f64>| a.iter().map(|&e| e as f32).collect::<Vec<f32>>();
+            (f(x), f(g), f(v), f(h))
+        })
+        .collect();
+    let want32 = bits32(&reference_all(&a, 0.003, 11, &cases32));
+    let want64 = bits64(&reference_all(&a, 0.003, 11, &cases64));
+    let levels = crate::simd::available_levels();
+    assert_eq!(levels[0], Level::Scalar);
+    for &level in &levels {
+        for in_place in [false, true] {
+            for par in [&Sequential as &dyn Parallelism, &RayonPool(Some(&pool))] {
+                let got32 = bits32(&fast_with(level, &a, 0.003, 11, &cases32, par, in_place));
+                assert!(got32 == want32, "f32 {level:?} in_place={in_place}");
+                let got64 = bits64(&fast_with(level, &a, 0.003, 11, &cases64, par, in_place));
+                assert!(got64 == want64, "f64 {level:?} in_place={in_place}");
+            }
+        }
+    }
+}
+
+proptest! {
+    /// Random attributes and data on every level (short lengths: tails and lane edges).
+    #[test]
+    fn every_level_matches_the_reference_on_random_data(
+        a in attrs(),
+        r in 1e-4f64..1.0,
+        t in -3i64..50,
+        tensors in proptest::collection::vec((0usize..70).prop_flat_map(tensor_f32), 1..4),
+        in_place in any::<bool>(),
+    ) {
+        let want = bits32(&reference_all(&a, r, t, &tensors));
+        for level in crate::simd::available_levels() {
+            prop_assert_eq!(&bits32(&fast_with(level, &a, r, t, &tensors, &Sequential, in_place)), &want);
+        }
+    }
+}
+
+/// Non-finite inputs travel through every level exactly as through the reference.
+#[test]
+fn non_finite_values_match_on_every_level() {
+    let specials = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, 0.0, -0.0, f32::MIN_POSITIVE, 1e-45, f32::MAX];
+    let n = 64;
+    let pick = |k: usize| (0..n).map(|i| specials[(i * k + i / 8) % specials.len()]).collect::<Vec<f32>>();
+    let tensors = vec![(pick(1), pick(3), pick(5), pick(7).into_iter().map(f32::abs).collect())];
+    let a = AdamAttrs::default();
+    let want = bits32(&reference_all(&a, 0.1, 3, &tensors));
+    for level in crate::simd::available_levels() {
+        assert_eq!(bits32(&fast_with(level, &a, 0.1, 3, &tensors, &Sequential, false)), want, "{level:?}");
+    }
 }

@@ -13,8 +13,6 @@ pub mod reference;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-use std::sync::OnceLock;
-
 use crate::parallel::for_each_item;
 use crate::Parallelism;
 
@@ -59,42 +57,9 @@ pub fn blocks_for(len: usize) -> u128 {
     len.div_ceil(4) as u128
 }
 
-/// A kernel implementation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Level {
-    /// Portable code, one block at a time; every CPU.
-    Scalar,
-    /// AVX2, 8 blocks at a time (two interleaved sets of 4); x86_64 only.
-    Avx2,
-    /// AVX-512F, 56 blocks at a time (seven interleaved sets of 8); x86_64 only.
-    Avx512,
-}
-
-impl Level {
-    /// Whether this CPU can run the level.
-    pub fn is_available(self) -> bool {
-        match self {
-            Level::Scalar => true,
-            #[cfg(target_arch = "x86_64")]
-            Level::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
-            #[cfg(target_arch = "x86_64")]
-            Level::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
-            #[cfg(not(target_arch = "x86_64"))]
-            Level::Avx2 | Level::Avx512 => false,
-        }
-    }
-}
-
-/// Every level this CPU can run, narrowest first; always starts with [`Level::Scalar`].
-pub fn available_levels() -> Vec<Level> {
-    [Level::Scalar, Level::Avx2, Level::Avx512].into_iter().filter(|l| l.is_available()).collect()
-}
-
-/// The widest available level, detected on the first call and cached.
-pub fn detected() -> Level {
-    static DETECTED: OnceLock<Level> = OnceLock::new();
-    *DETECTED.get_or_init(|| available_levels().last().copied().unwrap_or(Level::Scalar))
-}
+/// The kernel levels (shared with the other kernels): Philox runs 8 blocks at a time with
+/// AVX2 (two interleaved sets of 4) and 56 with AVX-512F (seven interleaved sets of 8).
+pub use crate::simd::{available_levels, detected, Level};
 
 /// Fills `out` from `state` with the [`detected`] level and returns the next state.
 /// Outputs of [`SERIAL_BELOW`] words or more are split into [`CHUNK`]-word tasks run on `par`;

@@ -4,8 +4,7 @@
 //! `X_1_new..X_n_new, V_1_new..V_n_new, H_1_new..H_n_new`. The math is in
 //! `trainops_kernels::adam`; the node plumbing in [`super::optimizer`].
 
-use trainops_kernels::adam::{self, AdamAttrs, AdamCoeffs, AdamTensor};
-use trainops_kernels::Element;
+use trainops_kernels::adam::{self, AdamAttrs, AdamCoeffs, AdamKernel as AdamSimd, AdamTensor};
 
 use super::optimizer::{Call, Layout, INPUTS, OUTPUTS};
 use crate::error::{Error, Result};
@@ -64,7 +63,7 @@ impl Kernel for AdamKernel {
 
 impl AdamKernel {
     /// Runs the groups whose weights are of type `T`.
-    fn run<T: TensorElem + Element>(&self, call: &Call<'_, '_>, rate: f64) -> Result<()> {
+    fn run<T: TensorElem + AdamSimd<T>>(&self, call: &Call<'_, '_>, rate: f64) -> Result<()> {
         let (groups, streams, gradients) = call.all_views::<T, 3>()?;
         if groups.is_empty() {
             return Ok(());

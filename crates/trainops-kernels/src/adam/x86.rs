@@ -1,0 +1,101 @@
+//! AVX2 and AVX-512F Adam kernels for `f32` and `f64`.
+//!
+//! Each does the reference's operations in the reference's order (multiply, add, sqrt,
+//! divide; no fused multiply-add), and IEEE rounds each of them the same in a vector lane
+//! as in a scalar register, so every level is bitwise equal to the scalar reference. Adam
+//! is bound by memory bandwidth, so fusing would buy nothing but different bits.
+
+use core::arch::x86_64::*;
+
+use super::{update, AdamCoeffs};
+
+/// Read and write pointers of one chunk: `src` may equal `dst` (in place), in which case
+/// every element is read before it is written.
+pub struct Ptrs<T> {
+    /// Weights.
+    pub x: (*const T, *mut T),
+    /// Gradient (read only).
+    pub g: *const T,
+    /// First moment.
+    pub v: (*const T, *mut T),
+    /// Second moment.
+    pub h: (*const T, *mut T),
+}
+
+/// The scalar tail `[from, n)`, with the portable update (bitwise what the lanes compute).
+///
+/// # Safety
+/// Every pointer of `p` is valid for `n` reads (and writes, for the `.1` ones).
+#[inline(always)]
+unsafe fn tail<T: crate::Compute>(c: &AdamCoeffs<T>, p: &Ptrs<T>, from: usize, n: usize) {
+    for i in from..n {
+        // SAFETY: i < n, and the caller guarantees n valid elements behind each pointer;
+        // each element is read before it is written.
+        unsafe {
+            let (x, v, h) = update(c, p.x.0.add(i).read(), p.g.add(i).read(), p.v.0.add(i).read(), p.h.0.add(i).read());
+            p.x.1.add(i).write(x);
+            p.v.1.add(i).write(v);
+            p.h.1.add(i).write(h);
+        }
+    }
+}
+
+macro_rules! adam_kernel {
+    ($(#[$doc:meta])* $name:ident, $feature:literal, $t:ty, $lanes:literal,
+     $set1:ident, $load:ident, $store:ident, $add:ident, $sub:ident, $mul:ident, $div:ident, $sqrt:ident) => {
+        $(#[$doc])*
+        ///
+        /// # Safety
+        /// The CPU supports the target feature, and every pointer of `p` is valid for `n`
+        /// reads (and writes, for the `.1` ones); sources equal their destinations or do not
+        /// overlap them.
+        #[target_feature(enable = $feature)]
+        pub unsafe fn $name(c: &AdamCoeffs<$t>, p: Ptrs<$t>, n: usize) {
+            let (alpha, one_minus_alpha) = ($set1(c.alpha), $set1(c.one_minus_alpha));
+            let (beta, one_minus_beta) = ($set1(c.beta), $set1(c.one_minus_beta));
+            let (epsilon, norm, keep, rate) = ($set1(c.epsilon), $set1(c.norm), $set1(c.keep), $set1(c.rate));
+            let mut i = 0;
+            while i + $lanes <= n {
+                // SAFETY: lanes i..i + $lanes are in bounds (i + $lanes <= n), all loads of a
+                // lane group come before its stores, and unaligned access is allowed.
+                unsafe {
+                    let x = $load(p.x.0.add(i));
+                    let g = $load(p.g.add(i));
+                    let v = $load(p.v.0.add(i));
+                    let h = $load(p.h.0.add(i));
+                    let g = $add($mul(norm, x), g);
+                    let v = $add($mul(alpha, v), $mul(one_minus_alpha, g));
+                    let h = $add($mul(beta, h), $mul(one_minus_beta, $mul(g, g)));
+                    let x = $sub(x, $mul(rate, $div(v, $add($sqrt(h), epsilon))));
+                    $store(p.x.1.add(i), $mul(keep, x));
+                    $store(p.v.1.add(i), v);
+                    $store(p.h.1.add(i), h);
+                }
+                i += $lanes;
+            }
+            // SAFETY: the caller's guarantee covers [i, n).
+            unsafe { tail(c, &p, i, n) };
+        }
+    };
+}
+
+adam_kernel!(
+    /// Adam on `f32`, 16 lanes.
+    adam_f32_avx512, "avx512f", f32, 16,
+    _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_sqrt_ps
+);
+adam_kernel!(
+    /// Adam on `f64`, 8 lanes.
+    adam_f64_avx512, "avx512f", f64, 8,
+    _mm512_set1_pd, _mm512_loadu_pd, _mm512_storeu_pd, _mm512_add_pd, _mm512_sub_pd, _mm512_mul_pd, _mm512_div_pd, _mm512_sqrt_pd
+);
+adam_kernel!(
+    /// Adam on `f32`, 8 lanes.
+    adam_f32_avx2, "avx2", f32, 8,
+    _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps, _mm256_div_ps, _mm256_sqrt_ps
+);
+adam_kernel!(
+    /// Adam on `f64`, 4 lanes.
+    adam_f64_avx2, "avx2", f64, 4,
+    _mm256_set1_pd, _mm256_loadu_pd, _mm256_storeu_pd, _mm256_add_pd, _mm256_sub_pd, _mm256_mul_pd, _mm256_div_pd, _mm256_sqrt_pd
+);
