@@ -1,34 +1,14 @@
-//! Quick look at Adam kernel speed against a memory ceiling (reads 4 arrays, writes 3 in
-//! place), single-threaded and on a 2-thread rayon pool. Not a test: timings are noisy.
+//! Quick look at Adam kernel speed against the memory ceiling (`ceiling::touch`: reads 4
+//! arrays, writes 3 in place), single-threaded and on a 2-thread rayon pool. Not a test: timings are noisy.
 //! `cargo run --release -p trainops-kernels --example adam_speed [N]`
 
 use std::hint::black_box;
 use std::time::Instant;
 
 use trainops_kernels::adam::{step_with, AdamAttrs, AdamCoeffs, AdamTensor};
-use trainops_kernels::parallel::run_chunked;
+use trainops_kernels::ceiling::touch;
 use trainops_kernels::simd::available_levels;
-use trainops_kernels::{InOut, Parallelism, RayonPool, Sequential, Splittable};
-
-struct Ceiling<'a> {
-    x: &'a mut [f32],
-    g: &'a [f32],
-    v: &'a mut [f32],
-    h: &'a mut [f32],
-}
-
-impl Splittable for Ceiling<'_> {
-    fn len(&self) -> usize {
-        self.x.len()
-    }
-    fn split_at(self, mid: usize) -> (Self, Self) {
-        let (x0, x1) = self.x.split_at_mut(mid);
-        let (g0, g1) = self.g.split_at(mid);
-        let (v0, v1) = self.v.split_at_mut(mid);
-        let (h0, h1) = self.h.split_at_mut(mid);
-        (Ceiling { x: x0, g: g0, v: v0, h: h0 }, Ceiling { x: x1, g: g1, v: v1, h: h1 })
-    }
-}
+use trainops_kernels::{InOut, Parallelism, RayonPool, Sequential};
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -46,14 +26,9 @@ fn main() {
         let mut rows: Vec<(String, Vec<f64>)> = Vec::new();
         for _ in 0..7 {
             let t0 = Instant::now();
-            let work = vec![Ceiling { x: &mut x, g: &g, v: &mut v, h: &mut h }];
-            run_chunked(work, par, 1 << 15, 1 << 16, |w| {
-                for i in 0..w.x.len() {
-                    w.x[i] += w.g[i];
-                    w.v[i] += w.g[i];
-                    w.h[i] += w.g[i];
-                }
-            });
+            let t =
+                AdamTensor::new(InOut::in_place(&mut x), &g, InOut::in_place(&mut v), InOut::in_place(&mut h)).unwrap();
+            touch(vec![t], par);
             black_box(&x);
             push(&mut rows, "ceiling (4 reads, 3 writes)", t0.elapsed().as_secs_f64());
             for level in available_levels() {

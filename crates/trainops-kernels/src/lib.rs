@@ -8,6 +8,7 @@
 
 pub mod adam;
 pub mod broadcast;
+pub mod ceiling;
 pub mod elem;
 mod error;
 pub mod parallel;

@@ -79,12 +79,41 @@ impl<'a, T: Copy> InOut<'a, T> {
         (Self { len: mid, ..self }, tail)
     }
 
+    /// The stream as plain slices: one when it is updated in place, else the source and the
+    /// (non-overlapping) destination.
+    pub fn access(&mut self) -> Access<'_, T> {
+        if self.len == 0 {
+            return Access::InPlace(&mut []);
+        }
+        if core::ptr::eq(self.src, self.dst) {
+            // SAFETY: in place, `dst` is the unique borrow of `len` elements it came from.
+            Access::InPlace(unsafe { core::slice::from_raw_parts_mut(self.dst, self.len) })
+        } else {
+            // SAFETY: built by `split` from a `&[T]` and a `&mut [T]` of `len` elements each,
+            // which the borrow rules kept disjoint.
+            unsafe {
+                Access::Split(
+                    core::slice::from_raw_parts(self.src, self.len),
+                    core::slice::from_raw_parts_mut(self.dst, self.len),
+                )
+            }
+        }
+    }
+
     /// The raw read and write pointers, for SIMD kernels: `len()` elements each; `src` may
     /// equal `dst`, and then each element must be read before it is written.
     #[inline(always)]
     pub fn as_ptrs(&mut self) -> (*const T, *mut T) {
         (self.src, self.dst)
     }
+}
+
+/// A stream's memory as slices (see [`InOut::access`]).
+pub enum Access<'s, T> {
+    /// Read and rewritten in place.
+    InPlace(&'s mut [T]),
+    /// Read from the first, written to the second.
+    Split(&'s [T], &'s mut [T]),
 }
 
 #[cfg(test)]
