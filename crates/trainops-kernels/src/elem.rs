@@ -91,3 +91,31 @@ impl Element for f64 {
         c
     }
 }
+
+/// float16: computes in `f32`; stored round-to-nearest-even (the `half` crate).
+impl Element for half::f16 {
+    type C = f32;
+    const ONNX_NAME: &'static str = "float16";
+    #[inline(always)]
+    fn load(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn store(c: f32) -> Self {
+        half::f16::from_f32(c)
+    }
+}
+
+/// bfloat16: computes in `f32`; stored round-to-nearest-even (the `half` crate).
+impl Element for half::bf16 {
+    type C = f32;
+    const ONNX_NAME: &'static str = "bfloat16";
+    #[inline(always)]
+    fn load(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn store(c: f32) -> Self {
+        half::bf16::from_f32(c)
+    }
+}

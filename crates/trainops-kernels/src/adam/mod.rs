@@ -69,6 +69,8 @@ pub struct AdamCoeffs<C> {
     pub keep: C,
     /// The adjusted learning rate.
     pub rate: C,
+    /// When set, the gradient is first divided by this loss scale (mixed-precision Adam).
+    pub loss_scale: Option<C>,
 }
 
 impl<C: Compute> AdamCoeffs<C> {
@@ -85,13 +87,23 @@ impl<C: Compute> AdamCoeffs<C> {
             norm: f(a.norm_coefficient),
             keep: one_minus(a.norm_coefficient_post),
             rate: C::from_f64(rate),
+            loss_scale: None,
         }
+    }
+
+    /// The same coefficients, with gradients divided by `loss_scale` first.
+    pub fn with_loss_scale(self, loss_scale: C) -> Self {
+        Self { loss_scale: Some(loss_scale), ..self }
     }
 }
 
 /// The update of one element: `(x, g, v, h) -> (x', v', h')`.
 #[inline(always)]
 pub fn update<C: Compute>(c: &AdamCoeffs<C>, x: C, g: C, v: C, h: C) -> (C, C, C) {
+    let g = match c.loss_scale {
+        Some(s) => g / s,
+        None => g,
+    };
     let g = c.norm * x + g;
     let v = c.alpha * v + c.one_minus_alpha * g;
     let h = c.beta * h + c.one_minus_beta * (g * g);
@@ -174,33 +186,52 @@ pub trait AdamKernel<G: Element>: Element {
     fn chunk(level: Level, c: &AdamCoeffs<Self::C>, t: AdamTensor<'_, Self, G>);
 }
 
+/// An `AdamKernel` impl for weights `$t` and gradients `$g`, with a kernel per SIMD level
+/// (`None`: that level runs the portable kernel).
 macro_rules! simd_adam {
-    ($t:ty, $avx512:ident, $avx2:ident) => {
-        impl AdamKernel<$t> for $t {
+    ($t:ty, $g:ty, avx512: $avx512:ident, avx2: $($avx2:ident)?) => {
+        impl AdamKernel<$g> for $t {
             #[cfg_attr(not(target_arch = "x86_64"), allow(unused_mut, unused_variables))]
-            fn chunk(level: Level, c: &AdamCoeffs<$t>, mut t: AdamTensor<'_, $t, $t>) {
+            fn chunk(level: Level, c: &AdamCoeffs<<$t as Element>::C>, mut t: AdamTensor<'_, $t, $g>) {
                 #[cfg(target_arch = "x86_64")]
-                if level != Level::Scalar {
-                    let n = t.len();
-                    let p = x86::Ptrs { x: t.x.as_ptrs(), g: t.g.as_ptr(), v: t.v.as_ptrs(), h: t.h.as_ptrs() };
-                    // SAFETY: the level is available (checked in `step_with`); the streams
-                    // and the gradient all hold `n` elements (checked in `AdamTensor::new`),
-                    // and an InOut's source is its destination or does not overlap it.
-                    unsafe {
-                        match level {
-                            Level::Avx512 => x86::$avx512(c, p, n),
-                            _ => x86::$avx2(c, p, n),
-                        }
+                {
+                    let kernel = match level {
+                        Level::Avx512 => Some(x86::$avx512 as unsafe fn(_, _, _)),
+                        Level::Avx2 => None $(.or(Some(x86::$avx2 as unsafe fn(_, _, _))))?,
+                        Level::Scalar => None,
+                    };
+                    if let Some(kernel) = kernel {
+                        let n = t.len();
+                        let p = x86::Ptrs { x: t.x.as_ptrs(), g: t.g.as_ptr(), v: t.v.as_ptrs(), h: t.h.as_ptrs() };
+                        // SAFETY: the level is available (checked in `step_with`); the streams
+                        // and the gradient all hold `n` elements (checked in `AdamTensor::new`),
+                        // and an InOut's source is its destination or does not overlap it.
+                        unsafe { kernel(c, p, n) };
+                        return;
                     }
-                    return;
                 }
                 portable(c, t);
             }
         }
     };
 }
-simd_adam!(f32, adam_f32_avx512, adam_f32_avx2);
-simd_adam!(f64, adam_f64_avx512, adam_f64_avx2);
+simd_adam!(f32, f32, avx512: adam_f32_avx512, avx2: adam_f32_avx2);
+simd_adam!(f64, f64, avx512: adam_f64_avx512, avx2: adam_f64_avx2);
+simd_adam!(f32, half::f16, avx512: adam_f32_f16_avx512, avx2:);
+simd_adam!(f32, half::bf16, avx512: adam_f32_bf16_avx512, avx2:);
+
+/// 16-bit weights: the portable kernel on every level (converting in and out of `f32`).
+macro_rules! portable_adam {
+    ($t:ty) => {
+        impl AdamKernel<$t> for $t {
+            fn chunk(_level: Level, c: &AdamCoeffs<f32>, t: AdamTensor<'_, $t, $t>) {
+                portable(c, t);
+            }
+        }
+    };
+}
+portable_adam!(half::f16);
+portable_adam!(half::bf16);
 
 /// The portable kernel over one chunk.
 fn portable<X: Element, G: Element<C = X::C>>(c: &AdamCoeffs<X::C>, mut t: AdamTensor<'_, X, G>) {

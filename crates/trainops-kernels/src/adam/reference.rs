@@ -6,11 +6,25 @@ use super::AdamAttrs;
 use crate::{Compute, Element};
 
 /// Returns `(X_new, V_new, H_new)` for one tensor; `g` already has the weights' shape.
-#[allow(clippy::too_many_arguments)]
 pub fn adam<X: Element, G: Element<C = X::C>>(
     attrs: &AdamAttrs,
     r: f64,
     t: i64,
+    x: &[X],
+    g: &[G],
+    v: &[X],
+    h: &[X],
+) -> (Vec<X>, Vec<X>, Vec<X>) {
+    adam_unscaled(attrs, r, t, None, x, g, v, h)
+}
+
+/// [`adam`] on `G / loss_scale` (computed in the compute type) when `loss_scale` is given.
+#[allow(clippy::too_many_arguments)]
+pub fn adam_unscaled<X: Element, G: Element<C = X::C>>(
+    attrs: &AdamAttrs,
+    r: f64,
+    t: i64,
+    loss_scale: Option<X::C>,
     x: &[X],
     g: &[G],
     v: &[X],
@@ -22,7 +36,9 @@ pub fn adam<X: Element, G: Element<C = X::C>>(
     let r_adjusted = if t > 0 { r * (1.0 - beta.powf(t as f64)).sqrt() / (1.0 - alpha.powf(t as f64)) } else { r };
     let (mut xs, mut vs, mut hs) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..x.len() {
-        let (xi, gi, vi, hi) = (x[i].load(), g[i].load(), v[i].load(), h[i].load());
+        let (xi, vi, hi) = (x[i].load(), v[i].load(), h[i].load());
+        // g = G / loss_scale (MixedPrecisionAdam), else G.
+        let gi = loss_scale.map_or(g[i].load(), |s| g[i].load() / s);
         let g_regularized = c(f64::from(attrs.norm_coefficient)) * xi + gi;
         let v_new = c(alpha) * vi + c(1.0 - alpha) * g_regularized;
         let h_new = c(beta) * hi + c(1.0 - beta) * (g_regularized * g_regularized);

@@ -8,6 +8,15 @@ use crate::{RayonPool, Sequential};
 type Case<X, G> = (Vec<X>, Vec<G>, Vec<X>, Vec<X>);
 type Out<X> = (Vec<X>, Vec<X>, Vec<X>);
 
+/// `dst` updated in place, or rewritten from `src`.
+fn stream<'b, X: Copy>(src: &'b [X], dst: &'b mut [X], in_place: bool) -> InOut<'b, X> {
+    if in_place {
+        InOut::in_place(dst)
+    } else {
+        InOut::split(src, dst).unwrap()
+    }
+}
+
 /// Runs the fast path out of place on copies, returning (x, v, h).
 fn fast<X: AdamKernel<G>, G: Element<C = X::C>>(
     a: &AdamAttrs,
@@ -36,23 +45,75 @@ fn fast_with<X: AdamKernel<G>, G: Element<C = X::C>>(
         .iter()
         .zip(outs.iter_mut())
         .map(|((x, g, v, h), (ox, ov, oh))| {
-            fn s<'b, X: Copy>(src: &'b [X], dst: &'b mut [X], in_place: bool) -> InOut<'b, X> {
-                if in_place {
-                    InOut::in_place(dst)
-                } else {
-                    InOut::split(src, dst).unwrap()
-                }
-            }
             // The out-of-place run writes over stale copies (its results must not depend on
             // what the output buffer held).
             if !in_place {
                 ox.iter_mut().for_each(|e| *e = X::store(X::C::from_f64(f64::NAN)));
             }
-            AdamTensor::new(s(x, ox, in_place), g, s(v, ov, in_place), s(h, oh, in_place)).unwrap()
+            AdamTensor::new(stream(x, ox, in_place), g, stream(v, ov, in_place), stream(h, oh, in_place)).unwrap()
         })
         .collect();
     step_with(level, &c, work, par);
     outs
+}
+
+/// Raw bits of an element, for exact comparisons of every type.
+trait Bits: Copy {
+    fn bits(self) -> u64;
+}
+impl Bits for f32 {
+    fn bits(self) -> u64 {
+        u64::from(self.to_bits())
+    }
+}
+impl Bits for f64 {
+    fn bits(self) -> u64 {
+        self.to_bits()
+    }
+}
+impl Bits for half::f16 {
+    fn bits(self) -> u64 {
+        u64::from(self.to_bits())
+    }
+}
+impl Bits for half::bf16 {
+    fn bits(self) -> u64 {
+        u64::from(self.to_bits())
+    }
+}
+
+fn bits_of<X: Bits>(o: &[Out<X>]) -> Vec<u64> {
+    o.iter().flat_map(|(x, v, h)| x.iter().chain(v).chain(h).map(|e| e.bits())).collect()
+}
+
+/// Every level against `reference::adam_unscaled`, in and out of place, for one type pair.
+fn check_pair<X: AdamKernel<G> + Bits, G: Element<C = X::C>>(cases: &[Case<X, G>], loss_scale: Option<X::C>) {
+    let a = AdamAttrs { norm_coefficient: 0.01, ..AdamAttrs::default() };
+    let (r, t) = (0.01, 5);
+    let want: Vec<Out<X>> =
+        cases.iter().map(|(x, g, v, h)| reference::adam_unscaled(&a, r, t, loss_scale, x, g, v, h)).collect();
+    let mut c = AdamCoeffs::<X::C>::new(&a, adjusted_rate(r, t, a.alpha, a.beta));
+    c.loss_scale = loss_scale;
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    for level in crate::simd::available_levels() {
+        for in_place in [false, true] {
+            let mut outs: Vec<Out<X>> = cases.iter().map(|(x, _, v, h)| (x.clone(), v.clone(), h.clone())).collect();
+            let work = cases
+                .iter()
+                .zip(outs.iter_mut())
+                .map(|((x, g, v, h), (ox, ov, oh))| {
+                    AdamTensor::new(stream(x, ox, in_place), g, stream(v, ov, in_place), stream(h, oh, in_place))
+                        .unwrap()
+                })
+                .collect();
+            step_with(level, &c, work, &RayonPool(Some(&pool)));
+            assert!(
+                bits_of(&outs) == bits_of(&want),
+                "{} {level:?} in_place={in_place}",
+                std::any::type_name::<(X, G)>()
+            );
+        }
+    }
 }
 
 fn reference_all<X: Element, G: Element<C = X::C>>(
@@ -242,5 +303,46 @@ fn non_finite_values_match_on_every_level() {
     let want = bits32(&reference_all(&a, 0.1, 3, &tensors));
     for level in crate::simd::available_levels() {
         assert_eq!(bits32(&fast_with(level, &a, 0.1, 3, &tensors, &Sequential, false)), want, "{level:?}");
+    }
+}
+
+/// float16 and bfloat16 weights, and float32 weights with 16-bit gradients (unscaled by a
+/// loss scale or not), on every level, bitwise against the reference.
+#[test]
+fn sixteen_bit_and_mixed_types_are_bitwise_the_reference() {
+    let mut lens = EDGE_LENGTHS.to_vec();
+    lens.push(2 * CHUNK + 13);
+    let base = level_cases(&lens, 99);
+    fn conv<A: Copy, B>(v: &[A], f: impl Fn(A) -> B) -> Vec<B> {
+        v.iter().map(|&e| f(e)).collect()
+    }
+    let f32s = |v: &[f64]| conv(v, |e| e as f32);
+    let mixed16: Vec<Case<f32, half::f16>> = base
+        .iter()
+        .map(|(x, g, v, h)| (f32s(x), conv(g, |e| half::f16::from_f64(e * 1e3)), f32s(v), f32s(h)))
+        .collect();
+    let mixedb: Vec<Case<f32, half::bf16>> = base
+        .iter()
+        .map(|(x, g, v, h)| (f32s(x), conv(g, |e| half::bf16::from_f64(e * 1e3)), f32s(v), f32s(h)))
+        .collect();
+    let all16: Vec<Case<half::f16, half::f16>> = base
+        .iter()
+        .map(|(x, g, v, h)| {
+            let f = |a: &Vec<f64>| conv(a, half::f16::from_f64);
+            (f(x), f(g), f(v), f(h))
+        })
+        .collect();
+    let allb: Vec<Case<half::bf16, half::bf16>> = base
+        .iter()
+        .map(|(x, g, v, h)| {
+            let f = |a: &Vec<f64>| conv(a, half::bf16::from_f64);
+            (f(x), f(g), f(v), f(h))
+        })
+        .collect();
+    for ls in [None, Some(1024.0f32), Some(3.0)] {
+        check_pair(&mixed16, ls);
+        check_pair(&mixedb, ls);
+        check_pair(&all16, ls);
+        check_pair(&allb, ls);
     }
 }

@@ -7,15 +7,18 @@
 
 use core::arch::x86_64::*;
 
+use half::{bf16, f16};
+
 use super::{update, AdamCoeffs};
+use crate::Element;
 
 /// Read and write pointers of one chunk: `src` may equal `dst` (in place), in which case
 /// every element is read before it is written.
-pub struct Ptrs<T> {
+pub struct Ptrs<T, G = T> {
     /// Weights.
     pub x: (*const T, *mut T),
     /// Gradient (read only).
-    pub g: *const T,
+    pub g: *const G,
     /// First moment.
     pub v: (*const T, *mut T),
     /// Second moment.
@@ -27,12 +30,13 @@ pub struct Ptrs<T> {
 /// # Safety
 /// Every pointer of `p` is valid for `n` reads (and writes, for the `.1` ones).
 #[inline(always)]
-unsafe fn tail<T: crate::Compute>(c: &AdamCoeffs<T>, p: &Ptrs<T>, from: usize, n: usize) {
+unsafe fn tail<T: crate::Compute, G: Element<C = T>>(c: &AdamCoeffs<T>, p: &Ptrs<T, G>, from: usize, n: usize) {
     for i in from..n {
         // SAFETY: i < n, and the caller guarantees n valid elements behind each pointer;
         // each element is read before it is written.
         unsafe {
-            let (x, v, h) = update(c, p.x.0.add(i).read(), p.g.add(i).read(), p.v.0.add(i).read(), p.h.0.add(i).read());
+            let g = p.g.add(i).read().load();
+            let (x, v, h) = update(c, p.x.0.add(i).read(), g, p.v.0.add(i).read(), p.h.0.add(i).read());
             p.x.1.add(i).write(x);
             p.v.1.add(i).write(v);
             p.h.1.add(i).write(h);
@@ -40,9 +44,31 @@ unsafe fn tail<T: crate::Compute>(c: &AdamCoeffs<T>, p: &Ptrs<T>, from: usize, n
     }
 }
 
+/// 16 float16 values widened to `f32` (exact, like `f16::to_f32`).
+///
+/// # Safety
+/// AVX-512F is available and `p` is valid for 16 reads.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load_f16x16(p: *const f16) -> __m512 {
+    // SAFETY: 16 two-byte values at `p` (caller); unaligned loads are allowed.
+    unsafe { _mm512_cvtph_ps(_mm256_loadu_si256(p.cast())) }
+}
+
+/// 16 bfloat16 values widened to `f32` (exact: the bits move to the high half).
+///
+/// # Safety
+/// AVX-512F is available and `p` is valid for 16 reads.
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn load_bf16x16(p: *const bf16) -> __m512 {
+    // SAFETY: 16 two-byte values at `p` (caller); unaligned loads are allowed.
+    unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())))) }
+}
+
 macro_rules! adam_kernel {
-    ($(#[$doc:meta])* $name:ident, $feature:literal, $t:ty, $lanes:literal,
-     $set1:ident, $load:ident, $store:ident, $add:ident, $sub:ident, $mul:ident, $div:ident, $sqrt:ident) => {
+    ($(#[$doc:meta])* $name:ident, $feature:literal, $t:ty, $tg:ty, $lanes:literal,
+     $set1:ident, $load:ident, $load_g:ident, $store:ident, $add:ident, $sub:ident, $mul:ident, $div:ident, $sqrt:ident) => {
         $(#[$doc])*
         ///
         /// # Safety
@@ -50,17 +76,22 @@ macro_rules! adam_kernel {
         /// reads (and writes, for the `.1` ones); sources equal their destinations or do not
         /// overlap them.
         #[target_feature(enable = $feature)]
-        pub unsafe fn $name(c: &AdamCoeffs<$t>, p: Ptrs<$t>, n: usize) {
+        pub unsafe fn $name(c: &AdamCoeffs<$t>, p: Ptrs<$t, $tg>, n: usize) {
             let (alpha, one_minus_alpha) = ($set1(c.alpha), $set1(c.one_minus_alpha));
             let (beta, one_minus_beta) = ($set1(c.beta), $set1(c.one_minus_beta));
             let (epsilon, norm, keep, rate) = ($set1(c.epsilon), $set1(c.norm), $set1(c.keep), $set1(c.rate));
+            let unscale = c.loss_scale.map(|s| $set1(s));
             let mut i = 0;
             while i + $lanes <= n {
                 // SAFETY: lanes i..i + $lanes are in bounds (i + $lanes <= n), all loads of a
                 // lane group come before its stores, and unaligned access is allowed.
                 unsafe {
                     let x = $load(p.x.0.add(i));
-                    let g = $load(p.g.add(i));
+                    let g = $load_g(p.g.add(i));
+                    let g = match unscale {
+                        Some(s) => $div(g, s),
+                        None => g,
+                    };
                     let v = $load(p.v.0.add(i));
                     let h = $load(p.h.0.add(i));
                     let g = $add($mul(norm, x), g);
@@ -81,21 +112,31 @@ macro_rules! adam_kernel {
 
 adam_kernel!(
     /// Adam on `f32`, 16 lanes.
-    adam_f32_avx512, "avx512f", f32, 16,
-    _mm512_set1_ps, _mm512_loadu_ps, _mm512_storeu_ps, _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_sqrt_ps
+    adam_f32_avx512, "avx512f", f32, f32, 16, _mm512_set1_ps, _mm512_loadu_ps, _mm512_loadu_ps, _mm512_storeu_ps,
+    _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_sqrt_ps
+);
+adam_kernel!(
+    /// Adam on `f32` weights with float16 gradients, 16 lanes.
+    adam_f32_f16_avx512, "avx512f", f32, f16, 16, _mm512_set1_ps, _mm512_loadu_ps, load_f16x16, _mm512_storeu_ps,
+    _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_sqrt_ps
+);
+adam_kernel!(
+    /// Adam on `f32` weights with bfloat16 gradients, 16 lanes.
+    adam_f32_bf16_avx512, "avx512f", f32, bf16, 16, _mm512_set1_ps, _mm512_loadu_ps, load_bf16x16, _mm512_storeu_ps,
+    _mm512_add_ps, _mm512_sub_ps, _mm512_mul_ps, _mm512_div_ps, _mm512_sqrt_ps
 );
 adam_kernel!(
     /// Adam on `f64`, 8 lanes.
-    adam_f64_avx512, "avx512f", f64, 8,
-    _mm512_set1_pd, _mm512_loadu_pd, _mm512_storeu_pd, _mm512_add_pd, _mm512_sub_pd, _mm512_mul_pd, _mm512_div_pd, _mm512_sqrt_pd
+    adam_f64_avx512, "avx512f", f64, f64, 8, _mm512_set1_pd, _mm512_loadu_pd, _mm512_loadu_pd, _mm512_storeu_pd,
+    _mm512_add_pd, _mm512_sub_pd, _mm512_mul_pd, _mm512_div_pd, _mm512_sqrt_pd
 );
 adam_kernel!(
     /// Adam on `f32`, 8 lanes.
-    adam_f32_avx2, "avx2", f32, 8,
-    _mm256_set1_ps, _mm256_loadu_ps, _mm256_storeu_ps, _mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps, _mm256_div_ps, _mm256_sqrt_ps
+    adam_f32_avx2, "avx2", f32, f32, 8, _mm256_set1_ps, _mm256_loadu_ps, _mm256_loadu_ps, _mm256_storeu_ps,
+    _mm256_add_ps, _mm256_sub_ps, _mm256_mul_ps, _mm256_div_ps, _mm256_sqrt_ps
 );
 adam_kernel!(
     /// Adam on `f64`, 4 lanes.
-    adam_f64_avx2, "avx2", f64, 4,
-    _mm256_set1_pd, _mm256_loadu_pd, _mm256_storeu_pd, _mm256_add_pd, _mm256_sub_pd, _mm256_mul_pd, _mm256_div_pd, _mm256_sqrt_pd
+    adam_f64_avx2, "avx2", f64, f64, 4, _mm256_set1_pd, _mm256_loadu_pd, _mm256_loadu_pd, _mm256_storeu_pd,
+    _mm256_add_pd, _mm256_sub_pd, _mm256_mul_pd, _mm256_div_pd, _mm256_sqrt_pd
 );
