@@ -127,6 +127,15 @@ impl TensorElem for i64 {
 impl TensorElem for u32 {
     const DTYPE: DType = DType::Uint32;
 }
+impl TensorElem for bool {
+    const DTYPE: DType = DType::Bool;
+}
+impl TensorElem for half::f16 {
+    const DTYPE: DType = DType::Float16;
+}
+impl TensorElem for half::bf16 {
+    const DTYPE: DType = DType::BFloat16;
+}
 
 /// One input or output tensor of a kernel call.
 #[derive(Debug, Clone)]
@@ -216,6 +225,10 @@ pub unsafe fn snapshot(t: &Tensor) -> Option<Box<dyn std::any::Any>> {
         DType::Float => Box::new(unsafe { t.slice::<f32>() }.to_vec()),
         // SAFETY: as above.
         DType::Double => Box::new(unsafe { t.slice::<f64>() }.to_vec()),
+        // SAFETY: as above.
+        DType::Float16 => Box::new(unsafe { t.slice::<half::f16>() }.to_vec()),
+        // SAFETY: as above.
+        DType::BFloat16 => Box::new(unsafe { t.slice::<half::bf16>() }.to_vec()),
         _ => return None,
     })
 }

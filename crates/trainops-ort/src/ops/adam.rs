@@ -4,7 +4,9 @@
 //! `X_1_new..X_n_new, V_1_new..V_n_new, H_1_new..H_n_new`. The math is in
 //! `trainops_kernels::adam`; the node plumbing in [`super::optimizer`].
 
+use half::{bf16, f16};
 use trainops_kernels::adam::{self, AdamAttrs, AdamCoeffs, AdamKernel as AdamSimd, AdamTensor};
+use trainops_kernels::Element;
 
 use super::optimizer::{Call, Layout, INPUTS, OUTPUTS};
 use crate::error::{Error, Result};
@@ -15,7 +17,8 @@ use crate::ffi::{Context, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer};
 pub struct Adam;
 
 /// Adam's variadic layout.
-pub static LAYOUT: Layout = Layout { op: "Adam", groups: &["X", "G", "V", "H"], gradient: 1, rewrites: &[0, 2, 3] };
+pub static LAYOUT: Layout =
+    Layout { op: "Adam", groups: &["X", "G", "V", "H"], gradient: 1, rewrites: &[0, 2, 3], ..Layout::ONNX };
 
 impl OpSpec for Adam {
     fn name(&self) -> &'static std::ffi::CStr {
@@ -54,30 +57,37 @@ struct AdamKernel {
 
 impl Kernel for AdamKernel {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
-        let call = LAYOUT.prepare(ctx)?;
+        let mut call = LAYOUT.prepare(ctx, None)?;
         let rate = adam::adjusted_rate(call.r, call.t, self.attrs.alpha, self.attrs.beta);
-        self.run::<f32>(&call, rate)?;
-        self.run::<f64>(&call, rate)
+        let c32 = AdamCoeffs::<f32>::new(&self.attrs, rate);
+        run::<f32, f32>(&mut call, &c32)?;
+        run::<f32, f16>(&mut call, &c32)?;
+        run::<f32, bf16>(&mut call, &c32)?;
+        run::<f16, f16>(&mut call, &c32)?;
+        run::<bf16, bf16>(&mut call, &c32)?;
+        run::<f64, f64>(&mut call, &AdamCoeffs::<f64>::new(&self.attrs, rate))
     }
 }
 
-impl AdamKernel {
-    /// Runs the groups whose weights are of type `T`.
-    fn run<T: TensorElem + AdamSimd<T>>(&self, call: &Call<'_, '_>, rate: f64) -> Result<()> {
-        let (groups, streams, gradients) = call.all_views::<T, 3>()?;
-        if groups.is_empty() {
-            return Ok(());
-        }
-        let mut tensors = Vec::with_capacity(groups.len());
-        for ((&i, [x, v, h]), g) in groups.iter().zip(streams).zip(&gradients) {
-            let name = LAYOUT.input_name(2 + i, call.n);
-            let tensor = AdamTensor::new(x, g, v, h)
-                .map_err(|e| Error::input(LAYOUT.op, 2 + i, name, "equal tensor sizes", e.to_string()))?;
-            tensors.push(tensor);
-        }
-        adam::step(&AdamCoeffs::<T::C>::new(&self.attrs, rate), tensors, &call.pool);
-        Ok(())
+/// Runs Adam on the groups with weights `X` and gradients `G` (none: nothing to do).
+pub(crate) fn run<X, G>(call: &mut Call<'_, '_>, c: &AdamCoeffs<X::C>) -> Result<()>
+where
+    X: TensorElem + AdamSimd<G>,
+    G: TensorElem + Element<C = X::C>,
+{
+    let n = call.n;
+    let views = call.views::<X, G, 3>()?;
+    let mut tensors = Vec::with_capacity(views.groups.len());
+    for ((&i, [x, v, h]), g) in views.groups.iter().zip(views.streams).zip(&views.gradients) {
+        let tensor = AdamTensor::new(x, g, v, h).map_err(|e| {
+            Error::input(LAYOUT.op, 2 + i, LAYOUT.input_name(2 + i, n), "equal tensor sizes", e.to_string())
+        })?;
+        tensors.push(tensor);
     }
+    if !tensors.is_empty() {
+        adam::step(c, tensors, views.pool);
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -104,7 +114,7 @@ mod tests {
             );
             assert!(msg.ends_with(&format!("got {bad}")), "{msg}");
         }
-        let msg = LAYOUT.check_outputs(4, 2).unwrap_err().to_string();
+        let msg = LAYOUT.check_outputs(4, 2, false).unwrap_err().to_string();
         assert!(
             msg.contains("expected 3n = 6 outputs (X_new, V_new, H_new for each of n = 2 tensors), got 4"),
             "{msg}"

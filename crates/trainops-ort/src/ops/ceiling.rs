@@ -4,6 +4,7 @@
 //! does `x += g, v += g, h += g`: the memory traffic of an Adam step with no arithmetic to
 //! speak of. `python -m trainops bench adam` reports Adam against it in the same run.
 
+use half::{bf16, f16};
 use trainops_kernels::adam::AdamTensor;
 use trainops_kernels::{ceiling, Element};
 
@@ -16,7 +17,7 @@ use crate::ffi::{Context, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer};
 pub struct MemoryCeiling;
 
 static LAYOUT: Layout =
-    Layout { op: "MemoryCeiling", groups: &["X", "G", "V", "H"], gradient: 1, rewrites: &[0, 2, 3] };
+    Layout { op: "MemoryCeiling", groups: &["X", "G", "V", "H"], gradient: 1, rewrites: &[0, 2, 3], ..Layout::ONNX };
 
 impl OpSpec for MemoryCeiling {
     fn name(&self) -> &'static std::ffi::CStr {
@@ -44,21 +45,24 @@ struct CeilingKernel;
 
 impl Kernel for CeilingKernel {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
-        let call = LAYOUT.prepare(ctx)?;
-        run::<f32>(&call)?;
-        run::<f64>(&call)
+        let mut call = LAYOUT.prepare(ctx, None)?;
+        run::<f32>(&mut call)?;
+        run::<f64>(&mut call)?;
+        run::<f16>(&mut call)?;
+        run::<bf16>(&mut call)
     }
 }
 
-fn run<T: TensorElem + Element>(call: &Call<'_, '_>) -> Result<()> {
-    let (groups, streams, gradients) = call.all_views::<T, 3>()?;
-    let mut tensors = Vec::with_capacity(groups.len());
-    for ((&i, [x, v, h]), g) in groups.iter().zip(streams).zip(&gradients) {
-        let name = LAYOUT.input_name(2 + i, call.n);
+fn run<T: TensorElem + Element>(call: &mut Call<'_, '_>) -> Result<()> {
+    let n = call.n;
+    let views = call.views::<T, T, 3>()?;
+    let mut tensors = Vec::with_capacity(views.groups.len());
+    for ((&i, [x, v, h]), g) in views.groups.iter().zip(views.streams).zip(&views.gradients) {
+        let name = LAYOUT.input_name(2 + i, n);
         let tensor = AdamTensor::new(x, g, v, h)
             .map_err(|e| Error::input(LAYOUT.op, 2 + i, name, "equal tensor sizes", e.to_string()))?;
         tensors.push(tensor);
     }
-    ceiling::touch(tensors, &call.pool);
+    ceiling::touch(tensors, views.pool);
     Ok(())
 }

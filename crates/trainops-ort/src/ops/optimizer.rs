@@ -1,13 +1,19 @@
-//! What ONNX's training-domain optimizers share: inputs `R, T`, then groups of `n` tensors
-//! each (`X..., G..., V..., H...` for Adam), outputs that rewrite some of those groups
-//! (`X_new..., V_new..., H_new...`). A [`Layout`] names the groups; it checks a node at
-//! load and at run time, and a [`Call`] holds one run's checked tensors, its alias plan and
-//! its typed views, so that each op only says how to update one tensor group.
+//! What the optimizer ops share: a few scalar inputs (`R, T`, and `loss_scale` for
+//! MixedPrecisionAdam), then groups of `n` tensors each (`X..., G..., V..., H...` for Adam);
+//! outputs: a few flags (`finite`), then groups that rewrite input groups
+//! (`X_new..., V_new..., H_new...`), then optionally 16-bit copies of the new weights.
+//!
+//! A [`Layout`] names all of that; it checks a node at load and at run time. A [`Call`]
+//! holds one run's checked tensors, its alias plan and its snapshots, and hands out typed
+//! views, so that each op only says how to update one tensor group.
+//!
+//! Types: weights `X` (and every group but the gradient) float, double, float16 or
+//! bfloat16; the gradient `G` of `X`'s type, or float16 / bfloat16 with float32 weights.
 
 use std::any::Any;
 use std::borrow::Cow;
 
-use trainops_kernels::{broadcast, InOut};
+use trainops_kernels::{broadcast, mixed, Element, InOut};
 
 use super::common::{broadcastable, required, same_shape, scalar_float, scalar_i64, Sig};
 use crate::error::{Error, Result};
@@ -16,10 +22,10 @@ use crate::ffi::pool::OrtPool;
 use crate::ffi::tensor::{snapshot, TensorElem};
 use crate::ffi::{Context, DType, Formal, ShapeInfer, Tensor};
 
-/// Formal inputs of every optimizer: `R` (any float type), `T` (int64), then the tensors.
+/// Formal inputs of the ONNX optimizers: `R` (any float type), `T` (int64), the tensors.
 pub static INPUTS: [Formal; 3] =
     [Formal::One(None), Formal::One(Some(DType::Int64)), Formal::Variadic { dtype: None, min: 1 }];
-/// Formal outputs of every optimizer: the rewritten tensors.
+/// Formal outputs of the ONNX optimizers: the rewritten tensors.
 pub static OUTPUTS: [Formal; 1] = [Formal::Variadic { dtype: None, min: 1 }];
 
 /// The variadic layout of one optimizer op.
@@ -27,59 +33,100 @@ pub static OUTPUTS: [Formal; 1] = [Formal::Variadic { dtype: None, min: 1 }];
 pub struct Layout {
     /// Op name.
     pub op: &'static str,
-    /// Input group names after `R, T`, e.g. `["X", "G", "V", "H"]`; group 0 is the weights.
+    /// Scalar inputs before the groups; the first two are always `R` (float or double) and
+    /// `T` (int64), any further ones are float scalars.
+    pub scalars: &'static [&'static str],
+    /// Input group names after the scalars, e.g. `["X", "G", "V", "H"]`; group 0 is the
+    /// weights.
     pub groups: &'static [&'static str],
-    /// The index in `groups` of the gradient (the only group that may broadcast).
+    /// The index in `groups` of the gradient (the only group that may broadcast, and whose
+    /// type may be 16-bit with float32 weights).
     pub gradient: usize,
     /// For each output group, the input group it rewrites, e.g. `[0, 2, 3]`.
     pub rewrites: &'static [usize],
-}
-
-fn is_float(d: DType) -> bool {
-    matches!(d, DType::Float | DType::Double)
+    /// Bool scalar outputs before the groups (e.g. `finite`).
+    pub flags: &'static [&'static str],
 }
 
 impl Layout {
+    /// The layout of an ONNX training-domain optimizer: `R, T`, the groups, no flags.
+    pub const ONNX: Layout =
+        Layout { op: "", scalars: &["R", "T"], groups: &[], gradient: 1, rewrites: &[], flags: &[] };
+}
+
+/// Float types an optimizer's weights may have.
+fn is_weight_type(d: DType) -> bool {
+    matches!(d, DType::Float | DType::Double | DType::Float16 | DType::BFloat16)
+}
+
+/// Whether gradients of type `g` may update weights of type `x`.
+fn gradient_fits(x: DType, g: DType) -> bool {
+    g == x || (x == DType::Float && matches!(g, DType::Float16 | DType::BFloat16))
+}
+
+impl Layout {
+    fn s(&self) -> usize {
+        self.scalars.len()
+    }
+
     /// Formal name of input `index` in a node of `n` tensors (`R`, `T`, `X_1`, ...).
     pub fn input_name(&self, index: usize, n: usize) -> String {
-        match index {
-            0 => "R".into(),
-            1 => "T".into(),
-            i => format!("{}_{}", self.groups[((i - 2) / n).min(self.groups.len() - 1)], (i - 2) % n + 1),
+        match self.scalars.get(index) {
+            Some(name) => (*name).into(),
+            None => {
+                let j = index - self.s();
+                format!("{}_{}", self.groups[(j / n).min(self.groups.len() - 1)], j % n + 1)
+            }
         }
     }
 
-    /// Formal name of output `index` (`X_1_new`, ...).
+    /// Formal name of output `index` (`finite`, `X_1_new`, ..., `X_1_copy`, ...).
     pub fn output_name(&self, index: usize, n: usize) -> String {
-        let group = self.rewrites[(index / n).min(self.rewrites.len() - 1)];
-        format!("{}_{}_new", self.groups[group], index % n + 1)
+        if let Some(name) = self.flags.get(index) {
+            return (*name).into();
+        }
+        let j = index - self.flags.len();
+        match self.rewrites.get(j / n) {
+            Some(&group) => format!("{}_{}_new", self.groups[group], j % n + 1),
+            None => format!("{}_{}_copy", self.groups[0], j % n + 1),
+        }
     }
 
-    /// `n` from the input count `2 + groups * n`.
+    /// `n` from the input count `scalars + groups * n`.
     pub fn arity(&self, inputs: usize) -> Result<usize> {
-        let k = self.groups.len();
-        if inputs >= 2 + k && (inputs - 2).is_multiple_of(k) {
-            return Ok((inputs - 2) / k);
+        let (s, k) = (self.s(), self.groups.len());
+        if inputs >= s + k && (inputs - s).is_multiple_of(k) {
+            return Ok((inputs - s) / k);
         }
         let lists: Vec<String> = self.groups.iter().map(|g| format!("{g}_1..{g}_n")).collect();
         Err(Error::Arity {
             op: self.op,
-            what: format!("expected 2 + {k}n inputs (R, T, then {}, n >= 1), got {inputs}", lists.join(", ")),
+            what: format!(
+                "expected {s} + {k}n inputs ({}, then {}, n >= 1), got {inputs}",
+                self.scalars.join(", "),
+                lists.join(", ")
+            ),
         })
     }
 
-    /// Checks the output count `rewrites * n`.
-    pub fn check_outputs(&self, outputs: usize, n: usize) -> Result<()> {
-        let m = self.rewrites.len();
-        if outputs == m * n {
+    /// Checks the output count `flags + (rewrites + copies) * n`.
+    pub fn check_outputs(&self, outputs: usize, n: usize, copies: bool) -> Result<()> {
+        let m = self.rewrites.len() + usize::from(copies);
+        let f = self.flags.len();
+        if outputs == f + m * n {
             return Ok(());
         }
-        let names: Vec<String> = self.rewrites.iter().map(|&g| format!("{}_new", self.groups[g])).collect();
+        let mut names: Vec<String> = self.rewrites.iter().map(|&g| format!("{}_new", self.groups[g])).collect();
+        if copies {
+            names.push(format!("{}_copy", self.groups[0]));
+        }
+        let lead = if f == 0 { String::new() } else { format!("{f} + ") };
+        let flags = if f == 0 { String::new() } else { format!("{}, then ", self.flags.join(", ")) };
         Err(Error::Arity {
             op: self.op,
             what: format!(
-                "expected {m}n = {} outputs ({} for each of n = {n} tensors), got {outputs}",
-                m * n,
+                "expected {lead}{m}n = {} outputs ({flags}{} for each of n = {n} tensors), got {outputs}",
+                f + m * n,
                 names.join(", ")
             ),
         })
@@ -87,7 +134,7 @@ impl Layout {
 
     /// Node index of tensor `i` of group `k`.
     fn at(&self, n: usize, k: usize, i: usize) -> usize {
-        2 + k * n + i
+        self.s() + k * n + i
     }
 
     /// Checks tensor group `i` (one signature per input group); `shapes` is false at load
@@ -95,18 +142,17 @@ impl Layout {
     pub fn check_group(&self, n: usize, i: usize, sigs: &[Sig], shapes: bool) -> Result<()> {
         let x = &sigs[0];
         let name = |k: usize| self.input_name(self.at(n, k, i), n);
-        if !is_float(x.dtype) {
-            return Err(Error::input(
-                self.op,
-                self.at(n, 0, i),
-                name(0),
-                "tensor(float) or tensor(double)",
-                x.dtype.name(),
-            ));
+        if !is_weight_type(x.dtype) {
+            let want = "tensor(float), tensor(double), tensor(float16) or tensor(bfloat16)";
+            return Err(Error::input(self.op, self.at(n, 0, i), name(0), want, x.dtype.name()));
         }
         for (k, s) in sigs.iter().enumerate().skip(1) {
-            if s.dtype != x.dtype {
-                let want = format!("{} like X_{}", x.dtype.name(), i + 1);
+            let fits = if k == self.gradient { gradient_fits(x.dtype, s.dtype) } else { s.dtype == x.dtype };
+            if !fits {
+                let mut want = format!("{} like X_{}", x.dtype.name(), i + 1);
+                if k == self.gradient && x.dtype == DType::Float {
+                    want.push_str(" (or tensor(float16) / tensor(bfloat16) gradients)");
+                }
                 return Err(Error::input(self.op, self.at(n, k, i), name(k), want, s.dtype.name()));
             }
         }
@@ -132,11 +178,12 @@ impl Layout {
         let n = self.arity(ctx.input_count()?)?;
         let known = |s: Option<(DType, Vec<i64>)>| s.filter(|(d, _)| *d != DType::Other(0));
         if let Some((d, _)) = known(ctx.input(0)) {
-            if !is_float(d) {
+            if !matches!(d, DType::Float | DType::Double) {
                 let want = "a tensor(float) or tensor(double) with exactly one element";
                 return Err(Error::input(self.op, 0, "R", want, d.name()));
             }
         }
+        let f = self.flags.len();
         for i in 0..n {
             let sigs: Option<Vec<Sig>> = (0..self.groups.len())
                 .map(|k| known(ctx.input(self.at(n, k, i))).map(|(dtype, shape)| Sig { dtype, shape }))
@@ -145,52 +192,67 @@ impl Layout {
                 self.check_group(n, i, &sigs, false)?;
             }
             // A rank-0 answer may mean "no shape known": leave the outputs unknown then.
-            if ctx.input(2 + i).is_some_and(|(_, shape)| !shape.is_empty()) {
-                for o in 0..self.rewrites.len() {
-                    ctx.output_like_input(o * n + i, 2 + i)?;
+            if ctx.input(self.at(n, 0, i)).is_some_and(|(_, shape)| !shape.is_empty()) {
+                for m in 0..self.rewrites.len() {
+                    ctx.output_like_input(f + m * n + i, self.at(n, 0, i))?;
                 }
             }
         }
         Ok(())
     }
 
-    /// Reads and checks one run's inputs, allocates its outputs and plans their memory.
-    pub fn prepare<'c, 'a>(&'static self, ctx: &'c mut Context<'a>) -> Result<Call<'c, 'a>> {
-        let (op, k) = (self.op, self.groups.len());
+    /// Reads and checks one run's inputs, allocates its outputs (flags as bool scalars;
+    /// copies, when `copies` names their type, shaped like the weights) and plans their memory.
+    pub fn prepare<'c, 'a>(&'static self, ctx: &'c mut Context<'a>, copies: Option<DType>) -> Result<Call<'c, 'a>> {
+        let (op, k, s) = (self.op, self.groups.len(), self.s());
         let n = self.arity(ctx.input_count()?)?;
-        self.check_outputs(ctx.output_count()?, n)?;
+        self.check_outputs(ctx.output_count()?, n, copies.is_some())?;
         let r = scalar_float(ctx, op, 0, "R")?;
         let t = scalar_i64(ctx, op, 1, "T")?;
+        let extra = (2..s).map(|j| scalar_float(ctx, op, j, self.scalars[j])).collect::<Result<Vec<f64>>>()?;
         let inputs: Vec<Tensor> =
-            (2..2 + k * n).map(|j| required(ctx, op, j, &self.input_name(j, n))).collect::<Result<_>>()?;
+            (s..s + k * n).map(|j| required(ctx, op, j, &self.input_name(j, n))).collect::<Result<_>>()?;
         for i in 0..n {
             let sigs: Vec<Sig> = (0..k).map(|g| Sig::of(&inputs[g * n + i])).collect();
             self.check_group(n, i, &sigs, true)?;
         }
         if let Some(j) = inputs.iter().position(|t| !t.aligned()) {
-            let name = self.input_name(j + 2, n);
-            return Err(Error::input(op, j + 2, name, "a buffer aligned for its type", "a misaligned one"));
+            let name = self.input_name(j + s, n);
+            return Err(Error::input(op, j + s, name, "a buffer aligned for its type", "a misaligned one"));
         }
+        // Every output: its index, expected type and shape, and the input it rewrites.
+        let f = self.flags.len();
         let m = self.rewrites.len();
-        let mut outputs = Vec::with_capacity(m * n);
-        for o in 0..m * n {
-            let x = &inputs[o % n];
-            let out = ctx.output(o, &x.shape)?;
-            if out.dtype != x.dtype || out.numel != x.numel || !out.aligned() {
+        let mut plan_out = Vec::new();
+        for o in 0..f {
+            plan_out.push((o, DType::Bool, Vec::new(), None));
+        }
+        for j in 0..(m + usize::from(copies.is_some())) * n {
+            let x = &inputs[j % n];
+            let (dtype, own) = match self.rewrites.get(j / n) {
+                Some(&group) => (inputs[group * n + j % n].dtype, Some(group * n + j % n)),
+                None => (copies.unwrap_or(x.dtype), None),
+            };
+            plan_out.push((f + j, dtype, x.shape.clone(), own));
+        }
+        let mut outputs = Vec::with_capacity(plan_out.len());
+        for (o, dtype, shape, _) in &plan_out {
+            let out = ctx.output(*o, shape)?;
+            let want_numel = trainops_numel(shape);
+            if out.dtype != *dtype || out.numel != want_numel || !out.aligned() {
                 let got = format!("a {} buffer of {} elements", out.dtype.name(), out.numel);
-                let want = format!("an aligned {} buffer of {} elements", x.dtype.name(), x.numel);
-                return Err(Error::Output { op, index: o, name: self.output_name(o, n), expected: want, got });
+                let want = format!("an aligned {} buffer of {want_numel} elements", dtype.name());
+                return Err(Error::Output { op, index: *o, name: self.output_name(*o, n), expected: want, got });
             }
             outputs.push(out);
         }
-        // Output o rewrites tensor o % n of input group rewrites[o / n].
         let regions: Vec<OutputRegion> = outputs
             .iter()
-            .enumerate()
-            .map(|(o, t)| OutputRegion {
+            .zip(&plan_out)
+            .map(|(t, (o, _, _, own))| OutputRegion {
                 bytes: t.bytes(),
-                own_input: Some(self.rewrites[o / n] * n + o % n),
-                name: format!("output {o} ({})", self.output_name(o, n)),
+                own_input: *own,
+                name: format!("output {o} ({})", self.output_name(*o, n)),
             })
             .collect();
         let in_bytes: Vec<_> = inputs.iter().map(Tensor::bytes).collect();
@@ -199,13 +261,17 @@ impl Layout {
         let snapshots = inputs
             .iter()
             .zip(&plan.snapshot)
-            .map(|(t, &s)| {
+            .map(|(t, &snap)| {
                 // SAFETY: no mutable view of any buffer exists yet (outputs are viewed later).
-                s.then(|| unsafe { snapshot(t) }).flatten()
+                snap.then(|| unsafe { snapshot(t) }).flatten()
             })
             .collect();
-        Ok(Call { layout: self, n, r, t, inputs, outputs, plan, snapshots, pool: OrtPool::new(ctx) })
+        Ok(Call { layout: self, n, r, t, extra, inputs, outputs, plan, snapshots, pool: OrtPool::new(ctx) })
     }
+}
+
+fn trainops_numel(shape: &[i64]) -> usize {
+    crate::ffi::context::numel(shape).unwrap_or(0)
 }
 
 /// One run of an optimizer node, checked and planned.
@@ -218,33 +284,43 @@ pub struct Call<'c, 'a> {
     pub r: f64,
     /// The update count `T`.
     pub t: i64,
+    /// The scalar inputs after `R, T` (e.g. `loss_scale`).
+    pub extra: Vec<f64>,
     inputs: Vec<Tensor>,
+    /// Flags, then rewritten groups, then copies (output order).
     outputs: Vec<Tensor>,
     plan: AliasPlan,
     snapshots: Vec<Option<Box<dyn Any>>>,
+    pool: OrtPool<'c, 'a>,
+}
+
+/// The groups of one `(X, G)` type pair, viewed for a kernel: their indices, their streams
+/// (one per rewritten group, in `Layout::rewrites` order) and their gradients (broadcast to
+/// the weights' shape where needed), and the pool to run on.
+pub struct Views<'v, 'c, 'a, X, G: Clone, const N: usize> {
+    /// Group indices `i`.
+    pub groups: Vec<usize>,
+    /// Streams of each group.
+    pub streams: Vec<[InOut<'v, X>; N]>,
+    /// Gradient of each group.
+    pub gradients: Vec<Cow<'v, [G]>>,
     /// The session's intra-op pool.
-    pub pool: OrtPool<'c, 'a>,
+    pub pool: &'v OrtPool<'c, 'a>,
 }
 
-/// The groups of one type: their indices, their streams and their gradients.
-pub type AllViews<'v, T, const N: usize> = (Vec<usize>, Vec<[InOut<'v, T>; N]>, Vec<Cow<'v, [T]>>);
-
-/// One tensor group's typed views: a stream per rewritten group, and the gradient with the
-/// weights' shape.
-pub struct GroupViews<'v, T: Clone> {
-    /// In `Layout::rewrites` order (e.g. X, V, H for Adam).
-    pub streams: Vec<InOut<'v, T>>,
-    /// The gradient, broadcast to the weights' shape where needed.
-    pub gradient: Cow<'v, [T]>,
-}
-
-impl Call<'_, '_> {
-    /// The groups whose weights have type `T`.
-    pub fn groups_of<T: TensorElem>(&self) -> Vec<usize> {
-        (0..self.n).filter(|&i| self.inputs[i].dtype == T::DTYPE).collect()
+impl<'c, 'a> Call<'c, 'a> {
+    /// Output index (in `outputs`) of tensor `i` of output group `m` (after the flags).
+    fn out(&self, m: usize, i: usize) -> usize {
+        self.layout.flags.len() + m * self.n + i
     }
 
-    /// Input `j` (after `R, T`) as `T`, from its snapshot if it has one.
+    /// The groups whose weights have type `X` and gradients type `G`.
+    pub fn groups_of<X: TensorElem, G: TensorElem>(&self) -> Vec<usize> {
+        let g = self.layout.gradient * self.n;
+        (0..self.n).filter(|&i| self.inputs[i].dtype == X::DTYPE && self.inputs[g + i].dtype == G::DTYPE).collect()
+    }
+
+    /// Input `j` (after the scalars) as `T`, from its snapshot if it has one.
     fn source<T: TensorElem>(&self, j: usize) -> &[T] {
         match &self.snapshots[j] {
             Some(b) => b.downcast_ref::<Vec<T>>().expect("snapshot of the checked type"),
@@ -254,54 +330,99 @@ impl Call<'_, '_> {
         }
     }
 
-    /// The typed views of group `i`; each group is viewed at most once per call.
-    pub fn views<T: TensorElem>(&self, i: usize) -> Result<GroupViews<'_, T>> {
+    /// The gradient of group `i`, broadcast to the weights' shape where needed.
+    fn gradient<G: TensorElem>(&self, i: usize) -> Result<Cow<'_, [G]>> {
         let (l, n) = (self.layout, self.n);
-        let (x, g) = (&self.inputs[i], &self.inputs[l.gradient * n + i]);
         let gj = l.gradient * n + i;
-        let gradient = if g.shape == x.shape {
-            Cow::Borrowed(self.source::<T>(gj))
-        } else {
-            let wide = broadcast::broadcast_to(self.source::<T>(gj), &g.dims(), &x.dims());
-            Cow::Owned(wide.map_err(|e| {
-                Error::input(l.op, gj + 2, l.input_name(gj + 2, n), "a broadcastable shape", e.to_string())
-            })?)
-        };
-        let streams = l
-            .rewrites
-            .iter()
-            .enumerate()
-            .map(|(m, &group)| {
-                let o = m * n + i;
-                // SAFETY: outputs are pairwise disjoint (the plan checked), each is viewed
-                // once, and no input view overlaps it: an overlapping input is read from its
-                // snapshot, or is this very buffer, updated in place without a second view.
-                let dst = unsafe { self.outputs[o].slice_mut::<T>() };
-                if self.plan.in_place[o] {
-                    InOut::in_place(dst)
-                } else {
-                    InOut::split(self.source::<T>(group * n + i), dst).expect("output sized like its input")
-                }
-            })
-            .collect();
-        Ok(GroupViews { streams, gradient })
+        let (x, g) = (&self.inputs[i], &self.inputs[gj]);
+        if g.shape == x.shape {
+            return Ok(Cow::Borrowed(self.source::<G>(gj)));
+        }
+        let wide = broadcast::broadcast_to(self.source::<G>(gj), &g.dims(), &x.dims());
+        let name = l.input_name(gj + l.s(), n);
+        wide.map(Cow::Owned).map_err(|e| Error::input(l.op, gj + l.s(), name, "a broadcastable shape", e.to_string()))
     }
 
-    /// The views of every group whose weights have type `T`, split into the streams (by
-    /// group) and the gradients (by group), so that kernels can borrow the gradients while
-    /// taking the streams. `N` is the number of rewritten groups.
-    pub fn all_views<T: TensorElem, const N: usize>(&self) -> Result<AllViews<'_, T, N>> {
-        let groups = self.groups_of::<T>();
+    /// The views of every group of type pair `(X, G)`. They borrow the call mutably, so no
+    /// other view of it can be alive at the same time; `N` is the number of rewritten groups.
+    pub fn views<X: TensorElem, G: TensorElem, const N: usize>(&mut self) -> Result<Views<'_, 'c, 'a, X, G, N>> {
+        let this: &Self = self;
+        let groups = this.groups_of::<X, G>();
         let mut streams = Vec::with_capacity(groups.len());
         let mut gradients = Vec::with_capacity(groups.len());
         for &i in &groups {
-            let v = self.views::<T>(i)?;
-            match <[InOut<'_, T>; N]>::try_from(v.streams) {
+            let group_streams: Vec<InOut<'_, X>> = this
+                .layout
+                .rewrites
+                .iter()
+                .enumerate()
+                .map(|(m, &group)| {
+                    let o = this.out(m, i);
+                    // SAFETY: outputs are pairwise disjoint (the plan checked), each is
+                    // viewed once (views borrow the call mutably), and no input view
+                    // overlaps it: an overlapping input is read from its snapshot, or is this
+                    // very buffer, updated in place without a second view.
+                    let dst = unsafe { this.outputs[o].slice_mut::<X>() };
+                    if this.plan.in_place[o] {
+                        InOut::in_place(dst)
+                    } else {
+                        InOut::split(this.source::<X>(group * this.n + i), dst).expect("output sized like its input")
+                    }
+                })
+                .collect();
+            match <[InOut<'_, X>; N]>::try_from(group_streams) {
                 Ok(s) => streams.push(s),
-                Err(_) => unreachable!("{} rewrites {} groups", self.layout.op, self.layout.rewrites.len()),
+                Err(_) => unreachable!("{} rewrites {} groups", this.layout.op, this.layout.rewrites.len()),
             }
-            gradients.push(v.gradient);
+            gradients.push(this.gradient::<G>(i)?);
         }
-        Ok((groups, streams, gradients))
+        Ok(Views { groups, streams, gradients, pool: &this.pool })
+    }
+
+    /// True when every gradient of type `G`, divided by `loss_scale` when given, is finite.
+    pub fn gradients_finite<X: TensorElem, G: TensorElem + Element>(&mut self, loss_scale: Option<G::C>) -> bool {
+        let gj = self.layout.gradient * self.n;
+        let groups = self.groups_of::<X, G>();
+        let grads: Vec<&[G]> = groups.iter().map(|&i| self.source::<G>(gj + i)).collect();
+        mixed::all_finite(&grads, loss_scale, &self.pool)
+    }
+
+    /// Makes every rewritten output equal its input (a skipped step).
+    pub fn keep_inputs<X: TensorElem, G: TensorElem, const N: usize>(&mut self) -> Result<()> {
+        let views = self.views::<X, G, N>()?;
+        for streams in views.streams {
+            for mut s in streams {
+                if let trainops_kernels::stream::Access::Split(src, dst) = s.access() {
+                    dst.copy_from_slice(src);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the copies of groups with weights `X`: each `X_copy` is the weights' output
+    /// (`X_new`) converted to `C`.
+    pub fn cast_copies<X: TensorElem + Element, C: TensorElem + Element<C = X::C>>(&mut self) -> Result<()> {
+        let m = self.layout.rewrites.len();
+        let groups: Vec<usize> = (0..self.n).filter(|&i| self.inputs[i].dtype == X::DTYPE).collect();
+        let pairs: Vec<(&[X], &mut [C])> = groups
+            .iter()
+            .map(|&i| {
+                // SAFETY: `&mut self` guarantees no view of this call is alive; X_new and
+                // X_copy are distinct outputs, which the plan proved disjoint; each copy
+                // output is viewed once here.
+                unsafe { (self.outputs[self.out(0, i)].slice::<X>(), self.outputs[self.out(m, i)].slice_mut::<C>()) }
+            })
+            .collect();
+        mixed::cast(pairs, &self.pool);
+        Ok(())
+    }
+
+    /// Sets flag output `k`.
+    pub fn set_flag(&mut self, k: usize, value: bool) {
+        // SAFETY: a bool scalar output (checked in `prepare`), disjoint from every other
+        // output; `&mut self` guarantees no other view of it.
+        let flag = unsafe { self.outputs[k].slice_mut::<bool>() };
+        flag[0] = value;
     }
 }
