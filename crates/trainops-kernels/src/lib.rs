@@ -11,6 +11,7 @@ pub mod broadcast;
 pub mod ceiling;
 pub mod elem;
 mod error;
+pub mod loss_scale;
 pub mod mixed;
 pub mod parallel;
 pub mod philox;

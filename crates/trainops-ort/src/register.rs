@@ -17,7 +17,15 @@ use crate::ops;
 pub fn domains() -> Vec<(&'static CStr, Vec<&'static dyn OpSpec>)> {
     vec![
         (c"ai.onnx.preview.training", vec![&ops::adam::Adam as &'static dyn OpSpec]),
-        (c"com.trainops", vec![&ops::philox::Philox as &'static dyn OpSpec]),
+        (
+            c"com.trainops",
+            vec![
+                &ops::philox::Philox as &'static dyn OpSpec,
+                &ops::mixed::MixedPrecisionAdam,
+                &ops::mixed::DynamicLossScale,
+                &ops::mixed::AllFinite,
+            ],
+        ),
         (c"com.trainops.bench", vec![&ops::ceiling::MemoryCeiling as &'static dyn OpSpec]),
     ]
 }

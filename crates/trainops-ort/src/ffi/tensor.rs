@@ -197,6 +197,16 @@ impl Tensor {
         unsafe { core::slice::from_raw_parts_mut(self.ptr as *mut T, self.numel) }
     }
 
+    /// The value of a one-element bool tensor, read as a byte (any non-zero byte is true, so
+    /// a caller's buffer can never hold an invalid `bool`); `None` for other tensors.
+    pub fn read_bool(&self) -> Option<bool> {
+        if self.dtype != DType::Bool || self.numel != 1 || self.ptr.is_null() {
+            return None;
+        }
+        // SAFETY: a one-element bool tensor holds one readable byte at `ptr`.
+        Some(unsafe { (self.ptr as *const u8).read() } != 0)
+    }
+
     /// True when the buffer is aligned for its element type.
     pub fn aligned(&self) -> bool {
         self.numel == 0 || (!self.ptr.is_null() && (self.ptr as usize).is_multiple_of(self.elem_size.max(1)))

@@ -34,20 +34,24 @@ impl OpSpec for Adam {
     }
 
     fn create(&self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
-        let d = AdamAttrs::default();
-        let attrs = AdamAttrs {
-            alpha: info.f32_or("alpha", d.alpha)?,
-            beta: info.f32_or("beta", d.beta)?,
-            epsilon: info.f32_or("epsilon", d.epsilon)?,
-            norm_coefficient: info.f32_or("norm_coefficient", d.norm_coefficient)?,
-            norm_coefficient_post: info.f32_or("norm_coefficient_post", d.norm_coefficient_post)?,
-        };
-        Ok(Box::new(AdamKernel { attrs }))
+        Ok(Box::new(AdamKernel { attrs: read_attrs(info)? }))
     }
 
     fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
         LAYOUT.infer(ctx)
     }
+}
+
+/// Adam's five attributes, with ONNX's defaults; a wrong-typed one is an error.
+pub(crate) fn read_attrs(info: &KernelInfo<'_>) -> Result<AdamAttrs> {
+    let d = AdamAttrs::default();
+    Ok(AdamAttrs {
+        alpha: info.f32_or("alpha", d.alpha)?,
+        beta: info.f32_or("beta", d.beta)?,
+        epsilon: info.f32_or("epsilon", d.epsilon)?,
+        norm_coefficient: info.f32_or("norm_coefficient", d.norm_coefficient)?,
+        norm_coefficient_post: info.f32_or("norm_coefficient_post", d.norm_coefficient_post)?,
+    })
 }
 
 /// The kernel of one Adam node.

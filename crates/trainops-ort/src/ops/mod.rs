@@ -3,5 +3,6 @@
 pub mod adam;
 pub mod ceiling;
 mod common;
+pub mod mixed;
 pub mod optimizer;
 pub mod philox;

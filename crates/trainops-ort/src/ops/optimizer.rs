@@ -314,6 +314,11 @@ impl<'c, 'a> Call<'c, 'a> {
         self.layout.flags.len() + m * self.n + i
     }
 
+    /// Element type of input `j` (counted after the scalars: `X_1` is 0).
+    pub fn input_type(&self, j: usize) -> DType {
+        self.inputs[j].dtype
+    }
+
     /// The groups whose weights have type `X` and gradients type `G`.
     pub fn groups_of<X: TensorElem, G: TensorElem>(&self) -> Vec<usize> {
         let g = self.layout.gradient * self.n;
