@@ -6,6 +6,8 @@
 //!
 //! - `ai.onnx.preview.training::Adam` (v1), ONNX's own operator.
 //! - `com.trainops::Philox` (v1), DirectML's Philox4x32-10 random generator.
+//! - `com.trainops::MixedPrecisionAdam`, `DynamicLossScale`, `AllFinite` (v1): mixed precision.
+//! - `com.trainops.bench::MemoryCeiling` (v1): Adam's memory traffic, for benchmarks.
 //!
 //! All arithmetic lives in `trainops-kernels`; this crate checks nodes, plans memory and is
 //! the only code that calls ONNX Runtime's C API (module `ffi`).
