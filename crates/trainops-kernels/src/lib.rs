@@ -6,6 +6,7 @@
 //! input's buffer (in-place update) never becomes two overlapping Rust references, and run
 //! their work through a caller-supplied [`Parallelism`], so that the host decides the threads.
 
+pub mod adagrad;
 pub mod adam;
 pub mod broadcast;
 pub mod ceiling;
@@ -13,6 +14,7 @@ pub mod elem;
 mod error;
 pub mod loss_scale;
 pub mod mixed;
+pub mod momentum;
 pub mod parallel;
 pub mod philox;
 pub mod simd;

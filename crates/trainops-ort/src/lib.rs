@@ -4,7 +4,7 @@
 //! `RegisterCustomOpsLibrary_V2` (C/C++) or `SessionBuilder::with_operator_library` (Rust's
 //! `ort`). It exports one symbol, [`RegisterCustomOps`], which registers:
 //!
-//! - `ai.onnx.preview.training::Adam` (v1), ONNX's own operator.
+//! - `ai.onnx.preview.training::Adam`, `Adagrad` and `Momentum` (v1), ONNX's own operators.
 //! - `com.trainops::Philox` (v1), DirectML's Philox4x32-10 random generator.
 //! - `com.trainops::MixedPrecisionAdam`, `DynamicLossScale`, `AllFinite` (v1): mixed precision.
 //! - `com.trainops.bench::MemoryCeiling` (v1): Adam's memory traffic, for benchmarks.

@@ -16,7 +16,10 @@ use crate::ops;
 /// Every op the library registers, by domain.
 pub fn domains() -> Vec<(&'static CStr, Vec<&'static dyn OpSpec>)> {
     vec![
-        (c"ai.onnx.preview.training", vec![&ops::adam::Adam as &'static dyn OpSpec]),
+        (
+            c"ai.onnx.preview.training",
+            vec![&ops::adam::Adam as &'static dyn OpSpec, &ops::adagrad::Adagrad, &ops::momentum::Momentum],
+        ),
         (
             c"com.trainops",
             vec![

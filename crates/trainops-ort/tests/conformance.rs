@@ -64,6 +64,32 @@ fn test_adam_multiple() {
     assert_eq!(run_case("test_adam_multiple"), 9);
 }
 
+#[test]
+fn test_adagrad() {
+    assert_eq!(run_case("test_adagrad"), 2);
+}
+
+#[test]
+fn test_adagrad_multiple() {
+    // X1 has 1 element and X2 has 2: three outputs of each of X_new, H_new.
+    assert_eq!(run_case("test_adagrad_multiple"), 6);
+}
+
+#[test]
+fn test_momentum() {
+    assert_eq!(run_case("test_momentum"), 4);
+}
+
+#[test]
+fn test_momentum_multiple() {
+    assert_eq!(run_case("test_momentum_multiple"), 6);
+}
+
+#[test]
+fn test_nesterov_momentum() {
+    assert_eq!(run_case("test_nesterov_momentum"), 4);
+}
+
 /// The exported cases carry the onnx version they came from.
 #[test]
 fn cases_record_their_onnx_version() {

@@ -160,53 +160,79 @@ impl KernelInfo<'_> {
         Self { api, op, info, _node: PhantomData }
     }
 
-    /// Whether the node has attribute `name` of some type other than `except` (a float,
-    /// int, string or list attribute).
+    /// Whether the node has attribute `name` of some type other than `except` (`"float"`,
+    /// `"int"`, `"string"` or `"ints"`), and which.
+    ///
+    /// The runtime's scalar getters check the attribute's type, its list getters do not:
+    /// they succeed for any attribute the node has and return that type's list, empty when
+    /// the attribute is of another type. So a non-empty list tells its type, a tensor is
+    /// asked for directly, and anything else that exists (an empty list, a list of strings,
+    /// a graph) is "a list, tensor or graph" - except for a list-of-ints reader, for which an
+    /// empty list of any type reads as an empty list of ints.
     fn present_as_other(&self, name: &CString, except: &str) -> Option<&'static str> {
         let raw = self.api.raw();
         let ok = |s: sys::OrtStatusPtr| self.api.check(self.op, "KernelInfoGetAttribute", s).is_ok();
-        let mut f = 0f32;
-        let mut i = 0i64;
-        let mut size = 0usize;
-        // SAFETY: valid info; each out pointer is valid; with a null buffer the string and
-        // array getters only report the size.
-        let probes: [(&'static str, bool); 5] = unsafe {
-            [
-                (
-                    "a float",
-                    except != "float" && ok((raw.KernelInfoGetAttribute_float)(self.info, name.as_ptr(), &mut f)),
-                ),
-                ("an int", except != "int" && ok((raw.KernelInfoGetAttribute_int64)(self.info, name.as_ptr(), &mut i))),
-                (
-                    "a string",
-                    ok((raw.KernelInfoGetAttribute_string)(
-                        self.info,
-                        name.as_ptr(),
-                        core::ptr::null_mut::<c_char>(),
-                        &mut size,
-                    )),
-                ),
-                (
-                    "a list of floats",
-                    ok((raw.KernelInfoGetAttributeArray_float)(
-                        self.info,
-                        name.as_ptr(),
-                        core::ptr::null_mut(),
-                        &mut size,
-                    )),
-                ),
-                (
-                    "a list of ints",
-                    ok((raw.KernelInfoGetAttributeArray_int64)(
-                        self.info,
-                        name.as_ptr(),
-                        core::ptr::null_mut(),
-                        &mut size,
-                    )),
-                ),
-            ]
+        let (mut f, mut i, mut size) = (0f32, 0i64, 0usize);
+        // SAFETY: valid info and name; each out pointer is valid; with a null buffer the
+        // string getter only reports the size.
+        let scalar = unsafe {
+            if except != "float" && ok((raw.KernelInfoGetAttribute_float)(self.info, name.as_ptr(), &mut f)) {
+                Some("a float")
+            } else if except != "int" && ok((raw.KernelInfoGetAttribute_int64)(self.info, name.as_ptr(), &mut i)) {
+                Some("an int")
+            } else if except != "string"
+                && ok((raw.KernelInfoGetAttribute_string)(self.info, name.as_ptr(), core::ptr::null_mut(), &mut size))
+            {
+                Some("a string")
+            } else {
+                None
+            }
         };
-        probes.into_iter().find(|&(_, present)| present).map(|(ty, _)| ty)
+        if scalar.is_some() {
+            return scalar;
+        }
+        if self.is_tensor(name) {
+            return Some("a tensor");
+        }
+        let (mut floats, mut ints) = (0usize, 0usize);
+        // SAFETY: valid info and name; with a null buffer the array getters only report the
+        // number of elements.
+        let exists = unsafe {
+            ok((raw.KernelInfoGetAttributeArray_float)(self.info, name.as_ptr(), core::ptr::null_mut(), &mut floats))
+                && ok((raw.KernelInfoGetAttributeArray_int64)(
+                    self.info,
+                    name.as_ptr(),
+                    core::ptr::null_mut(),
+                    &mut ints,
+                ))
+        };
+        match (exists, except) {
+            (false, _) => None,
+            (true, _) if floats > 0 => Some("a list of floats"),
+            (true, "ints") => None,
+            (true, _) if ints > 0 => Some("a list of ints"),
+            (true, _) => Some("a list, tensor or graph"),
+        }
+    }
+
+    /// Whether attribute `name` is a tensor (the runtime unpacks it to tell).
+    fn is_tensor(&self, name: &CString) -> bool {
+        let raw = self.api.raw();
+        let mut allocator: *mut sys::OrtAllocator = core::ptr::null_mut();
+        // SAFETY: a valid out pointer; the default allocator is owned by the runtime.
+        let s = unsafe { (raw.GetAllocatorWithDefaultOptions)(&mut allocator) };
+        if self.api.check(self.op, "GetAllocatorWithDefaultOptions", s).is_err() || allocator.is_null() {
+            return false;
+        }
+        let mut value: *mut sys::OrtValue = core::ptr::null_mut();
+        // SAFETY: valid info, name and allocator; `value` is an out pointer that we release.
+        let s = unsafe { (raw.KernelInfoGetAttribute_tensor)(self.info, name.as_ptr(), allocator, &mut value) };
+        let found = self.api.check(self.op, "KernelInfoGetAttribute_tensor", s).is_ok();
+        if !value.is_null() {
+            // SAFETY: the runtime created this value for us; it is released once.
+            unsafe { (raw.ReleaseValue)(value) };
+        }
+        found
     }
 
     fn wrong_type(&self, name: &'static str, expected: &str, got: &str) -> Error {
@@ -261,10 +287,10 @@ impl KernelInfo<'_> {
             (raw.KernelInfoGetAttributeArray_int64)(self.info, cname.as_ptr(), core::ptr::null_mut(), &mut size)
         };
         if self.api.check(self.op, "KernelInfoGetAttributeArray_int64", s).is_err() {
-            return match self.present_as_other(&cname, "ints") {
-                Some(got) => Err(self.wrong_type(name, "a list of ints", got)),
-                None => Ok(None),
-            };
+            return Ok(None); // the list getters succeed for every attribute that exists
+        }
+        if let Some(got) = self.present_as_other(&cname, "ints") {
+            return Err(self.wrong_type(name, "a list of ints", got));
         }
         let mut values = vec![0i64; size];
         // SAFETY: `values` has room for the `size` elements the runtime reported.
@@ -274,6 +300,39 @@ impl KernelInfo<'_> {
         self.api.check(self.op, "KernelInfoGetAttributeArray_int64", s)?;
         values.truncate(size);
         Ok(Some(values))
+    }
+
+    /// String attribute `name`, `None` when absent; an attribute of another type, or one
+    /// that is not UTF-8, is an error.
+    pub fn string_opt(&self, name: &'static str) -> Result<Option<String>> {
+        let cname = CString::new(name).expect("attribute names have no NUL");
+        let raw = self.api.raw();
+        let mut size = 0usize;
+        // SAFETY: valid info and name; with a null buffer the runtime only reports the size
+        // (the string's length plus its NUL terminator).
+        let s = unsafe {
+            (raw.KernelInfoGetAttribute_string)(self.info, cname.as_ptr(), core::ptr::null_mut::<c_char>(), &mut size)
+        };
+        if self.api.check(self.op, "KernelInfoGetAttribute_string", s).is_err() {
+            return match self.present_as_other(&cname, "string") {
+                Some(got) => Err(self.wrong_type(name, "a string", got)),
+                None => Ok(None),
+            };
+        }
+        let mut buf = vec![0u8; size.max(1)];
+        size = buf.len();
+        // SAFETY: `buf` has room for the `size` bytes (NUL included) the runtime reported.
+        let s = unsafe {
+            (raw.KernelInfoGetAttribute_string)(self.info, cname.as_ptr(), buf.as_mut_ptr().cast(), &mut size)
+        };
+        self.api.check(self.op, "KernelInfoGetAttribute_string", s)?;
+        // `size` counts the terminating NUL; an ONNX string attribute may hold other NULs.
+        buf.truncate(size.saturating_sub(1));
+        String::from_utf8(buf).map(Some).map_err(|e| Error::Attribute {
+            op: self.op,
+            name,
+            what: format!("expected a UTF-8 string, got bytes {:?}", e.as_bytes()),
+        })
     }
 }
 

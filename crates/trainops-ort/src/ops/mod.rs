@@ -1,8 +1,10 @@
 //! One module per op family; each exposes its `OpSpec`s.
 
+pub mod adagrad;
 pub mod adam;
 pub mod ceiling;
 mod common;
 pub mod mixed;
+pub mod momentum;
 pub mod optimizer;
 pub mod philox;
