@@ -25,8 +25,9 @@ else:
 
 def _candidates():
     env = os.environ.get("TRAINOPS_LIBRARY")
-    if env:
+    if env:  # an explicit choice: that file or an error, never a silent fallback
         yield Path(env)
+        return
     here = Path(__file__).resolve().parent
     # An installed wheel: setuptools-rust names the library like an extension module,
     # e.g. libtrainops.cpython-311-x86_64-linux-gnu.so.
@@ -44,7 +45,7 @@ def get_library_path() -> str:
     """Absolute path of the trainops custom-op library, for
     ``SessionOptions.register_custom_ops_library``.
 
-    Looks at ``$TRAINOPS_LIBRARY``, then beside this package (an installed wheel), then in a
+    ``$TRAINOPS_LIBRARY`` when set (and then only that file); else beside this package (an installed wheel), then in a
     source checkout's ``target/release`` and ``target/debug`` (the newer of the two).
     """
     tried = []

@@ -3,11 +3,10 @@
 //! Inputs `R, T, X_1..X_n, G_1..G_n, H_1..H_n`; outputs `X_1_new..X_n_new, H_1_new..H_n_new`.
 //! The math is in `trainops_kernels::adagrad`; the node plumbing in [`super::optimizer`].
 
-use half::{bf16, f16};
 use trainops_kernels::adagrad::{self, AdagradAttrs, AdagradCoeffs, AdagradTensor};
 use trainops_kernels::Element;
 
-use super::optimizer::{Call, Layout, INPUTS, OUTPUTS};
+use super::optimizer::{for_each_type_pair, Call, Layout, INPUTS, OUTPUTS};
 use crate::error::{Error, Result};
 use crate::ffi::tensor::TensorElem;
 use crate::ffi::{Context, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer};
@@ -61,12 +60,8 @@ impl Kernel for AdagradKernel {
         let mut call = LAYOUT.prepare(ctx, None)?;
         let rate = adagrad::adjusted_rate(call.r, call.t, self.attrs.decay_factor);
         let c32 = AdagradCoeffs::<f32>::new(&self.attrs, rate);
-        run::<f32, f32>(&mut call, &c32)?;
-        run::<f32, f16>(&mut call, &c32)?;
-        run::<f32, bf16>(&mut call, &c32)?;
-        run::<f16, f16>(&mut call, &c32)?;
-        run::<bf16, bf16>(&mut call, &c32)?;
-        run::<f64, f64>(&mut call, &AdagradCoeffs::<f64>::new(&self.attrs, rate))
+        let c64 = AdagradCoeffs::<f64>::new(&self.attrs, rate);
+        for_each_type_pair!(&mut call, run, &c32, &c64)
     }
 }
 

@@ -4,11 +4,10 @@
 //! `X_1_new..X_n_new, V_1_new..V_n_new, H_1_new..H_n_new`. The math is in
 //! `trainops_kernels::adam`; the node plumbing in [`super::optimizer`].
 
-use half::{bf16, f16};
 use trainops_kernels::adam::{self, AdamAttrs, AdamCoeffs, AdamKernel as AdamSimd, AdamTensor};
 use trainops_kernels::Element;
 
-use super::optimizer::{Call, Layout, INPUTS, OUTPUTS};
+use super::optimizer::{for_each_type_pair, Call, Layout, INPUTS, OUTPUTS};
 use crate::error::{Error, Result};
 use crate::ffi::tensor::TensorElem;
 use crate::ffi::{Context, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer};
@@ -63,13 +62,8 @@ impl Kernel for AdamKernel {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
         let mut call = LAYOUT.prepare(ctx, None)?;
         let rate = adam::adjusted_rate(call.r, call.t, self.attrs.alpha, self.attrs.beta);
-        let c32 = AdamCoeffs::<f32>::new(&self.attrs, rate);
-        run::<f32, f32>(&mut call, &c32)?;
-        run::<f32, f16>(&mut call, &c32)?;
-        run::<f32, bf16>(&mut call, &c32)?;
-        run::<f16, f16>(&mut call, &c32)?;
-        run::<bf16, bf16>(&mut call, &c32)?;
-        run::<f64, f64>(&mut call, &AdamCoeffs::<f64>::new(&self.attrs, rate))
+        let (c32, c64) = (AdamCoeffs::new(&self.attrs, rate), AdamCoeffs::new(&self.attrs, rate));
+        for_each_type_pair!(&mut call, run, &c32, &c64)
     }
 }
 

@@ -49,7 +49,9 @@ impl Kernel for CeilingKernel {
         run::<f32>(&mut call)?;
         run::<f64>(&mut call)?;
         run::<f16>(&mut call)?;
-        run::<bf16>(&mut call)
+        run::<bf16>(&mut call)?;
+        // Weights with 16-bit gradients have no ceiling kernel: an error, not unwritten outputs.
+        call.check_all_handled()
     }
 }
 

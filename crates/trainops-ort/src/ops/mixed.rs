@@ -113,7 +113,7 @@ impl Kernel for MixedKernel {
             _ => {}
         }
         call.set_flag(0, finite);
-        Ok(())
+        call.check_all_handled()
     }
 }
 

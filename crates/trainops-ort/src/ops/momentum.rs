@@ -6,11 +6,10 @@
 //! missing one fails the node when its kernel is created. The math is in
 //! `trainops_kernels::momentum`; the node plumbing in [`super::optimizer`].
 
-use half::{bf16, f16};
 use trainops_kernels::momentum::{self, MomentumAttrs, MomentumCoeffs, MomentumMode, MomentumTensor};
 use trainops_kernels::Element;
 
-use super::optimizer::{Call, Layout, INPUTS, OUTPUTS};
+use super::optimizer::{for_each_type_pair, Call, Layout, INPUTS, OUTPUTS};
 use crate::error::{Error, Result};
 use crate::ffi::tensor::TensorElem;
 use crate::ffi::{Context, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer};
@@ -78,13 +77,8 @@ impl Kernel for MomentumKernel {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
         let mut call = LAYOUT.prepare(ctx, None)?;
         let c32 = MomentumCoeffs::<f32>::new(&self.attrs, call.r, call.t);
-        run::<f32, f32>(&mut call, &c32)?;
-        run::<f32, f16>(&mut call, &c32)?;
-        run::<f32, bf16>(&mut call, &c32)?;
-        run::<f16, f16>(&mut call, &c32)?;
-        run::<bf16, bf16>(&mut call, &c32)?;
         let c64 = MomentumCoeffs::<f64>::new(&self.attrs, call.r, call.t);
-        run::<f64, f64>(&mut call, &c64)
+        for_each_type_pair!(&mut call, run, &c32, &c64)
     }
 }
 

@@ -48,6 +48,22 @@ pub struct Layout {
     pub flags: &'static [&'static str],
 }
 
+/// Runs `$run::<X, G>(call, coefficients)` for every weight/gradient type pair a [`Layout`]
+/// accepts (`$c32` for the pairs that compute in `f32`, `$c64` for `f64`), then checks that
+/// every tensor group of the node was handled, so no output is ever left unwritten.
+macro_rules! for_each_type_pair {
+    ($call:expr, $run:ident, $c32:expr, $c64:expr) => {{
+        $run::<f32, f32>($call, $c32)?;
+        $run::<f32, half::f16>($call, $c32)?;
+        $run::<f32, half::bf16>($call, $c32)?;
+        $run::<half::f16, half::f16>($call, $c32)?;
+        $run::<half::bf16, half::bf16>($call, $c32)?;
+        $run::<f64, f64>($call, $c64)?;
+        $call.check_all_handled()
+    }};
+}
+pub(crate) use for_each_type_pair;
+
 impl Layout {
     /// The layout of an ONNX training-domain optimizer: `R, T`, the groups, no flags.
     pub const ONNX: Layout =
@@ -266,7 +282,8 @@ impl Layout {
                 snap.then(|| unsafe { snapshot(t) }).flatten()
             })
             .collect();
-        Ok(Call { layout: self, n, r, t, extra, inputs, outputs, plan, snapshots, pool: OrtPool::new(ctx) })
+        let handled = vec![false; n];
+        Ok(Call { layout: self, n, r, t, extra, inputs, outputs, plan, snapshots, handled, pool: OrtPool::new(ctx) })
     }
 }
 
@@ -291,6 +308,8 @@ pub struct Call<'c, 'a> {
     outputs: Vec<Tensor>,
     plan: AliasPlan,
     snapshots: Vec<Option<Box<dyn Any>>>,
+    /// Per group: its outputs were handed out (see [`Call::check_all_handled`]).
+    handled: Vec<bool>,
     pool: OrtPool<'c, 'a>,
 }
 
@@ -351,8 +370,11 @@ impl<'c, 'a> Call<'c, 'a> {
     /// The views of every group of type pair `(X, G)`. They borrow the call mutably, so no
     /// other view of it can be alive at the same time; `N` is the number of rewritten groups.
     pub fn views<X: TensorElem, G: TensorElem, const N: usize>(&mut self) -> Result<Views<'_, 'c, 'a, X, G, N>> {
+        let groups = self.groups_of::<X, G>();
+        for &i in &groups {
+            self.handled[i] = true;
+        }
         let this: &Self = self;
-        let groups = this.groups_of::<X, G>();
         let mut streams = Vec::with_capacity(groups.len());
         let mut gradients = Vec::with_capacity(groups.len());
         for &i in &groups {
@@ -421,6 +443,16 @@ impl<'c, 'a> Call<'c, 'a> {
             .collect();
         mixed::cast(pairs, &self.pool);
         Ok(())
+    }
+
+    /// An error naming the first tensor group no kernel handled (a type combination the op
+    /// does not compute), so that no output is returned unwritten.
+    pub fn check_all_handled(&self) -> Result<()> {
+        let Some(i) = self.handled.iter().position(|&h| !h) else { return Ok(()) };
+        let (l, n) = (self.layout, self.n);
+        let g = self.inputs[l.gradient * n + i].dtype;
+        let got = format!("{} with {} gradients", self.inputs[i].dtype.name(), g.name());
+        Err(Error::input(l.op, l.s() + i, l.input_name(l.s() + i, n), "a type combination this op computes", got))
     }
 
     /// Sets flag output `k`.
