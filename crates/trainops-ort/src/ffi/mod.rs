@@ -10,5 +10,5 @@ pub mod tensor;
 
 pub use api::Api;
 pub use context::{Context, KernelInfo, ShapeInfer};
-pub use op::{Formal, Kernel, OpDescriptor, OpSpec};
+pub use op::{Formal, Kernel, OpDescriptor, OpSpec, Signature};
 pub use tensor::{DType, Tensor};

@@ -29,14 +29,33 @@ pub enum Formal {
     },
 }
 
+/// What the runtime sees of an op before any node: its name and formal inputs and outputs.
+#[derive(Debug)]
+pub struct Signature {
+    /// The op's name in its domain.
+    pub name: &'static CStr,
+    /// The op's formal inputs, in order.
+    pub inputs: &'static [Formal],
+    /// The op's formal outputs, in order.
+    pub outputs: &'static [Formal],
+}
+
 /// An op as registered with ONNX Runtime.
 pub trait OpSpec: Sync + 'static {
+    /// The op's name and formal inputs and outputs.
+    fn signature(&self) -> &'static Signature;
     /// The op's name in its domain.
-    fn name(&self) -> &'static CStr;
+    fn name(&self) -> &'static CStr {
+        self.signature().name
+    }
     /// The op's formal inputs, in order.
-    fn inputs(&self) -> &'static [Formal];
+    fn inputs(&self) -> &'static [Formal] {
+        self.signature().inputs
+    }
     /// The op's formal outputs, in order.
-    fn outputs(&self) -> &'static [Formal];
+    fn outputs(&self) -> &'static [Formal] {
+        self.signature().outputs
+    }
     /// First opset version of the domain this op belongs to.
     fn since_version(&self) -> c_int {
         1

@@ -6,10 +6,10 @@
 use trainops_kernels::adagrad::{self, AdagradAttrs, AdagradCoeffs, AdagradTensor};
 use trainops_kernels::Element;
 
-use super::optimizer::{for_each_type_pair, Call, Layout, INPUTS, OUTPUTS};
+use super::optimizer::{for_each_type_pair, optimizer_signature, Call, Layout};
 use crate::error::{Error, Result};
 use crate::ffi::tensor::TensorElem;
-use crate::ffi::{Context, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer};
+use crate::ffi::{Context, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
 
 /// The op as registered in `ai.onnx.preview.training`.
 pub struct Adagrad;
@@ -19,16 +19,9 @@ pub static LAYOUT: Layout =
     Layout { op: "Adagrad", groups: &["X", "G", "H"], gradient: 1, rewrites: &[0, 2], ..Layout::ONNX };
 
 impl OpSpec for Adagrad {
-    fn name(&self) -> &'static std::ffi::CStr {
-        c"Adagrad"
-    }
-
-    fn inputs(&self) -> &'static [Formal] {
-        &INPUTS
-    }
-
-    fn outputs(&self) -> &'static [Formal] {
-        &OUTPUTS
+    fn signature(&self) -> &'static Signature {
+        static SIGNATURE: Signature = optimizer_signature(c"Adagrad");
+        &SIGNATURE
     }
 
     fn create(&self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {

@@ -7,10 +7,10 @@
 use trainops_kernels::adam::{self, AdamAttrs, AdamCoeffs, AdamKernel as AdamSimd, AdamTensor};
 use trainops_kernels::Element;
 
-use super::optimizer::{for_each_type_pair, Call, Layout, INPUTS, OUTPUTS};
+use super::optimizer::{for_each_type_pair, optimizer_signature, Call, Layout};
 use crate::error::{Error, Result};
 use crate::ffi::tensor::TensorElem;
-use crate::ffi::{Context, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer};
+use crate::ffi::{Context, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
 
 /// The op as registered in `ai.onnx.preview.training`.
 pub struct Adam;
@@ -20,16 +20,9 @@ pub static LAYOUT: Layout =
     Layout { op: "Adam", groups: &["X", "G", "V", "H"], gradient: 1, rewrites: &[0, 2, 3], ..Layout::ONNX };
 
 impl OpSpec for Adam {
-    fn name(&self) -> &'static std::ffi::CStr {
-        c"Adam"
-    }
-
-    fn inputs(&self) -> &'static [Formal] {
-        &INPUTS
-    }
-
-    fn outputs(&self) -> &'static [Formal] {
-        &OUTPUTS
+    fn signature(&self) -> &'static Signature {
+        static SIGNATURE: Signature = optimizer_signature(c"Adam");
+        &SIGNATURE
     }
 
     fn create(&self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {

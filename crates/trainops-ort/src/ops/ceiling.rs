@@ -8,10 +8,10 @@ use half::{bf16, f16};
 use trainops_kernels::adam::AdamTensor;
 use trainops_kernels::{ceiling, Element};
 
-use super::optimizer::{Call, Layout, INPUTS, OUTPUTS};
+use super::optimizer::{optimizer_signature, Call, Layout};
 use crate::error::{Error, Result};
 use crate::ffi::tensor::TensorElem;
-use crate::ffi::{Context, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer};
+use crate::ffi::{Context, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
 
 /// The op as registered in `com.trainops.bench`.
 pub struct MemoryCeiling;
@@ -20,16 +20,9 @@ static LAYOUT: Layout =
     Layout { op: "MemoryCeiling", groups: &["X", "G", "V", "H"], gradient: 1, rewrites: &[0, 2, 3], ..Layout::ONNX };
 
 impl OpSpec for MemoryCeiling {
-    fn name(&self) -> &'static std::ffi::CStr {
-        c"MemoryCeiling"
-    }
-
-    fn inputs(&self) -> &'static [Formal] {
-        &INPUTS
-    }
-
-    fn outputs(&self) -> &'static [Formal] {
-        &OUTPUTS
+    fn signature(&self) -> &'static Signature {
+        static SIGNATURE: Signature = optimizer_signature(c"MemoryCeiling");
+        &SIGNATURE
     }
 
     fn create(&self, _info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {

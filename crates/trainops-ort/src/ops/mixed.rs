@@ -9,8 +9,6 @@
 //! - `DynamicLossScale`: `(scale, good_steps, finite) -> (new_scale, new_good_steps)`.
 //! - `AllFinite`: any number of float tensors -> one bool.
 
-use std::ffi::CStr;
-
 use half::{bf16, f16};
 use trainops_kernels::adam::{self, AdamAttrs, AdamCoeffs};
 use trainops_kernels::loss_scale::LossScaleRule;
@@ -22,7 +20,7 @@ use super::optimizer::{Call, Layout};
 use crate::error::{Error, Result};
 use crate::ffi::pool::OrtPool;
 use crate::ffi::tensor::TensorElem;
-use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer, Tensor};
+use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature, Tensor};
 
 /// `com.trainops::MixedPrecisionAdam` (since version 1).
 pub struct MixedPrecisionAdam;
@@ -44,16 +42,10 @@ static MP_INPUTS: [Formal; 4] = [
 static MP_OUTPUTS: [Formal; 2] = [Formal::One(Some(DType::Bool)), Formal::Variadic { dtype: None, min: 1 }];
 
 impl OpSpec for MixedPrecisionAdam {
-    fn name(&self) -> &'static CStr {
-        c"MixedPrecisionAdam"
-    }
-
-    fn inputs(&self) -> &'static [Formal] {
-        &MP_INPUTS
-    }
-
-    fn outputs(&self) -> &'static [Formal] {
-        &MP_OUTPUTS
+    fn signature(&self) -> &'static Signature {
+        static SIGNATURE: Signature =
+            Signature { name: c"MixedPrecisionAdam", inputs: &MP_INPUTS, outputs: &MP_OUTPUTS };
+        &SIGNATURE
     }
 
     fn create(&self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
@@ -144,16 +136,9 @@ static LS_INPUTS: [Formal; 3] =
 static LS_OUTPUTS: [Formal; 2] = [Formal::One(Some(DType::Float)), Formal::One(Some(DType::Int64))];
 
 impl OpSpec for DynamicLossScale {
-    fn name(&self) -> &'static CStr {
-        c"DynamicLossScale"
-    }
-
-    fn inputs(&self) -> &'static [Formal] {
-        &LS_INPUTS
-    }
-
-    fn outputs(&self) -> &'static [Formal] {
-        &LS_OUTPUTS
+    fn signature(&self) -> &'static Signature {
+        static SIGNATURE: Signature = Signature { name: c"DynamicLossScale", inputs: &LS_INPUTS, outputs: &LS_OUTPUTS };
+        &SIGNATURE
     }
 
     fn create(&self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
@@ -232,16 +217,9 @@ static AF_INPUTS: [Formal; 1] = [Formal::Variadic { dtype: None, min: 1 }];
 static AF_OUTPUTS: [Formal; 1] = [Formal::One(Some(DType::Bool))];
 
 impl OpSpec for AllFinite {
-    fn name(&self) -> &'static CStr {
-        c"AllFinite"
-    }
-
-    fn inputs(&self) -> &'static [Formal] {
-        &AF_INPUTS
-    }
-
-    fn outputs(&self) -> &'static [Formal] {
-        &AF_OUTPUTS
+    fn signature(&self) -> &'static Signature {
+        static SIGNATURE: Signature = Signature { name: c"AllFinite", inputs: &AF_INPUTS, outputs: &AF_OUTPUTS };
+        &SIGNATURE
     }
 
     fn create(&self, _info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {

@@ -9,10 +9,10 @@
 use trainops_kernels::momentum::{self, MomentumAttrs, MomentumCoeffs, MomentumMode, MomentumTensor};
 use trainops_kernels::Element;
 
-use super::optimizer::{for_each_type_pair, Call, Layout, INPUTS, OUTPUTS};
+use super::optimizer::{for_each_type_pair, optimizer_signature, Call, Layout};
 use crate::error::{Error, Result};
 use crate::ffi::tensor::TensorElem;
-use crate::ffi::{Context, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer};
+use crate::ffi::{Context, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
 
 /// The op as registered in `ai.onnx.preview.training`.
 pub struct Momentum;
@@ -22,16 +22,9 @@ pub static LAYOUT: Layout =
     Layout { op: "Momentum", groups: &["X", "G", "V"], gradient: 1, rewrites: &[0, 2], ..Layout::ONNX };
 
 impl OpSpec for Momentum {
-    fn name(&self) -> &'static std::ffi::CStr {
-        c"Momentum"
-    }
-
-    fn inputs(&self) -> &'static [Formal] {
-        &INPUTS
-    }
-
-    fn outputs(&self) -> &'static [Formal] {
-        &OUTPUTS
+    fn signature(&self) -> &'static Signature {
+        static SIGNATURE: Signature = optimizer_signature(c"Momentum");
+        &SIGNATURE
     }
 
     fn create(&self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {

@@ -20,13 +20,19 @@ use crate::error::{Error, Result};
 use crate::ffi::alias::{self, AliasPlan, OutputRegion};
 use crate::ffi::pool::OrtPool;
 use crate::ffi::tensor::{snapshot, TensorElem};
-use crate::ffi::{Context, DType, Formal, ShapeInfer, Tensor};
+use crate::ffi::{Context, DType, Formal, ShapeInfer, Signature, Tensor};
 
 /// Formal inputs of the ONNX optimizers: `R` (any float type), `T` (int64), the tensors.
-pub static INPUTS: [Formal; 3] =
+const INPUTS: [Formal; 3] =
     [Formal::One(None), Formal::One(Some(DType::Int64)), Formal::Variadic { dtype: None, min: 1 }];
 /// Formal outputs of the ONNX optimizers: the rewritten tensors.
-pub static OUTPUTS: [Formal; 1] = [Formal::Variadic { dtype: None, min: 1 }];
+const OUTPUTS: [Formal; 1] = [Formal::Variadic { dtype: None, min: 1 }];
+
+/// The signature of an ONNX-style optimizer named `name`: `R, T`, the tensors in; the
+/// rewritten tensors out (types checked at run time, see [`Layout`]).
+pub const fn optimizer_signature(name: &'static std::ffi::CStr) -> Signature {
+    Signature { name, inputs: &INPUTS, outputs: &OUTPUTS }
+}
 
 /// The variadic layout of one optimizer op.
 #[derive(Debug)]

@@ -13,7 +13,7 @@ use super::common::required;
 use crate::error::{Error, Result};
 use crate::ffi::context::numel;
 use crate::ffi::pool::OrtPool;
-use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer, Tensor};
+use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature, Tensor};
 
 const OP: &str = "Philox";
 
@@ -53,16 +53,9 @@ fn output_numel(dims: &[i64], from: Source) -> Result<usize> {
 }
 
 impl OpSpec for Philox {
-    fn name(&self) -> &'static std::ffi::CStr {
-        c"Philox"
-    }
-
-    fn inputs(&self) -> &'static [Formal] {
-        &INPUTS
-    }
-
-    fn outputs(&self) -> &'static [Formal] {
-        &OUTPUTS
+    fn signature(&self) -> &'static Signature {
+        static SIGNATURE: Signature = Signature { name: c"Philox", inputs: &INPUTS, outputs: &OUTPUTS };
+        &SIGNATURE
     }
 
     fn create(&self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
