@@ -51,7 +51,14 @@ pub fn environment() -> &'static Environment {
 }
 
 /// A session of `model` with libtrainops registered.
+///
+/// Sessions are created one at a time: ONNX Runtime adds a custom domain to ONNX's global
+/// domain-version map with an unlocked check-then-insert, so the first sessions of a
+/// process that register the same domains concurrently can fail with "Trying to add a
+/// domain to DomainToVersion map, but the domain is already exist" (seen with 1.31.1).
 pub fn session(model: &Path, threads: usize) -> ort::Result<Session> {
+    static CREATE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _one_at_a_time = CREATE.lock().unwrap_or_else(|p| p.into_inner());
     Session::builder(environment())?
         .with_intra_threads(threads)?
         .with_operator_library(library())?
