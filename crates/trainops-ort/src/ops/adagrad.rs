@@ -6,8 +6,8 @@
 use trainops_kernels::adagrad::{self, AdagradAttrs, AdagradCoeffs, AdagradTensor};
 use trainops_kernels::Element;
 
-use super::optimizer::{for_each_type_pair, optimizer_signature, Call, Layout};
-use crate::error::{Error, Result};
+use super::optimizer::{for_each_type_pair, optimizer_signature, work_items, Call, Layout};
+use crate::error::Result;
 use crate::ffi::tensor::TensorElem;
 use crate::ffi::{Context, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
 
@@ -66,16 +66,10 @@ where
 {
     let n = call.n;
     let views = call.views::<X, G, 2>()?;
-    let mut tensors = Vec::with_capacity(views.groups.len());
-    for ((&i, [x, h]), g) in views.groups.iter().zip(views.streams).zip(&views.gradients) {
-        let tensor = AdagradTensor::new(x, g, h).map_err(|e| {
-            Error::input(LAYOUT.op, 2 + i, LAYOUT.input_name(2 + i, n), "equal tensor sizes", e.to_string())
-        })?;
-        tensors.push(tensor);
-    }
-    if !tensors.is_empty() {
-        adagrad::step(c, tensors, views.pool);
-    }
+    let tensors = work_items(&LAYOUT, n, &views.groups, views.streams, &views.gradients, |[x, h], g| {
+        AdagradTensor::new(x, g, h)
+    })?;
+    adagrad::step(c, tensors, views.pool);
     Ok(())
 }
 

@@ -7,8 +7,8 @@
 use trainops_kernels::adam::{self, AdamAttrs, AdamCoeffs, AdamKernel as AdamSimd, AdamTensor};
 use trainops_kernels::Element;
 
-use super::optimizer::{for_each_type_pair, optimizer_signature, Call, Layout};
-use crate::error::{Error, Result};
+use super::optimizer::{for_each_type_pair, optimizer_signature, work_items, Call, Layout};
+use crate::error::Result;
 use crate::ffi::tensor::TensorElem;
 use crate::ffi::{Context, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
 
@@ -68,16 +68,10 @@ where
 {
     let n = call.n;
     let views = call.views::<X, G, 3>()?;
-    let mut tensors = Vec::with_capacity(views.groups.len());
-    for ((&i, [x, v, h]), g) in views.groups.iter().zip(views.streams).zip(&views.gradients) {
-        let tensor = AdamTensor::new(x, g, v, h).map_err(|e| {
-            Error::input(LAYOUT.op, 2 + i, LAYOUT.input_name(2 + i, n), "equal tensor sizes", e.to_string())
-        })?;
-        tensors.push(tensor);
-    }
-    if !tensors.is_empty() {
-        adam::step(c, tensors, views.pool);
-    }
+    let tensors = work_items(&LAYOUT, n, &views.groups, views.streams, &views.gradients, |[x, v, h], g| {
+        AdamTensor::new(x, g, v, h)
+    })?;
+    adam::step(c, tensors, views.pool);
     Ok(())
 }
 

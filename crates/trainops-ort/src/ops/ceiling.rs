@@ -8,8 +8,8 @@ use half::{bf16, f16};
 use trainops_kernels::adam::AdamTensor;
 use trainops_kernels::{ceiling, Element};
 
-use super::optimizer::{optimizer_signature, Call, Layout};
-use crate::error::{Error, Result};
+use super::optimizer::{optimizer_signature, work_items, Call, Layout};
+use crate::error::Result;
 use crate::ffi::tensor::TensorElem;
 use crate::ffi::{Context, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
 
@@ -51,13 +51,9 @@ impl Kernel for CeilingKernel {
 fn run<T: TensorElem + Element>(call: &mut Call<'_, '_>) -> Result<()> {
     let n = call.n;
     let views = call.views::<T, T, 3>()?;
-    let mut tensors = Vec::with_capacity(views.groups.len());
-    for ((&i, [x, v, h]), g) in views.groups.iter().zip(views.streams).zip(&views.gradients) {
-        let name = LAYOUT.input_name(2 + i, n);
-        let tensor = AdamTensor::new(x, g, v, h)
-            .map_err(|e| Error::input(LAYOUT.op, 2 + i, name, "equal tensor sizes", e.to_string()))?;
-        tensors.push(tensor);
-    }
+    let tensors = work_items(&LAYOUT, n, &views.groups, views.streams, &views.gradients, |[x, v, h], g| {
+        AdamTensor::new(x, g, v, h)
+    })?;
     ceiling::touch(tensors, views.pool);
     Ok(())
 }

@@ -9,7 +9,7 @@
 use trainops_kernels::momentum::{self, MomentumAttrs, MomentumCoeffs, MomentumMode, MomentumTensor};
 use trainops_kernels::Element;
 
-use super::optimizer::{for_each_type_pair, optimizer_signature, Call, Layout};
+use super::optimizer::{for_each_type_pair, optimizer_signature, work_items, Call, Layout};
 use crate::error::{Error, Result};
 use crate::ffi::tensor::TensorElem;
 use crate::ffi::{Context, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
@@ -83,16 +83,10 @@ where
 {
     let n = call.n;
     let views = call.views::<X, G, 2>()?;
-    let mut tensors = Vec::with_capacity(views.groups.len());
-    for ((&i, [x, v]), g) in views.groups.iter().zip(views.streams).zip(&views.gradients) {
-        let tensor = MomentumTensor::new(x, g, v).map_err(|e| {
-            Error::input(LAYOUT.op, 2 + i, LAYOUT.input_name(2 + i, n), "equal tensor sizes", e.to_string())
-        })?;
-        tensors.push(tensor);
-    }
-    if !tensors.is_empty() {
-        momentum::step(c, tensors, views.pool);
-    }
+    let tensors = work_items(&LAYOUT, n, &views.groups, views.streams, &views.gradients, |[x, v], g| {
+        MomentumTensor::new(x, g, v)
+    })?;
+    momentum::step(c, tensors, views.pool);
     Ok(())
 }
 

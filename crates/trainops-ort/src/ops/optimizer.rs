@@ -333,6 +333,28 @@ pub struct Views<'v, 'c, 'a, X, G: Clone, const N: usize> {
     pub pool: &'v OrtPool<'c, 'a>,
 }
 
+/// One kernel work item per group, `make(streams, gradient)`; a length mismatch it reports
+/// is named after the group's weights (`X_i`).
+pub fn work_items<'v, 'g, X, G: Clone, W, const N: usize>(
+    layout: &Layout,
+    n: usize,
+    groups: &[usize],
+    streams: Vec<[InOut<'v, X>; N]>,
+    gradients: &'g [Cow<'v, [G]>],
+    make: impl Fn([InOut<'v, X>; N], &'g [G]) -> std::result::Result<W, trainops_kernels::KernelError>,
+) -> Result<Vec<W>> {
+    groups
+        .iter()
+        .zip(streams)
+        .zip(gradients)
+        .map(|((&i, s), g)| {
+            let at = layout.s() + i;
+            make(s, g)
+                .map_err(|e| Error::input(layout.op, at, layout.input_name(at, n), "equal tensor sizes", e.to_string()))
+        })
+        .collect()
+}
+
 impl<'c, 'a> Call<'c, 'a> {
     /// Output index (in `outputs`) of tensor `i` of output group `m` (after the flags).
     fn out(&self, m: usize, i: usize) -> usize {
