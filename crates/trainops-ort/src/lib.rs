@@ -18,3 +18,17 @@ pub mod ops;
 mod register;
 
 pub use register::{op_names, RegisterCustomOps};
+
+/// Entry points for the fuzz targets (`fuzz/`) and their regression tests: the checks that
+/// run before any buffer is touched, without an ONNX Runtime. Not a stable API.
+#[doc(hidden)]
+pub mod fuzzing {
+    use crate::error::Result;
+    use crate::ops::philox::{output_numel, Source};
+
+    /// Philox's check of requested output dimensions (from the `shape` attribute when
+    /// `attribute`, else from the `shape` input): the element count, or the error.
+    pub fn philox_output_numel(dims: &[i64], attribute: bool) -> Result<usize> {
+        output_numel(dims, if attribute { Source::Attribute } else { Source::Input })
+    }
+}

@@ -36,6 +36,20 @@ pub fn scalar_float(ctx: &Context<'_>, op: &'static str, index: usize, name: &st
     }
 }
 
+/// The single element of a float32 input (any rank).
+pub fn scalar_f32(ctx: &Context<'_>, op: &'static str, index: usize, name: &str) -> Result<f32> {
+    let t = required(ctx, op, index, name)?;
+    if t.dtype != DType::Float || t.numel != 1 {
+        let got = format!("{} with {}", t.dtype.name(), shape_text(&t.shape));
+        return Err(Error::input(op, index, name, "a tensor(float) with exactly one element", got));
+    }
+    if !t.aligned() {
+        return Err(Error::input(op, index, name, "an aligned buffer", "a misaligned one"));
+    }
+    // SAFETY: one float element, aligned; inputs are never written and no output view exists.
+    Ok(unsafe { t.slice::<f32>() }[0])
+}
+
 /// The single element of an int64 input (any rank).
 pub fn scalar_i64(ctx: &Context<'_>, op: &'static str, index: usize, name: &str) -> Result<i64> {
     let t = required(ctx, op, index, name)?;

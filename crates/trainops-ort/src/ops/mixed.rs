@@ -32,6 +32,7 @@ static MP_LAYOUT: Layout = Layout {
     gradient: 1,
     rewrites: &[0, 2, 3],
     flags: &["finite"],
+    weights: &[DType::Float], // mixed precision keeps float32 weights
 };
 static MP_INPUTS: [Formal; 4] = [
     Formal::One(None),
@@ -75,18 +76,7 @@ struct MixedKernel {
 impl Kernel for MixedKernel {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
         let mut call = MP_LAYOUT.prepare(ctx, self.copy)?;
-        let n = call.n;
-        if let Some(i) = (0..n).find(|&i| call.input_type(i) != DType::Float) {
-            let want = "tensor(float): mixed precision keeps float32 weights";
-            return Err(Error::input(
-                MP_LAYOUT.op,
-                3 + i,
-                MP_LAYOUT.input_name(3 + i, n),
-                want,
-                call.input_type(i).name(),
-            ));
-        }
-        let scale = call.extra[0] as f32;
+        let scale = call.extra[0];
         let finite = gradients_finite(&mut call, scale);
         if finite {
             let rate = adam::adjusted_rate(call.r, call.t, self.attrs.alpha, self.attrs.beta);
@@ -119,7 +109,10 @@ fn gradients_finite(call: &mut Call<'_, '_>, scale: f32) -> bool {
 /// The single element of a one-element input of type `T`.
 fn one<T: TensorElem>(ctx: &Context<'_>, op: &'static str, index: usize, name: &str) -> Result<(T, Tensor)> {
     let t = required(ctx, op, index, name)?;
-    if t.dtype != T::DTYPE || t.numel != 1 || !t.aligned() {
+    if !t.aligned() {
+        return Err(Error::input(op, index, name, "a buffer aligned for its type", "a misaligned one"));
+    }
+    if t.dtype != T::DTYPE || t.numel != 1 {
         let want = format!("a {} with exactly one element", T::DTYPE.name());
         return Err(Error::input(op, index, name, want, format!("{} with shape {:?}", t.dtype.name(), t.shape)));
     }
@@ -243,9 +236,13 @@ impl Kernel for AllFiniteKernel {
         let count = ctx.input_count()?;
         let inputs = (0..count).map(|k| required(ctx, op, k, &format!("X_{}", k + 1))).collect::<Result<Vec<_>>>()?;
         for (k, t) in inputs.iter().enumerate() {
-            if !matches!(t.dtype, DType::Float | DType::Double | DType::Float16 | DType::BFloat16) || !t.aligned() {
-                let want = "an aligned tensor(float), tensor(double), tensor(float16) or tensor(bfloat16)";
-                return Err(Error::input(op, k, format!("X_{}", k + 1), want, t.dtype.name()));
+            let name = format!("X_{}", k + 1);
+            if !matches!(t.dtype, DType::Float | DType::Double | DType::Float16 | DType::BFloat16) {
+                let want = "tensor(float), tensor(double), tensor(float16) or tensor(bfloat16)";
+                return Err(Error::input(op, k, name, want, t.dtype.name()));
+            }
+            if !t.aligned() {
+                return Err(Error::input(op, k, name, "a buffer aligned for its type", "a misaligned one"));
             }
         }
         let finite = {

@@ -3,7 +3,7 @@
 pub mod adagrad;
 pub mod adam;
 pub mod ceiling;
-mod common;
+pub mod common;
 pub mod mixed;
 pub mod momentum;
 pub mod optimizer;

@@ -15,7 +15,7 @@ use std::borrow::Cow;
 
 use trainops_kernels::{broadcast, mixed, Element, InOut};
 
-use super::common::{broadcastable, required, same_shape, scalar_float, scalar_i64, Sig};
+use super::common::{broadcastable, required, same_shape, scalar_f32, scalar_float, scalar_i64, Sig};
 use crate::error::{Error, Result};
 use crate::ffi::alias::{self, AliasPlan, OutputRegion};
 use crate::ffi::pool::OrtPool;
@@ -52,6 +52,8 @@ pub struct Layout {
     pub rewrites: &'static [usize],
     /// Bool scalar outputs before the groups (e.g. `finite`).
     pub flags: &'static [&'static str],
+    /// Element types the weights may have.
+    pub weights: &'static [DType],
 }
 
 /// Runs `$run::<X, G>(call, coefficients)` for every weight/gradient type pair a [`Layout`]
@@ -72,13 +74,15 @@ pub(crate) use for_each_type_pair;
 
 impl Layout {
     /// The layout of an ONNX training-domain optimizer: `R, T`, the groups, no flags.
-    pub const ONNX: Layout =
-        Layout { op: "", scalars: &["R", "T"], groups: &[], gradient: 1, rewrites: &[], flags: &[] };
-}
-
-/// Float types an optimizer's weights may have.
-fn is_weight_type(d: DType) -> bool {
-    matches!(d, DType::Float | DType::Double | DType::Float16 | DType::BFloat16)
+    pub const ONNX: Layout = Layout {
+        op: "",
+        scalars: &["R", "T"],
+        groups: &[],
+        gradient: 1,
+        rewrites: &[],
+        flags: &[],
+        weights: &[DType::Float, DType::Double, DType::Float16, DType::BFloat16],
+    };
 }
 
 /// Whether gradients of type `g` may update weights of type `x`.
@@ -164,8 +168,13 @@ impl Layout {
     pub fn check_group(&self, n: usize, i: usize, sigs: &[Sig], shapes: bool) -> Result<()> {
         let x = &sigs[0];
         let name = |k: usize| self.input_name(self.at(n, k, i), n);
-        if !is_weight_type(x.dtype) {
-            let want = "tensor(float), tensor(double), tensor(float16) or tensor(bfloat16)";
+        if !self.weights.contains(&x.dtype) {
+            let names: Vec<String> = self.weights.iter().map(|d| d.name()).collect();
+            let want = match names.split_last() {
+                Some((last, [])) => last.clone(),
+                Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+                None => "no type".into(),
+            };
             return Err(Error::input(self.op, self.at(n, 0, i), name(0), want, x.dtype.name()));
         }
         for (k, s) in sigs.iter().enumerate().skip(1) {
@@ -231,7 +240,7 @@ impl Layout {
         self.check_outputs(ctx.output_count()?, n, copies.is_some())?;
         let r = scalar_float(ctx, op, 0, "R")?;
         let t = scalar_i64(ctx, op, 1, "T")?;
-        let extra = (2..s).map(|j| scalar_float(ctx, op, j, self.scalars[j])).collect::<Result<Vec<f64>>>()?;
+        let extra = (2..s).map(|j| scalar_f32(ctx, op, j, self.scalars[j])).collect::<Result<Vec<f32>>>()?;
         let inputs: Vec<Tensor> =
             (s..s + k * n).map(|j| required(ctx, op, j, &self.input_name(j, n))).collect::<Result<_>>()?;
         for i in 0..n {
@@ -261,10 +270,15 @@ impl Layout {
         for (o, dtype, shape, _) in &plan_out {
             let out = ctx.output(*o, shape)?;
             let want_numel = trainops_numel(shape);
-            if out.dtype != *dtype || out.numel != want_numel || !out.aligned() {
+            let name = || self.output_name(*o, n);
+            if out.dtype != *dtype || out.numel != want_numel {
                 let got = format!("a {} buffer of {} elements", out.dtype.name(), out.numel);
-                let want = format!("an aligned {} buffer of {want_numel} elements", dtype.name());
-                return Err(Error::Output { op, index: *o, name: self.output_name(*o, n), expected: want, got });
+                let expected = format!("a {} buffer of {want_numel} elements", dtype.name());
+                return Err(Error::Output { op, index: *o, name: name(), expected, got });
+            }
+            if !out.aligned() {
+                let (expected, got) = ("a buffer aligned for its type".into(), "a misaligned one".into());
+                return Err(Error::Output { op, index: *o, name: name(), expected, got });
             }
             outputs.push(out);
         }
@@ -307,8 +321,8 @@ pub struct Call<'c, 'a> {
     pub r: f64,
     /// The update count `T`.
     pub t: i64,
-    /// The scalar inputs after `R, T` (e.g. `loss_scale`).
-    pub extra: Vec<f64>,
+    /// The scalar inputs after `R, T` (float32, e.g. `loss_scale`).
+    pub extra: Vec<f32>,
     inputs: Vec<Tensor>,
     /// Flags, then rewritten groups, then copies (output order).
     outputs: Vec<Tensor>,
@@ -359,11 +373,6 @@ impl<'c, 'a> Call<'c, 'a> {
     /// Output index (in `outputs`) of tensor `i` of output group `m` (after the flags).
     fn out(&self, m: usize, i: usize) -> usize {
         self.layout.flags.len() + m * self.n + i
-    }
-
-    /// Element type of input `j` (counted after the scalars: `X_1` is 0).
-    pub fn input_type(&self, j: usize) -> DType {
-        self.inputs[j].dtype
     }
 
     /// The groups whose weights have type `X` and gradients type `G`.

@@ -28,13 +28,13 @@ static OUTPUTS: [Formal; 2] = [Formal::One(Some(DType::Uint32)), Formal::Optiona
 
 /// Where the output's dimensions come from, for messages.
 #[derive(Clone, Copy)]
-enum Source {
+pub(crate) enum Source {
     Attribute,
     Input,
 }
 
 /// Checks requested output dimensions: non-negative, element count within [`MAX_ELEMENTS`].
-fn output_numel(dims: &[i64], from: Source) -> Result<usize> {
+pub(crate) fn output_numel(dims: &[i64], from: Source) -> Result<usize> {
     let problem = if let Some(&d) = dims.iter().find(|&&d| d < 0) {
         format!("{dims:?}, with a negative dimension {d}")
     } else {
