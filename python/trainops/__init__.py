@@ -54,3 +54,18 @@ def get_library_path() -> str:
             return str(path)
         tried.append(str(path))
     raise FileNotFoundError(f"{LIBRARY_NAME} not found; looked at: {', '.join(tried)}")
+
+
+# Mixed precision (issue 5): Keras-style dtype policies, optimizer-step models, and tensor
+# I/O that handles bfloat16 (which onnxruntime's numpy bridge does not).
+from .bfloat16 import from_ortvalue, run, to_ortvalue  # noqa: E402
+from .mixed_precision import (  # noqa: E402
+    InPlaceOptimizer,
+    Policy,
+    optimizer_model,
+    optimizer_names,
+    optimizer_state,
+)
+
+__all__ += ["Policy", "optimizer_model", "optimizer_names", "optimizer_state",
+            "InPlaceOptimizer", "to_ortvalue", "from_ortvalue", "run"]

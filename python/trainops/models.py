@@ -16,7 +16,7 @@ version 8 (onnx >= 1.16 writes a newer IR than older runtimes accept).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -42,7 +42,7 @@ TRAINING_DOMAIN = "ai.onnx.preview.training"
 IR_VERSION = 8
 ONNX_OPSET = 17
 
-Shape = Sequence[int | str | None] | None
+Shape = Optional[Sequence[Union[int, str, None]]]  # typing forms: Python 3.9 evaluates this at import
 
 
 def tensor_type(dtype: Any) -> int:
