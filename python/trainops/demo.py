@@ -72,10 +72,20 @@ def train(steps: int = 300, lr: float = 0.05, every: int = 25, seed: int = 0, ou
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainops demo", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m trainops demo",
+        description="Two trainings with every optimizer step in ONNX Runtime: a float32 logistic "
+        "regression with Adam, then a small MLP under the mixed_float16 policy.",
+    )
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", type=float, default=0.05)
+    ap.add_argument("--mixed-steps", type=int, default=300)
     args = ap.parse_args(argv)
     losses = train(args.steps, args.lr)
     print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
-    return 0 if losses[-1] < losses[0] else 1
+    print()
+    from .demo_mixed import train_mixed
+
+    mixed = train_mixed(steps=args.mixed_steps)
+    ok = losses[-1] < losses[0] and mixed.losses[-1] < mixed.losses[0] and len(mixed.skipped) > 0
+    return 0 if ok else 1
