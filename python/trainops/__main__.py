@@ -1,6 +1,7 @@
 """Command line: ``python -m trainops <command>``.
 
 Commands:
+  bench         throughput benchmarks against peers (trainops.bench), e.g. bench philox
   conformance   run onnx's training-domain backend test cases through onnxruntime
   demo          train a small model whose Adam steps run in onnxruntime (trainops.demo)
   library       print the path of the custom-op library
@@ -40,6 +41,12 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
     return 1 if any(r.status == "fail" for r in rows) else 0
 
 
+def _cmd_bench(args: argparse.Namespace) -> int:
+    from . import bench, bench_adam  # noqa: F401 - bench_adam registers the "adam" target
+
+    return bench.main(args.rest)
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from . import demo
 
@@ -63,6 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "ONNX Runtime")
     sub = parser.add_subparsers(dest="command", metavar="command")
     sub.required = True
+
+    p = sub.add_parser("bench", add_help=False,
+                       help="throughput benchmarks against peers, e.g. bench philox "
+                            "(options: python -m trainops bench --help)")
+    p.set_defaults(func=_cmd_bench, passthrough=True)
 
     p = sub.add_parser("conformance",
                        help="run onnx's ai.onnx.preview.training test cases in onnxruntime",
