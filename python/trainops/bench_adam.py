@@ -42,6 +42,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-threads", type=int, metavar="N",
                    help="torch.set_num_threads for its peer (default: the largest --threads)")
     p.add_argument("--plot", metavar="FILE", help="write a PNG of GB/s against N")
+    p.add_argument("--grad-dtype", choices=["float32", "float16", "bfloat16"], default="float32",
+                   help="gradient type with float32 weights (mixed precision: 26 bytes per "
+                        "parameter; only trainops and the ceiling take part)")
     p.add_argument("--ort-spin", action="store_true", help="leave onnxruntime's spinning on")
 
 
@@ -116,10 +119,19 @@ def identity_model(sizes: list[int]):
     return model
 
 
-def _state(sizes: list[int], seed: int = 1) -> list[dict[str, np.ndarray]]:
+def _grad_type(name: str):
+    """(numpy dtype, bytes per parameter moved) for a gradient type name."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16), 26
+    return np.dtype(name), 26 if name == "float16" else BYTES_PER_PARAM
+
+
+def _state(sizes: list[int], seed: int = 1, grad=np.float32) -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(seed)
     return [{"X": rng.standard_normal(n, dtype=np.float32),
-             "G": rng.standard_normal(n, dtype=np.float32) * np.float32(1e-3),
+             "G": (rng.standard_normal(n, dtype=np.float32) * np.float32(1e-3)).astype(grad),
              "V": np.zeros(n, np.float32), "H": np.zeros(n, np.float32)} for n in sizes]
 
 
@@ -195,22 +207,25 @@ def adam_case(n: int, args: argparse.Namespace) -> Case:
     from onnx import helper
 
     sizes = tensor_sizes(n, getattr(args, "tensors", 1))
-    state = _state(sizes)
+    grad, per_param = _grad_type(getattr(args, "grad_dtype", "float32"))
+    mixed = grad != np.float32
+    state = _state(sizes, grad=grad)
     spin = bool(getattr(args, "ort_spin", False))
     library = getattr(args, "library", None)
     r, t = np.array(1e-3, np.float32), np.array(1, np.int64)
     scalars = {"R": r, "T": t}
     peers: list[Peer] = []
-    notes = [f"{len(sizes)} tensor{'s' if len(sizes) > 1 else ''}, {n} float32 parameters, "
-             f"{BYTES_PER_PARAM} bytes moved per parameter; onnxruntime spinning "
-             f"{'on' if spin else 'off'}"]
+    notes = [f"{len(sizes)} tensor{'s' if len(sizes) > 1 else ''}, {n} float32 parameters with "
+             f"{grad.name} gradients, {per_param} bytes moved per parameter; onnxruntime "
+             f"spinning {'on' if spin else 'off'}"]
     shapes = [(s,) for s in sizes]
-    ceiling = adam_model(shapes)
+    g_dtype = grad if mixed else None
+    ceiling = adam_model(shapes, g_dtype=g_dtype)
     ceiling.graph.node[0].op_type = "MemoryCeiling"
     ceiling.graph.node[0].domain = "com.trainops.bench"
     ceiling.opset_import.append(helper.make_opsetid("com.trainops.bench", 1))
     for threads in args.threads:
-        sess = _ort_session(adam_model(shapes), threads, library, spin)
+        sess = _ort_session(adam_model(shapes, g_dtype=g_dtype), threads, library, spin)
         io, keep = _bound(sess, state, True, scalars)
         peers.append(Peer("trainops Adam, IOBinding in place", lambda s=sess, b=io: s.run_with_iobinding(b),
                           threads, "X/V/H outputs bound to their inputs", keep=keep))
@@ -221,24 +236,29 @@ def adam_case(n: int, args: argparse.Namespace) -> Case:
         cio, ckeep = _bound(csess, state, True, scalars)
         peers.append(Peer("memory ceiling (MemoryCeiling op)", lambda s=csess, b=cio: s.run_with_iobinding(b),
                           threads, "x += g, v += g, h += g in place: Adam's traffic", keep=ckeep))
+        if mixed:  # the other peers take float32 gradients only
+            continue
         dsess = _ort_session(decomposed_model(sizes), threads, library, spin)
         dio, dkeep = _bound(dsess, state, False, {"r": r})
         peers.append(Peer("decomposed ONNX Adam", lambda s=dsess, b=dio: s.run_with_iobinding(b), threads,
                           "12 standard ops per tensor, preallocated outputs", keep=dkeep))
-    if n <= 100_000:
+    if n <= 100_000 and not mixed:
         isess = _ort_session(identity_model(sizes), 1, library, spin)
         iio, ikeep = _bound(isess, state, False, scalars)
         peers.append(Peer("Identity model, same inputs", lambda s=isess, b=iio: s.run_with_iobinding(b), 1,
                           "the cost of an onnxruntime call with Adam's inputs", keep=ikeep))
-    step, scratch = _numpy_step(_state(sizes, seed=2), 1e-3)
-    peers.append(Peer("numpy, in place", step, 1, "ufuncs with out=", keep=scratch))
-    if not getattr(args, "no_torch", False):
+    if not mixed:
+        step, scratch = _numpy_step(_state(sizes, seed=2), 1e-3)
+        peers.append(Peer("numpy, in place", step, 1, "ufuncs with out=", keep=scratch))
+    if not mixed and not getattr(args, "no_torch", False):
         tpeers, tnotes = _torch_peers(sizes, getattr(args, "torch_threads", None) or max(args.threads))
         peers += tpeers
         notes += tnotes
     base = next(p.label for p in peers if p.name.startswith("trainops Adam, IOBinding") and p.threads == max(args.threads))
     title = f"Adam, {n:,} parameters in {len(sizes)} tensor{'s' if len(sizes) > 1 else ''}"
-    return Case(title, BYTES_PER_PARAM * n, peers, base, notes)
+    if mixed:
+        title += f", {grad.name} gradients"
+    return Case(title, per_param * n, peers, base, notes)
 
 
 def plot(results: list[Any], path: str) -> None:

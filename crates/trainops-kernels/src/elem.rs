@@ -64,6 +64,13 @@ pub trait Element: Copy + Debug + Send + Sync + 'static {
     fn load(self) -> Self::C;
     /// Stores a computed value (round-to-nearest-even where narrower).
     fn store(c: Self::C) -> Self;
+    /// Loads a whole slice (`dst.len() == src.len()`); 16-bit types use `half`'s
+    /// vectorised conversion.
+    fn load_slice(src: &[Self], dst: &mut [Self::C]) {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d = s.load();
+        }
+    }
 }
 
 impl Element for f32 {
@@ -104,6 +111,10 @@ impl Element for half::f16 {
     fn store(c: f32) -> Self {
         half::f16::from_f32(c)
     }
+    fn load_slice(src: &[Self], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
+    }
 }
 
 /// bfloat16: computes in `f32`; stored round-to-nearest-even (the `half` crate).
@@ -117,5 +128,9 @@ impl Element for half::bf16 {
     #[inline(always)]
     fn store(c: f32) -> Self {
         half::bf16::from_f32(c)
+    }
+    fn load_slice(src: &[Self], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
     }
 }
