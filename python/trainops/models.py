@@ -51,6 +51,8 @@ def tensor_type(dtype: Any) -> int:
 
     if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
         return int(dtype)
+    if np.dtype(dtype).name == "bfloat16":  # ml_dtypes' bfloat16: onnx < 1.17 does not map it
+        return int(helper.TensorProto.BFLOAT16)
     return int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
 
 

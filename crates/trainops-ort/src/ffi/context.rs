@@ -42,8 +42,15 @@ unsafe fn read_info(
 }
 
 /// Number of elements of a shape; `None` when a dimension is negative (unknown) or the
-/// product overflows.
+/// product overflows. A zero dimension makes the count 0 whatever the others are (the
+/// order of the dimensions does not matter: found by fuzzing).
 pub fn numel(shape: &[i64]) -> Option<usize> {
+    if shape.iter().any(|&d| d < 0) {
+        return None;
+    }
+    if shape.contains(&0) {
+        return Some(0);
+    }
     shape.iter().try_fold(1usize, |n, &d| usize::try_from(d).ok().and_then(|d| n.checked_mul(d)))
 }
 
@@ -341,14 +348,20 @@ pub struct ShapeInfer<'a> {
     api: Api,
     op: &'static str,
     ctx: *mut sys::OrtShapeInferContext,
+    outputs: usize,
     _node: PhantomData<&'a mut sys::OrtShapeInferContext>,
 }
 
 impl ShapeInfer<'_> {
+    /// `outputs`: how many outputs the node surely has (its op's required ones; the runtime
+    /// checks that much before inference). Only those are ever set: the C API cannot tell how
+    /// many more a node has, and ONNX Runtime 1.17 aborts the process (an unchecked vector
+    /// index) when an output the node lacks is given a shape.
+    ///
     /// # Safety
     /// `ctx` must be valid for the duration of the inference call, and so must this value.
-    pub unsafe fn new(api: Api, op: &'static str, ctx: *mut sys::OrtShapeInferContext) -> Self {
-        Self { api, op, ctx, _node: PhantomData }
+    pub unsafe fn new(api: Api, op: &'static str, ctx: *mut sys::OrtShapeInferContext, outputs: usize) -> Self {
+        Self { api, op, ctx, outputs, _node: PhantomData }
     }
 
     /// Number of inputs of the node.
@@ -374,8 +387,12 @@ impl ShapeInfer<'_> {
         (self.api.check(self.op, "ShapeInferContext_GetInputTypeShape", s).is_ok() && !info.is_null()).then_some(info)
     }
 
-    /// Gives output `output` the shape of input `input` (symbolic dimensions included).
+    /// Gives output `output` the shape of input `input` (symbolic dimensions included); does
+    /// nothing for an output the node may lack (see [`ShapeInfer::new`]).
     pub fn output_like_input(&mut self, output: usize, input: usize) -> Result<()> {
+        if output >= self.outputs {
+            return Ok(());
+        }
         let Some(info) = self.input_info(input) else { return Ok(()) };
         // SAFETY: valid context; `info` is valid and only read by the runtime.
         let s = unsafe { (self.api.raw().ShapeInferContext_SetOutputTypeShape)(self.ctx, output, info) };

@@ -62,7 +62,9 @@ pub trait OpSpec: Sync + 'static {
     }
     /// Creates the kernel of one node (reads and checks its attributes).
     fn create(&self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>>;
-    /// Sets output shapes at model load; an error fails the load with its message.
+    /// Sets output shapes at model load, best effort: ONNX Runtime ignores an error here (the
+    /// kernel reports it when it runs), and ops with an optional input get no inference at all
+    /// (ONNX Runtime 1.17 crashes building the context of a node whose optional input is "").
     fn infer(&self, _ctx: &mut ShapeInfer<'_>) -> Result<()> {
         Ok(())
     }
@@ -130,6 +132,20 @@ fn characteristic(f: Option<Formal>) -> sys::OrtCustomOpInputOutputCharacteristi
         Some(Formal::Variadic { .. }) => INPUT_OUTPUT_VARIADIC,
         _ => INPUT_OUTPUT_REQUIRED,
     }
+}
+
+/// How many outputs every node of an op has: the required ones up to the first optional one,
+/// and a variadic formal's minimum.
+fn sure_outputs(list: &'static [Formal]) -> usize {
+    let mut n = 0;
+    for f in list {
+        match f {
+            Formal::One(_) => n += 1,
+            Formal::Variadic { min, .. } => return n + min,
+            Formal::Optional(_) => return n,
+        }
+    }
+    n
 }
 
 fn variadic_min(list: &'static [Formal]) -> c_int {
@@ -275,7 +291,7 @@ unsafe extern "system" fn infer_shape(
     // reports them then. So errors and panics end here, and the answer is always "ok".
     let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         // SAFETY: `ctx` is valid for this call.
-        let mut ctx = unsafe { ShapeInfer::new(api, name, ctx) };
+        let mut ctx = unsafe { ShapeInfer::new(api, name, ctx, sure_outputs(spec.outputs())) };
         spec.infer(&mut ctx)
     }));
     sys::OrtStatusPtr::default()
@@ -305,7 +321,13 @@ impl OpDescriptor {
             GetVariadicOutputHomogeneity: Some(heterogeneous),
             CreateKernelV2: Some(create_kernel),
             KernelComputeV2: Some(compute_kernel),
-            InferOutputShapeFn: Some(infer_shape),
+            // ONNX Runtime 1.17 dereferences a null type while building the inference
+            // context of a node whose optional input is given as "": no inference for such ops.
+            InferOutputShapeFn: if spec.inputs().iter().any(|f| matches!(f, Formal::Optional(_))) {
+                None
+            } else {
+                Some(infer_shape)
+            },
             GetStartVersion: Some(start_version),
             GetEndVersion: Some(end_version),
         };

@@ -1,0 +1,76 @@
+//! Philox counter arithmetic and `fill` on arbitrary states and lengths: `counter_of`,
+//! `with_counter`, `advance` and `blocks_for` against u128 arithmetic done here, and `fill`
+//! at every SIMD level the CPU has, serial and split into chunks run in any order, against
+//! the scalar reference.
+#![no_main]
+
+use libfuzzer_sys::arbitrary::{self, Arbitrary};
+use libfuzzer_sys::fuzz_target;
+use trainops_kernels::philox::{self, advance, blocks_for, counter_of, fill_with, reference, with_counter};
+use trainops_kernels::{Parallelism, Sequential};
+
+#[derive(Debug, Arbitrary)]
+struct Case {
+    state: [u32; 6],
+    /// Set the counter near a carry or the wrap.
+    near: Option<(u8, u16)>,
+    blocks: u128,
+    big_len: usize,
+    /// Output words: mostly small, sometimes past the threaded split.
+    len: u16,
+    long: bool,
+    order: u8,
+}
+
+/// Runs the tasks on this thread in a scrambled order (results must not depend on it).
+struct Scrambled(u8);
+
+impl Parallelism for Scrambled {
+    fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
+        let step = [1, 3, 5, 7][usize::from(self.0 % 4)];
+        let mut order: Vec<usize> = (0..tasks).collect();
+        if self.0 & 4 != 0 {
+            order.reverse();
+        }
+        if tasks.is_multiple_of(step) {
+            order.iter().for_each(|&i| f(i));
+        } else {
+            // `step` is prime and does not divide `tasks`: striding visits every task once.
+            (0..tasks).for_each(|i| f(order[(i * step) % tasks]));
+        }
+    }
+}
+
+fuzz_target!(|case: Case| {
+    let mut state = case.state;
+    if let Some((word, below)) = case.near {
+        // Just below a 32-, 64-, 96- or 128-bit carry.
+        let bit = 32 * (u32::from(word % 4) + 1);
+        let c = if bit == 128 { 0u128 } else { 1u128 << bit }.wrapping_sub(u128::from(below));
+        state = with_counter(&state, c);
+    }
+    let c = u128::from(state[0])
+        | (u128::from(state[1]) << 32)
+        | (u128::from(state[2]) << 64)
+        | (u128::from(state[3]) << 96);
+    assert_eq!(counter_of(&state), c);
+    assert_eq!(with_counter(&state, c), state);
+    let moved = advance(&state, case.blocks);
+    assert_eq!(counter_of(&moved), c.wrapping_add(case.blocks));
+    assert_eq!(moved[4..], state[4..], "the key changed");
+    let wc = with_counter(&state, case.blocks);
+    assert_eq!(counter_of(&wc), case.blocks);
+    assert_eq!(blocks_for(case.big_len), (case.big_len as u128).div_ceil(4));
+
+    let len = if case.long { philox::SERIAL_BELOW + usize::from(case.len) } else { usize::from(case.len % 1024) };
+    let mut want = vec![0u32; len];
+    let next = reference::fill(&state, &mut want);
+    assert_eq!(counter_of(&next), c.wrapping_add(blocks_for(len)));
+    for level in philox::available_levels() {
+        for par in [&Sequential as &dyn Parallelism, &Scrambled(case.order)] {
+            let mut got = vec![0u32; len];
+            assert_eq!(fill_with(level, &state, &mut got, par), next, "{level:?}: next state");
+            assert!(got == want, "{level:?}: output differs from the reference (len {len})");
+        }
+    }
+});

@@ -1,0 +1,126 @@
+"""Concurrency through onnxruntime (issue 6): one session run from 8 Python threads at once
+(onnxruntime releases the GIL while it runs), and 8 sessions sharing the library run at
+once, for Adam (large enough for the threaded path, and small), Philox and
+MixedPrecisionAdam. Every result is bitwise the sequential one for the same input."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pytest
+
+from trainops.models import adam_model, node_model, philox_model
+
+THREADS = 8
+ROUNDS = 4  # runs per thread, each with its own input
+F16, F32, I64, U32 = np.float16, np.float32, np.int64, np.uint32
+
+
+def adam_feeds(seed: int, shapes) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {"R": np.array(0.01 + seed * 1e-4, F32), "T": np.array(1 + seed % 7, I64)}
+    for p in "XGVH":
+        for i, shape in enumerate(shapes, 1):
+            a = rng.standard_normal(shape)
+            feeds[f"{p}_{i}"] = (np.abs(a) * 0.01 if p == "H" else a).astype(F32)
+    return feeds
+
+
+def mixed_model(n: int):
+    inputs = [("R", F32, None), ("T", I64, None), ("loss_scale", F32, None)]
+    inputs += [(f"{p}_{i}", F16 if p == "G" else F32, None) for p in "XGVH" for i in range(1, n + 1)]
+    outputs = [("finite", np.bool_, None)]
+    outputs += [(f"{p}_{i}_new", F32, None) for p in "XVH" for i in range(1, n + 1)]
+    outputs += [(f"X_{i}_copy", F16, None) for i in range(1, n + 1)]
+    return node_model("MixedPrecisionAdam", inputs, outputs, domain="com.trainops", copy_dtype=10)
+
+
+def mixed_feeds(seed: int, shapes) -> dict[str, np.ndarray]:
+    feeds = adam_feeds(seed, shapes)
+    feeds["loss_scale"] = np.array(1024.0, F32)
+    for i in range(1, len(shapes) + 1):
+        feeds[f"G_{i}"] = (feeds[f"G_{i}"] * 1024).astype(F16)
+    if seed % 3 == 0:  # some steps overflow and are skipped
+        feeds["G_1"].reshape(-1)[-1] = np.inf
+    return feeds
+
+
+def philox_feeds(seed: int, n: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    state = rng.integers(0, 1 << 32, 6, dtype=np.uint64).astype(U32)
+    return {"state": state, "shape": np.array([n + seed], I64)}
+
+
+BIG = [(300_000,), (3, 5)]
+SMALL = [(5,), (2, 3)]
+WORKLOADS = {
+    "adam-300k": (lambda: adam_model(2, dynamic=True), lambda s: adam_feeds(s, BIG)),
+    "adam-small": (lambda: adam_model(2, dynamic=True), lambda s: adam_feeds(s, SMALL)),
+    "philox-1M": (lambda: philox_model(dynamic=True), lambda s: philox_feeds(s, 1 << 20)),
+    "philox-small": (lambda: philox_model(dynamic=True), lambda s: philox_feeds(s, 13)),
+    "mixed-300k": (lambda: mixed_model(2), lambda s: mixed_feeds(s, BIG)),
+}
+
+
+def same_bits(got, want) -> bool:
+    return len(got) == len(want) and all(
+        a.dtype == b.dtype and a.shape == b.shape and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
+        for a, b in zip(got, want))
+
+
+def run_all_at_once(jobs):
+    """Runs every ``job()`` on its own thread, started together; returns their results."""
+    barrier = threading.Barrier(len(jobs))
+
+    def start(job):
+        barrier.wait()
+        return job()
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        return list(pool.map(start, jobs))
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_one_session_eight_threads(make_session, name):
+    build, feeds_of = WORKLOADS[name]
+    sess = make_session(build())
+    seeds = [[t * ROUNDS + r for r in range(ROUNDS)] for t in range(THREADS)]
+    expected = {s: sess.run(None, feeds_of(s)) for row in seeds for s in row}  # sequential
+    inputs = {s: feeds_of(s) for row in seeds for s in row}
+
+    def job(row):
+        return lambda: [(s, sess.run(None, inputs[s])) for s in row]
+
+    for row in run_all_at_once([job(row) for row in seeds]):
+        for s, got in row:
+            assert same_bits(got, expected[s]), f"{name}: seed {s} differs from the sequential run"
+
+
+@pytest.mark.parametrize("name", list(WORKLOADS))
+def test_eight_sessions_share_the_library(make_session, name):
+    build, feeds_of = WORKLOADS[name]
+    model = build()
+    # Sessions are made one after another (each registers the library on its own options);
+    # they then run at the same time.
+    sessions = [make_session(model) for _ in range(THREADS)]
+    inputs = [feeds_of(100 + t) for t in range(THREADS)]
+    expected = [sessions[0].run(None, f) for f in inputs]
+
+    def job(t):
+        return lambda: [sessions[t].run(None, inputs[t]) for _ in range(ROUNDS)]
+
+    for t, runs in enumerate(run_all_at_once([job(t) for t in range(THREADS)])):
+        for got in runs:
+            assert same_bits(got, expected[t]), f"{name}: session {t} differs from the sequential run"
+
+
+def test_thread_counts_agree_under_concurrency(make_session):
+    """Sessions with 1, 2 and 4 intra-op threads, all running at once, agree bitwise."""
+    model = adam_model(2, dynamic=True)
+    sessions = [make_session(model, threads=k) for k in (1, 2, 4, 1, 2, 4, 1, 2)]
+    feeds = adam_feeds(5, BIG)
+    results = run_all_at_once([lambda s=s: s.run(None, feeds) for s in sessions])
+    for got in results[1:]:
+        assert same_bits(got, results[0])

@@ -1,0 +1,981 @@
+"""Bad input for every op the library registers, through onnxruntime (issue 6).
+
+Each case feeds one op something wrong (arity, element types, shapes, element counts,
+negative and enormous dimensions, NaN and Inf, missing, unknown and wrong-typed attributes,
+IOBinding aliasing, a second registration) and asserts either a clear error (the op's name,
+the input or attribute at fault, what was expected) or the documented result. After every
+case the process is alive and a correct run gives the bits a fresh session gives: the same
+session where the model can run correct input (models declare unknown ranks, so the op's
+own checks run, not ONNX Runtime's), else a fresh one.
+
+Documented results for non-finite input: Adam, Adagrad, Momentum and MemoryCeiling
+propagate NaN and Inf elementwise (as the reference does; other elements are untouched);
+MixedPrecisionAdam skips the step (``finite`` false, every output equals its input) when a
+gradient divided by the loss scale is not finite, and otherwise propagates like Adam;
+AllFinite answers false; DynamicLossScale is its rule applied to the value (a NaN scale
+stays NaN on a finite step and becomes ``min_scale`` on a non-finite one). Unknown
+attributes are ignored (ONNX Runtime passes them through; the result equals the node's
+without them).
+
+Ops are listed in ``KITS``; an op the loaded library does not register (checked with a
+session load) skips its cases with a reason, so ops added later are picked up by adding a
+kit. ``python -m pytest tests/test_robustness.py -q -s -k count`` prints the case count.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper
+
+from trainops.models import TRAINING_DOMAIN, node_model
+
+F16, F32, F64, I32, I64, U32 = np.float16, np.float32, np.float64, np.int32, np.int64, np.uint32
+MP_DOMAIN = "com.trainops"
+BENCH_DOMAIN = "com.trainops.bench"
+SHAPES = [(2, 5), (7,)]  # the tensor groups of every correct optimizer run
+
+
+# --- the ops -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Kit:
+    """One registered op: how to build its correct (dynamic) model and feeds."""
+
+    op: str
+    domain: str
+    groups: str = ""  # optimizers: input groups after the scalars, the gradient second
+    rewrites: str = ""  # optimizers: the groups the outputs rewrite, in output order
+    scalars: tuple = ("R", "T")
+    flags: tuple = ()  # bool outputs before the groups
+    attrs: dict = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def optimizer(self) -> bool:
+        return bool(self.groups)
+
+
+KITS = {
+    "Adam": Kit("Adam", TRAINING_DOMAIN, "XGVH", "XVH"),
+    "Adagrad": Kit("Adagrad", TRAINING_DOMAIN, "XGH", "XH"),
+    "Momentum": Kit("Momentum", TRAINING_DOMAIN, "XGV", "XV",
+                    attrs={"alpha": 0.9, "beta": 0.1, "mode": "standard", "norm_coefficient": 0.0}),
+    "MixedPrecisionAdam": Kit("MixedPrecisionAdam", MP_DOMAIN, "XGVH", "XVH",
+                              scalars=("R", "T", "loss_scale"), flags=("finite",)),
+    "MemoryCeiling": Kit("MemoryCeiling", BENCH_DOMAIN, "XGVH", "XVH"),
+    "Philox": Kit("Philox", MP_DOMAIN),
+    "DynamicLossScale": Kit("DynamicLossScale", MP_DOMAIN),
+    "AllFinite": Kit("AllFinite", MP_DOMAIN),
+}
+OPTIMIZERS = [k for k, kit in KITS.items() if kit.optimizer]
+
+
+def opt_model(kit: Kit, n: int = 2, dtype=F32, g_dtype=None, *, copy_dtype=None,
+              extra_inputs: int = 0, missing_inputs: int = 0, extra_outputs: int = 0,
+              missing_outputs: int = 0,
+              types: dict | None = None, attrs: dict | None = None, drop_attrs=()):
+    """An optimizer node over ``n`` tensor groups, every shape unknown. ``types`` overrides
+    element types by input name; ``extra_*``/``missing_inputs`` break the arity."""
+    types = dict(types or {})
+    if g_dtype is None:
+        g_dtype = F16 if kit.op == "MixedPrecisionAdam" else dtype
+    inputs = [(s, F32 if s != "T" else I64, None) for s in kit.scalars]
+    for k, p in enumerate(kit.groups):
+        inputs += [(f"{p}_{i}", g_dtype if k == 1 else dtype, None) for i in range(1, n + 1)]
+    inputs += [(f"Z_{j}", dtype, None) for j in range(extra_inputs)]
+    inputs = inputs[:len(inputs) - missing_inputs]
+    inputs = [(name, types.get(name, dt), shape) for name, dt, shape in inputs]
+    outputs = [(f, np.bool_, None) for f in kit.flags]
+    outputs += [(f"{p}_{i}_new", dtype, None) for p in kit.rewrites for i in range(1, n + 1)]
+    node_attrs = {k: v for k, v in kit.attrs.items() if k not in drop_attrs}
+    if copy_dtype:
+        outputs += [(f"X_{i}_copy", copy_dtype, None) for i in range(1, n + 1)]
+        node_attrs["copy_dtype"] = int(helper.np_dtype_to_tensor_dtype(np.dtype(copy_dtype)))
+    outputs += [(f"Y_{j}", dtype, None) for j in range(extra_outputs)]
+    outputs = outputs[:len(outputs) - missing_outputs]
+    node_attrs.update(attrs or {})
+    return node_model(kit.op, inputs, outputs, domain=kit.domain, **node_attrs)
+
+
+def opt_feeds(kit: Kit, seed: int = 7, n: int = 2, dtype=F32) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feeds = {"R": np.array(0.05, F32), "T": np.array(3, I64)}
+    if "loss_scale" in kit.scalars:
+        feeds["loss_scale"] = np.array(1024.0, F32)
+    for i, shape in enumerate(SHAPES[:n], 1):
+        for k, p in enumerate(kit.groups):
+            if k == 1:
+                g = rng.standard_normal(shape)
+                if kit.op == "MixedPrecisionAdam":
+                    feeds[f"G_{i}"] = (g * 1024).astype(F16)
+                else:
+                    feeds[f"G_{i}"] = g.astype(dtype)
+            elif p == "H":
+                feeds[f"H_{i}"] = (0.01 * rng.random(shape)).astype(dtype)
+            elif p == "V":
+                feeds[f"V_{i}"] = (0.1 * rng.standard_normal(shape)).astype(dtype)
+            else:
+                feeds[f"{p}_{i}"] = rng.standard_normal(shape).astype(dtype)
+    return feeds
+
+
+def philox_model(*, shape_attr=None, shape_input=True, state_dtype=U32, shape_dtype=I64,
+                 state_out=True, extra_inputs=0, attrs=None):
+    inputs = [("state", state_dtype, None)]
+    if shape_input:
+        inputs.append(("shape", shape_dtype, None))
+    inputs += [(f"Z_{j}", I64, None) for j in range(extra_inputs)]
+    outputs = [("output", U32, None)] + ([("state_out", U32, None)] if state_out else [])
+    node_attrs = dict(attrs or {})
+    if shape_attr is not None:
+        node_attrs["shape"] = shape_attr
+    return node_model("Philox", inputs, outputs, domain=MP_DOMAIN, **node_attrs)
+
+
+def philox_feeds() -> dict[str, np.ndarray]:
+    return {"state": np.array([1, 2, 3, 4, 5, 6], U32), "shape": np.array([3, 5], I64)}
+
+
+def loss_scale_model(scale=F32, good=I64, finite=np.bool_, **attrs):
+    return node_model("DynamicLossScale", [("scale", scale, None), ("good_steps", good, None),
+                                           ("finite", finite, None)],
+                      [("new_scale", F32, None), ("new_good_steps", I64, None)],
+                      domain=MP_DOMAIN, **attrs)
+
+
+def loss_scale_feeds(scale=1024.0, good=5, finite=True) -> dict[str, np.ndarray]:
+    return {"scale": np.array(scale, F32), "good_steps": np.array(good, I64),
+            "finite": np.array(finite)}
+
+
+def all_finite_model(dtypes=(F32, F64, F16), outputs=1, **attrs):
+    return node_model("AllFinite", [(f"X_{i}", d, None) for i, d in enumerate(dtypes, 1)],
+                      [(f"finite{'_' * j}", np.bool_, None) for j in range(outputs)],
+                      domain=MP_DOMAIN, **attrs)
+
+
+def all_finite_feeds() -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(3)
+    return {"X_1": rng.standard_normal((3, 4)).astype(F32), "X_2": rng.standard_normal(5),
+            "X_3": rng.standard_normal((2, 2)).astype(F16)}
+
+
+def good_model(op: str):
+    kit = KITS[op]
+    if kit.optimizer:
+        return opt_model(kit)
+    return {"Philox": philox_model, "DynamicLossScale": loss_scale_model,
+            "AllFinite": all_finite_model}[op]()
+
+
+def good_feeds(op: str) -> dict[str, np.ndarray]:
+    kit = KITS[op]
+    if kit.optimizer:
+        return opt_feeds(kit)
+    return {"Philox": philox_feeds, "DynamicLossScale": loss_scale_feeds,
+            "AllFinite": all_finite_feeds}[op]()
+
+
+# --- the harness ---------------------------------------------------------------------------
+
+class Harness:
+    """Sessions, the expected bits of each op's correct run, and the checks every case ends
+    with."""
+
+    def __init__(self, library: str):
+        self.library = library
+        self._baseline: dict[str, list[np.ndarray]] = {}
+        self._registered: dict[str, str | None] = {}
+
+    def options(self, threads=None):
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.log_severity_level = 4
+        if threads is not None:
+            so.intra_op_num_threads = threads
+        so.register_custom_ops_library(self.library)
+        return so
+
+    def session(self, model, threads=None, so=None):
+        import onnxruntime as ort
+
+        return ort.InferenceSession(model.SerializeToString(), so or self.options(threads),
+                                    providers=["CPUExecutionProvider"])
+
+    def missing(self, op: str) -> str | None:
+        """None when the library registers ``op``, else why not."""
+        if op not in self._registered:
+            try:
+                self.session(good_model(op))
+                self._registered[op] = None
+            except Exception as exc:  # noqa: BLE001
+                text = str(exc)
+                if "registered" in text or "not a registered" in text or "No Op" in text:
+                    self._registered[op] = f"{op} is not registered by this library: {text[:200]}"
+                else:
+                    raise
+        return self._registered[op]
+
+    def baseline(self, op: str) -> list[np.ndarray]:
+        """The correct run's outputs from a fresh session."""
+        if op not in self._baseline:
+            self._baseline[op] = self.session(good_model(op)).run(None, good_feeds(op))
+        return self._baseline[op]
+
+    def assert_usable(self, op: str, sess=None) -> None:
+        """``sess`` (or a fresh session) runs the correct input to the expected bits."""
+        sess = sess or self.session(good_model(op))
+        assert_same(sess.run(None, good_feeds(op)), self.baseline(op), f"{op} after the case")
+
+
+def assert_same(got, want, what=""):
+    assert len(got) == len(want), f"{what}: {len(got)} outputs, expected {len(want)}"
+    for k, (a, b) in enumerate(zip(got, want)):
+        a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), (
+            f"{what}: output {k} differs: {a!r} vs {b!r}")
+
+
+def flat(message: str) -> str:
+    return " ".join(str(message).split())
+
+
+def assert_clear(message: str, needles) -> None:
+    text = flat(message)
+    for needle in needles:
+        options = needle if isinstance(needle, tuple) else (needle,)
+        assert any(o in text for o in options), f"error lacks {' or '.join(map(repr, options))}: {text}"
+
+
+# --- case kinds ----------------------------------------------------------------------------
+
+@dataclass
+class Case:
+    op: str
+    id: str
+    run: Callable[[Harness], None]
+    xfail: str | None = None  # a known bug, with where it is (the case then runs as xfail)
+
+
+CASES: list[Case] = []
+
+
+def load_error(op, id_, model: Callable[[], Any], needles, feeds=None):
+    """The node is wrong whatever the input: refused at load (or, failing that, at its first
+    run), clearly; a correct session works afterwards."""
+
+    def run(h: Harness):
+        try:
+            sess = h.session(model())
+        except Exception as exc:  # noqa: BLE001
+            assert_clear(str(exc), needles)
+        else:
+            with pytest.raises(Exception) as info:
+                sess.run(None, feeds() if feeds else feeds_for(model(), good_feeds(op)))
+            assert_clear(str(info.value), needles)
+        h.assert_usable(op)
+
+    CASES.append(Case(op, id_, run))
+
+
+def feeds_for(model, base: dict) -> dict[str, np.ndarray]:
+    """Feeds of the types ``model`` declares: ``base``'s arrays converted, zeros for inputs
+    ``base`` lacks (so ONNX Runtime's own input checks pass and the op's run)."""
+    feeds = {}
+    for vi in model.graph.input:
+        dtype = helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type)
+        feeds[vi.name] = base[vi.name].astype(dtype) if vi.name in base else np.zeros(SHAPES[0], dtype)
+    return feeds
+
+
+def run_error(op, id_, feeds: Callable[[dict], dict], needles, model=None):
+    """Bad input to a correct model (or to ``model``): a clear error at run time, then the
+    same session (when the model is the correct one) runs correct input, twice over."""
+
+    def run(h: Harness):
+        sess = h.session(model() if model else good_model(op))
+        bad = feeds(good_feeds(op))
+        for _ in range(2):
+            with pytest.raises(Exception) as info:
+                sess.run(None, bad)
+            assert_clear(str(info.value), needles)
+            h.assert_usable(op, None if model else sess)
+
+    CASES.append(Case(op, id_, run))
+
+
+def result(op, id_, feeds: Callable[[dict], dict], check: Callable, model=None, xfail=None):
+    """Unusual but valid input: the documented result, then the same session works."""
+
+    def run(h: Harness):
+        sess = h.session(model() if model else good_model(op))
+        fed = feeds(good_feeds(op))
+        before = {k: np.array(v, copy=True) for k, v in fed.items()}
+        outs = sess.run(None, fed)
+        for k, v in fed.items():
+            assert_same([v], [before[k]], f"input {k} was written")
+        check(h, outs, fed)
+        h.assert_usable(op, None if model else sess)
+
+    CASES.append(Case(op, id_, run, xfail))
+
+
+def replace(**new):
+    return lambda feeds: {**feeds, **new}
+
+
+def poke(name, index, value):
+    """The feeds with element ``index`` (flat) of ``name`` set to ``value``."""
+    def f(feeds):
+        a = np.array(feeds[name], copy=True)
+        a.reshape(-1)[index] = value
+        return {**feeds, name: a}
+    return f
+
+
+# --- optimizers: arity, types, shapes, counts ---------------------------------------------
+
+for op in OPTIMIZERS:
+    kit = KITS[op]
+    s, k = len(kit.scalars), len(kit.groups)
+    arity = f"expected {s} + {k}n inputs"
+    first_v = kit.groups[2]  # the first group after the gradient (V or H)
+    gi = s + 2  # node index of G_1 (n = 2)
+    vi = s + 4  # node index of the third group's first tensor
+    load_error(op, "one-input-too-many", lambda kit=kit: opt_model(kit, extra_inputs=1),
+               [op, arity, f"got {s + 2 * k + 1}"])
+    load_error(op, "one-input-too-few", lambda kit=kit: opt_model(kit, missing_inputs=1),
+               [op, arity, f"got {s + 2 * k - 1}"])
+    load_error(op, "one-output-too-many", lambda kit=kit: opt_model(kit, extra_outputs=1),
+               [op, "outputs", f"got {len(kit.flags) + 2 * len(kit.rewrites) + 1}"])
+    # Fewer outputs than the inputs call for: ONNX Runtime 1.17 aborted the process when shape
+    # inference named an output the node lacks (the library now only names required ones).
+    load_error(op, "one-output-too-few", lambda kit=kit: opt_model(kit, missing_outputs=1),
+               [op, "outputs", f"got {len(kit.flags) + 2 * len(kit.rewrites) - 1}"])
+    load_error(op, "only-the-first-output", lambda kit=kit: opt_model(
+        kit, missing_outputs=2 * len(kit.rewrites) - 1), [op, "outputs", f"got {len(kit.flags) + 1}"])
+    load_error(op, "R-int64", lambda kit=kit: opt_model(kit, types={"R": I64}),
+               [op, "input 0 (R)", "tensor(float) or tensor(double)", "int64"])
+    load_error(op, "T-float", lambda kit=kit: opt_model(kit, types={"T": F32}),
+               [op, ("(T)", "input parameter (T)", "T"), ("int64", "tensor(float)")])
+    load_error(op, "X-int32", lambda kit=kit: opt_model(kit, types={"X_1": I32}),
+               [op, f"input {s} (X_1)", ("tensor(float), tensor(double)", "expected tensor(float)"),
+                "got tensor(int32)"])
+    load_error(op, f"{first_v}-double-X-float",
+               lambda kit=kit, v=first_v: opt_model(kit, types={f"{v}_2": F64}),
+               [op, f"input {vi + 1} ({first_v}_2)", "tensor(float) like X_2", "got tensor(double)"])
+    load_error(op, "G-double-X-float", lambda kit=kit: opt_model(kit, g_dtype=F64),
+               [op, f"input {gi} (G_1)", "tensor(float) like X_1", "got tensor(double)"])
+    load_error(op, "G-int64", lambda kit=kit: opt_model(kit, g_dtype=I64),
+               [op, f"input {gi} (G_1)", "like X_1", "got tensor(int64)"])
+
+    run_error(op, f"{first_v}-shape-mismatch", replace(**{f"{first_v}_1": np.zeros((5, 2), F32)}),
+              [op, f"input {vi} ({first_v}_1)", "expected shape [2, 5] like X_1", "got shape [5, 2]"])
+    run_error(op, f"{first_v}-rank-mismatch", replace(**{f"{first_v}_2": np.zeros((7, 1), F32)}),
+              [op, f"input {vi + 1} ({first_v}_2)", "like X_2", "got shape [7, 1]"])
+    g_bad = np.zeros((3,), F16 if op == "MixedPrecisionAdam" else F32)
+    run_error(op, "G-not-broadcastable", replace(G_1=g_bad),
+              [op, f"input {gi} (G_1)", "broadcastable to X_1", "got shape [3]"])
+    g_bad = np.zeros((1, 2, 5), F16 if op == "MixedPrecisionAdam" else F32)
+    run_error(op, "G-higher-rank", replace(G_1=g_bad),
+              [op, f"input {gi} (G_1)", "broadcastable to X_1", "got shape [1, 2, 5]"])
+    run_error(op, "R-two-elements", replace(R=np.array([0.1, 0.2], F32)),
+              [op, "input 0 (R)", "exactly one element", "shape [2]"])
+    run_error(op, "R-no-element", replace(R=np.zeros((0,), F32)),
+              [op, "input 0 (R)", "exactly one element", "shape [0]"])
+    run_error(op, "T-two-elements", replace(T=np.array([[1], [2]], I64)),
+              [op, "input 1 (T)", "exactly one element", "shape [2, 1]"])
+    run_error(op, "X-misaligned",
+              lambda f: {**f, "X_2": np.frombuffer(np.zeros(29, np.uint8).data, F32, 7, 1)},
+              [op, f"input {s + 1} (X_2)", "aligned"])
+
+    # Zero elements are valid, however large the other dimensions (no allocation, no overflow).
+    def zero_feeds(feeds, kit=kit):
+        shape = (0, 1 << 40)
+        out = dict(feeds)
+        for p in kit.groups:
+            dt = feeds[f"{p}_1"].dtype
+            out[f"{p}_1"] = np.zeros((0, 1) if p == "G" else shape, dt)
+        return out
+
+    def zero_check(h, outs, fed, kit=kit):
+        m = len(kit.flags)
+        for j in range(len(kit.rewrites)):
+            assert outs[m + 2 * j].shape == (0, 1 << 40)
+            # The other group is untouched by the empty one: its outputs are the baseline's.
+            assert_same([outs[m + 2 * j + 1]], [h.baseline(kit.op)[m + 2 * j + 1]], "group 2")
+    result(op, "zero-elements-enormous-dims", zero_feeds, zero_check)
+
+    # --- attributes.
+    if op != "MemoryCeiling":  # it takes no attributes: every one is unknown, hence ignored
+        fa = "alpha" if op == "Momentum" else "epsilon"  # a float attribute of the op
+        load_error(op, "float-attribute-as-int",
+                   lambda kit=kit, fa=fa: opt_model(kit, attrs={fa: 1}),
+                   [op, f"attribute '{fa}'", "expected a float attribute", "got an int attribute"])
+        load_error(op, "float-attribute-as-floats",
+                   lambda kit=kit, fa=fa: opt_model(kit, attrs={fa: [1e-6, 1e-7]}),
+                   [op, f"attribute '{fa}'", "expected a float attribute", "got a list of floats"])
+        load_error(op, "float-attribute-as-string",
+                   lambda kit=kit, fa=fa: opt_model(kit, attrs={fa: "1e-6"}),
+                   [op, f"attribute '{fa}'", "expected a float attribute", "got a string attribute"])
+        load_error(op, "float-attribute-as-tensor",
+                   lambda kit=kit, fa=fa: opt_model(kit, attrs={
+                       fa: helper.make_tensor("e", TensorProto.FLOAT, [], [1e-6])}),
+                   [op, f"attribute '{fa}'", "expected a float attribute", "got a tensor attribute"])
+    result(op, "unknown-attribute-ignored", lambda f: f,
+           lambda h, outs, fed, op=op: assert_same(outs, h.baseline(op), "unknown attribute"),
+           model=lambda kit=kit: opt_model(kit, attrs={"trainops_no_such_attribute": 1.5,
+                                                        "other": "x"}))
+
+# Adam-like ops: every attribute missing means ONNX's defaults.
+for op, defaults in [("Adam", dict(alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0,
+                                   norm_coefficient_post=0.0)),
+                     ("MixedPrecisionAdam", dict(alpha=0.9, beta=0.999, epsilon=1e-6,
+                                                 norm_coefficient=0.0, norm_coefficient_post=0.0,
+                                                 copy_dtype=0)),
+                     ("Adagrad", dict(decay_factor=0.0, epsilon=1e-6, norm_coefficient=0.0))]:
+    def same_as_explicit(h, outs, fed, op=op, defaults=defaults):
+        explicit = h.session(opt_model(KITS[op], attrs=defaults)).run(None, fed)
+        assert_same(outs, explicit, "missing attributes = explicit defaults")
+    result(op, "missing-attributes-are-defaults", lambda f: f, same_as_explicit)
+
+for attr in ["alpha", "beta", "mode", "norm_coefficient"]:
+    load_error("Momentum", f"missing-required-{attr}",
+               lambda attr=attr: opt_model(KITS["Momentum"], drop_attrs=(attr,)),
+               ["Momentum", f"attribute '{attr}'", "required"])
+load_error("Momentum", "mode-unknown", lambda: opt_model(KITS["Momentum"], attrs={"mode": "heavy"}),
+           ["Momentum", "attribute 'mode'", "\"standard\" or \"nesterov\"", "heavy"])
+load_error("Momentum", "mode-as-int", lambda: opt_model(KITS["Momentum"], attrs={"mode": 1}),
+           ["Momentum", "attribute 'mode'", "expected a string attribute", "got an int attribute"])
+
+# MixedPrecisionAdam's own rules.
+MP = KITS["MixedPrecisionAdam"]
+load_error("MixedPrecisionAdam", "copy-dtype-invalid", lambda: opt_model(MP, attrs={"copy_dtype": 3}),
+           ["MixedPrecisionAdam", "attribute 'copy_dtype'", "10 (float16) or 16 (bfloat16)", "got 3"])
+load_error("MixedPrecisionAdam", "copy-dtype-as-float",
+           lambda: opt_model(MP, attrs={"copy_dtype": 10.0}),
+           ["MixedPrecisionAdam", "attribute 'copy_dtype'", "expected an int attribute", "got a float"])
+load_error("MixedPrecisionAdam", "copy-outputs-missing",
+           lambda: opt_model(MP, attrs={"copy_dtype": 10}),
+           ["MixedPrecisionAdam", "outputs", "X_copy", "got 7"])
+load_error("MixedPrecisionAdam", "X-double", lambda: opt_model(MP, dtype=F64, g_dtype=F64),
+           ["MixedPrecisionAdam", "input 3 (X_1)", ("float32 weights", "expected tensor(float)"),
+            "tensor(double)"],
+           feeds=lambda: {k: (v.astype(F64) if k[0] in "XGVH" else v)
+                          for k, v in opt_feeds(MP).items()})
+run_error("MixedPrecisionAdam", "loss-scale-two-elements", replace(loss_scale=np.ones(2, F32)),
+          ["MixedPrecisionAdam", "input 2 (loss_scale)", "exactly one element", "shape [2]"])
+load_error("MixedPrecisionAdam", "loss-scale-double",
+           lambda: opt_model(MP, types={"loss_scale": F64}),
+           ["MixedPrecisionAdam", "loss_scale", ("tensor(double)", "double")])
+
+
+# --- non-finite input to the optimizers --------------------------------------------------
+
+def onnx_reference(op: str, fed: dict) -> list[np.ndarray]:
+    """An independent result: onnx's reference implementation (numpy) for the ONNX ops,
+    plain numpy for MemoryCeiling, onnx's Adam on ``G / loss_scale`` for MixedPrecisionAdam
+    (when that is finite everywhere; the caller checks the skip otherwise)."""
+    kit = KITS[op]
+    if op == "MemoryCeiling":
+        outs = []
+        for p in "XVH":
+            outs += [fed[f"{p}_{i}"] + np.broadcast_to(fed[f"G_{i}"], fed[f"{p}_{i}"].shape)
+                     for i in (1, 2)]
+        return outs
+    from onnx.reference import ReferenceEvaluator
+
+    if op == "MixedPrecisionAdam":
+        scale = fed["loss_scale"].astype(F32)
+        ref_feeds = {k: v for k, v in fed.items() if k != "loss_scale"}
+        for i in (1, 2):
+            ref_feeds[f"G_{i}"] = fed[f"G_{i}"].astype(F32) / scale
+        model = opt_model(KITS["Adam"])
+    else:
+        ref_feeds = fed
+        model = opt_model(kit)
+    with np.errstate(all="ignore"):
+        return ReferenceEvaluator(model).run(None, ref_feeds)
+
+
+def nonfinite_check(op: str, poisoned: str, index: int):
+    def check(h: Harness, outs, fed):
+        kit = KITS[op]
+        m = len(kit.flags)
+        with np.errstate(all="ignore"):
+            scaled = [fed[f"G_{i}"].astype(F32) / fed["loss_scale"] for i in (1, 2)] \
+                if op == "MixedPrecisionAdam" else []
+        if not all(np.isfinite(g).all() for g in scaled):
+            # The step is skipped: finite is false and every output is its input, bit for bit.
+            assert outs[0].dtype == np.bool_ and outs[0].shape == () and not outs[0]
+            inputs = [fed[f"{p}_{i}"] for p in kit.rewrites for i in (1, 2)]
+            assert_same(outs[m:], inputs, "skipped step")
+            return
+        if op == "MixedPrecisionAdam":
+            assert bool(outs[0]) is True
+        ref = onnx_reference(op, fed)
+        base = h.baseline(op)
+        for j, (got, want) in enumerate(zip(outs[m:], ref)):
+            want = np.asarray(want, np.float64)
+            np.testing.assert_array_equal(np.isnan(got), np.isnan(want), err_msg=f"NaNs of output {m + j}")
+            np.testing.assert_array_equal(np.isposinf(got), np.isposinf(want), err_msg=f"+Inf of output {m + j}")
+            np.testing.assert_array_equal(np.isneginf(got), np.isneginf(want), err_msg=f"-Inf of output {m + j}")
+            fin = np.isfinite(want)
+            np.testing.assert_allclose(got[fin], want[fin], rtol=1e-4, atol=1e-6,
+                                       err_msg=f"finite values of output {m + j}")
+        if poisoned[0] in kit.groups:
+            # Elementwise: nothing but the poisoned element (and its group) changes.
+            for j in range(len(kit.rewrites)):
+                other = m + 2 * j + 1 if poisoned.endswith("_1") else m + 2 * j
+                assert_same([outs[other]], [base[other]], f"output {other} (other group)")
+                same = m + 2 * j if poisoned.endswith("_1") else m + 2 * j + 1
+                a, b = outs[same].reshape(-1), base[same].reshape(-1)
+                keep = np.ones(a.size, bool)
+                keep[index] = False
+                assert a[keep].tobytes() == b[keep].tobytes(), f"output {same}: other elements changed"
+    return check
+
+
+for op in OPTIMIZERS:
+    kit = KITS[op]
+    names = list(kit.scalars[:1]) + list(kit.scalars[2:]) + [f"{p}_1" for p in kit.groups]
+    for name in names:
+        for label, value in [("nan", np.nan), ("inf", np.inf)]:
+            index = 0 if name in kit.scalars else 3
+            result(op, f"{label}-in-{name}", poke(name, index, value), nonfinite_check(op, name, index))
+
+
+# --- IOBinding: outputs over overlapping memory, over other inputs ------------------------
+
+def ortvalues(feeds):
+    import onnxruntime as ort
+
+    return {k: ort.OrtValue.ortvalue_from_numpy(np.array(v, copy=True)) for k, v in feeds.items()}
+
+
+def bound_run(h, sess, feeds, custom: dict):
+    """Runs with every input bound from its own OrtValue and the outputs bound in the
+    model's order: ``custom[name](binding, values)`` binds output ``name``, the others are
+    allocated by ONNX Runtime. Returns (outputs in order, input values)."""
+    values = ortvalues(feeds)
+    binding = sess.io_binding()
+    for name, value in values.items():
+        binding.bind_ortvalue_input(name, value)
+    for out in sess.get_outputs():
+        if out.name in custom:
+            custom[out.name](binding, values)
+        else:
+            binding.bind_output(out.name)
+    sess.run_with_iobinding(binding)
+    got = [np.array(v.numpy(), copy=True) for v in binding.get_outputs()]
+    return got, values
+
+
+def over(output: str, input_: str):
+    """Binds ``output`` to input ``input_``'s own buffer."""
+    return lambda binding, values: binding.bind_ortvalue_output(output, values[input_])
+
+
+def at(output: str, buf: np.ndarray, byte_offset: int, dtype, shape):
+    """Binds ``output`` to ``buf``'s memory from ``byte_offset``."""
+    return lambda binding, values: binding.bind_output(output, "cpu", 0, dtype, list(shape),
+                                                       buf.ctypes.data + byte_offset)
+
+
+for op in OPTIMIZERS:
+    kit = KITS[op]
+    m = len(kit.flags)
+    a_name, b_name = f"{kit.rewrites[0]}_1_new", f"{kit.rewrites[1]}_1_new"
+
+    def overlapping(h, a_name=a_name, b_name=b_name, op=op, shift=4):
+        sess = h.session(good_model(op))
+        buf = np.zeros(64, F32)
+
+        custom = {a_name: at(a_name, buf, 0, F32, SHAPES[0]),
+                  b_name: at(b_name, buf, shift, F32, SHAPES[0])}
+        with pytest.raises(Exception) as info:
+            bound_run(h, sess, good_feeds(op), custom)
+        assert_clear(str(info.value), [op, a_name, b_name, "overlapping memory"])
+        h.assert_usable(op, sess)
+
+    CASES.append(Case(op, "outputs-overlap-partly", overlapping))
+    CASES.append(Case(op, "outputs-same-buffer",
+                      lambda h, f=overlapping: f(h, shift=0)))
+
+    def over_other_input(h, op=op, kit=kit, cross=False):
+        """X_1_new written over the buffer of another input (the next rewritten group's
+        first tensor), and with ``cross`` that group's output over X_1: the result is the
+        out-of-place one."""
+        sess = h.session(good_model(op))
+        a_in, b_in = f"{kit.rewrites[0]}_1", f"{kit.rewrites[1]}_1"
+
+        custom = {f"{a_in}_new": over(f"{a_in}_new", b_in)}
+        if cross:
+            custom[f"{b_in}_new"] = over(f"{b_in}_new", a_in)
+        got, values = bound_run(h, sess, good_feeds(op), custom)
+        assert_same(got, h.baseline(op), "bound over another input")
+        x_new = h.baseline(op)[len(kit.flags)]
+        assert_same([values[b_in].numpy()], [x_new], f"{b_in}'s buffer holds {a_in}_new")
+        h.assert_usable(op, sess)
+
+    CASES.append(Case(op, "output-over-another-input", over_other_input))
+    CASES.append(Case(op, "outputs-over-each-others-inputs",
+                      lambda h, f=over_other_input: f(h, cross=True)))
+
+
+def mp_copy_over_gradient(h):
+    """X_1_copy (float16) written over G_1 (float16, same shape): G is read first."""
+    model = opt_model(MP, copy_dtype=F16)
+    sess = h.session(model)
+    feeds = good_feeds("MixedPrecisionAdam")
+    want = sess.run(None, feeds)
+
+    got, values = bound_run(h, sess, feeds, {"X_1_copy": over("X_1_copy", "G_1")})
+    assert_same(got, want, "copy over the gradient")
+    np.testing.assert_array_equal(want[7], want[1].astype(F16))  # X_copy = cast(X_new)
+    h.assert_usable("MixedPrecisionAdam")
+
+
+CASES.append(Case("MixedPrecisionAdam", "copy-output-over-gradient", mp_copy_over_gradient))
+
+
+def mp_overflow_skips(h):
+    """A finite float16 gradient that overflows once divided by a tiny scale: skipped."""
+    sess = h.session(good_model("MixedPrecisionAdam"))
+    feeds = {**good_feeds("MixedPrecisionAdam"), "loss_scale": np.array(1e-38, F32)}
+    outs = sess.run(None, feeds)
+    assert not outs[0]
+    assert_same(outs[1:], [feeds[f"{p}_{i}"] for p in "XVH" for i in (1, 2)], "skipped")
+    h.assert_usable("MixedPrecisionAdam", sess)
+
+
+CASES.append(Case("MixedPrecisionAdam", "finite-gradient-overflowing-scale-skips", mp_overflow_skips))
+
+
+# MemoryCeiling with float32 weights and float16 gradients: x + g (the op once left these
+# outputs unwritten; a clear error would do too, but never garbage).
+def ceiling_mixed(h):
+    sess = h.session(opt_model(KITS["MemoryCeiling"], g_dtype=F16))
+    fed = good_feeds("MemoryCeiling")
+    fed = {**fed, "G_1": fed["G_1"].astype(F16), "G_2": fed["G_2"].astype(F16)}
+    try:
+        outs = sess.run(None, fed)
+    except Exception as exc:  # noqa: BLE001
+        assert_clear(str(exc), ["MemoryCeiling", "input 2 (X_1)", "tensor(float16)"])
+    else:
+        want = [fed[f"{p}_{i}"] + fed[f"G_{i}"].astype(F32) for p in "XVH" for i in (1, 2)]
+        assert_same(outs, want, "x + g with float16 gradients")
+    h.assert_usable("MemoryCeiling")
+
+
+CASES.append(Case("MemoryCeiling", "float16-gradient-float32-weights", ceiling_mixed))
+
+
+# --- Philox ------------------------------------------------------------------------------
+
+def pfeeds(state=None, shape=None):
+    def f(feeds):
+        out = dict(feeds)
+        if state is not None:
+            out["state"] = np.asarray(state, U32) if not isinstance(state, np.ndarray) else state
+        if shape is not None:
+            out["shape"] = np.asarray(shape, I64) if not isinstance(shape, np.ndarray) else shape
+        return out
+    return f
+
+
+P = "Philox"
+run_error(P, "state-5-elements", pfeeds(state=np.zeros(5, U32)),
+          [P, "input 0 (state)", "exactly 6 elements", "shape [5]"])
+run_error(P, "state-7-elements", pfeeds(state=np.zeros(7, U32)),
+          [P, "input 0 (state)", "exactly 6 elements", "shape [7]"])
+run_error(P, "state-empty", pfeeds(state=np.zeros((0, 6), U32)),
+          [P, "input 0 (state)", "exactly 6 elements", "shape [0, 6]"])
+run_error(P, "shape-2-D", pfeeds(shape=np.array([[3, 5]], I64)),
+          [P, "input 1 (shape)", "1-D tensor(int64)", "shape [1, 2]"])
+run_error(P, "shape-scalar", pfeeds(shape=np.array(4, I64)),
+          [P, "input 1 (shape)", "1-D tensor(int64)", "shape []"])
+run_error(P, "shape-negative", pfeeds(shape=[3, -5]),
+          [P, "input 1 (shape)", "non-negative dimensions", "negative dimension -5"])
+run_error(P, "shape-i64-min", pfeeds(shape=[-(1 << 63)]),
+          [P, "input 1 (shape)", "negative dimension"])
+run_error(P, "shape-over-limit", pfeeds(shape=[(1 << 31) + 1]),
+          [P, "input 1 (shape)", "limit of 2147483648 elements"])
+run_error(P, "shape-count-overflows", pfeeds(shape=[1 << 62, 1 << 62, 1 << 62]),
+          [P, "input 1 (shape)", "limit"])
+run_error(P, "shape-i64-max-squared", pfeeds(shape=[(1 << 63) - 1, (1 << 63) - 1]),
+          [P, "input 1 (shape)", "limit"])
+load_error(P, "shape-int32", lambda: philox_model(shape_dtype=I32),
+           [P, ("shape", "input parameter"), ("int32", "tensor(int32)")],
+           feeds=lambda: {**philox_feeds(), "shape": np.array([3, 5], I32)})
+load_error(P, "state-int32", lambda: philox_model(state_dtype=I32),
+           [P, "state", ("int32", "tensor(int32)")],
+           feeds=lambda: {**philox_feeds(), "state": np.zeros(6, I32)})
+load_error(P, "state-float", lambda: philox_model(state_dtype=F32),
+           [P, "state", ("float", "tensor(float)")],
+           feeds=lambda: {**philox_feeds(), "state": np.zeros(6, F32)})
+load_error(P, "three-inputs", lambda: philox_model(extra_inputs=1),
+           [P, ("input", "Input", "3")],
+           feeds=lambda: {**philox_feeds(), "Z_0": np.zeros(1, I64)})
+load_error(P, "attribute-negative", lambda: philox_model(shape_attr=[4, -1], shape_input=False),
+           [P, "attribute 'shape'", "negative dimension -1"])
+load_error(P, "attribute-overflows", lambda: philox_model(shape_attr=[1 << 62, 1 << 62],
+                                                          shape_input=False),
+           [P, "attribute 'shape'", "limit"])
+for label, value, got in [("floats", [3.0, 5.0], "a list of floats"), ("int", 15, "an int"),
+                          ("float", 15.0, "a float"), ("string", "3,5", "a string"),
+                          ("tensor", helper.make_tensor("s", TensorProto.INT64, [2], [3, 5]),
+                           "a tensor")]:
+    load_error(P, f"attribute-as-{label}",
+               lambda value=value: philox_model(shape_attr=value, shape_input=False),
+               [P, "attribute 'shape'", "expected a list of ints attribute", f"got {got} attribute"],
+               feeds=lambda: {"state": philox_feeds()["state"]})
+
+
+def philox_always_failing(bad_model):
+    """A node that is wrong whatever the input: the error (twice), and a fresh correct session
+    working after each."""
+    def run(h: Harness, needles):
+        sess = h.session(bad_model())
+        for _ in range(2):
+            with pytest.raises(Exception) as info:
+                sess.run(None, {k: v for k, v in philox_feeds().items()
+                                if k in {i.name for i in sess.get_inputs()}})
+            assert_clear(str(info.value), needles)
+            h.assert_usable(P)
+    return run
+
+
+CASES.append(Case(P, "shape-input-and-attribute", lambda h: philox_always_failing(
+    lambda: philox_model(shape_attr=[3, 5]))(h, [P, "input 1 (shape)", "exactly one", "got both"])))
+CASES.append(Case(P, "neither-shape-source", lambda h: philox_always_failing(
+    lambda: philox_model(shape_input=False))(h, [P, "input 1 (shape)", "exactly one", "got neither"])))
+
+
+def philox_zero_check(h, outs, fed):
+    assert outs[0].shape == (0, 1 << 40)
+    np.testing.assert_array_equal(outs[1], fed["state"])  # no block used: state unchanged
+
+
+result(P, "zero-elements-enormous-dim", pfeeds(shape=[0, 1 << 40]), philox_zero_check)
+
+
+def philox_state_shape_check(h, outs, fed):
+    base = h.baseline(P)
+    assert_same([outs[0]], [base[0]])
+    assert outs[1].shape == (1, 1, 1, 6) and outs[1].ravel().tolist() == base[1].tolist()
+
+
+result(P, "state-directml-shape", pfeeds(state=np.array([1, 2, 3, 4, 5, 6], U32).reshape(1, 1, 1, 6)),
+       philox_state_shape_check)
+result(P, "unknown-attribute-ignored", lambda f: f,
+       lambda h, outs, fed: assert_same(outs, h.baseline(P)),
+       model=lambda: philox_model(attrs={"seed": 5, "dtype": "uint32"}))
+
+
+def philox_empty_optional_input(h):
+    """The optional ``shape`` input given as "" (absent) with the attribute: ONNX Runtime 1.17
+    crashed building the shape-inference context (the op now registers none)."""
+    model = philox_model(shape_attr=[3, 5], shape_input=False)
+    model.graph.node[0].input.append("")
+    sess = h.session(model)
+    assert_same(sess.run(None, {"state": philox_feeds()["state"]}), h.baseline(P), "empty optional input")
+    h.assert_usable(P)
+
+
+def philox_without_state_out(h):
+    """No ``state_out`` (ONNX Runtime 1.17 aborted when inference named the absent output)."""
+    sess = h.session(philox_model(state_out=False))
+    assert_same(sess.run(None, philox_feeds()), h.baseline(P)[:1], "without state_out")
+    h.assert_usable(P)
+
+
+def philox_empty_optional_output(h):
+    """``state_out`` given as "": the output is computed, or a clear error names output 1."""
+    model = philox_model(state_out=False)
+    model.graph.node[0].output.append("")
+    sess = h.session(model)
+    try:
+        got = sess.run(None, philox_feeds())
+    except Exception as exc:  # noqa: BLE001
+        assert_clear(str(exc), [P, "output 1"])
+    else:
+        assert_same(got, h.baseline(P)[:1], "empty optional output")
+    h.assert_usable(P)
+
+
+CASES.append(Case(P, "empty-optional-input", philox_empty_optional_input))
+CASES.append(Case(P, "without-state-out", philox_without_state_out))
+CASES.append(Case(P, "empty-optional-output", philox_empty_optional_output))
+
+
+def philox_outputs_overlap(h):
+    sess = h.session(good_model(P))
+    buf = np.zeros(32, U32)
+
+    custom = {"output": at("output", buf, 0, U32, (3, 5)), "state_out": at("state_out", buf, 8, U32, (6,))}
+    with pytest.raises(Exception) as info:
+        bound_run(h, sess, philox_feeds(), custom)
+    assert_clear(str(info.value), [P, "output 0 (output)", "output 1 (state_out)", "overlapping memory"])
+    h.assert_usable(P, sess)
+
+
+def philox_output_over_state(h):
+    """``output`` (6 words) written over the ``state`` input: the state is read first."""
+    sess = h.session(good_model(P))
+    feeds = {**philox_feeds(), "shape": np.array([6], I64)}
+    want = sess.run(None, feeds)
+
+    got, values = bound_run(h, sess, feeds, {"output": over("output", "state")})
+    assert_same(got, want, "output over state")
+    assert_same([values["state"].numpy()], [want[0]])
+    h.assert_usable(P, sess)
+
+
+CASES.append(Case(P, "outputs-overlap", philox_outputs_overlap))
+CASES.append(Case(P, "output-over-state-input", philox_output_over_state))
+
+
+# --- DynamicLossScale ---------------------------------------------------------------------
+
+D = "DynamicLossScale"
+run_error(D, "scale-two-elements", replace(scale=np.ones(2, F32)),
+          [D, "input 0 (scale)", "tensor(float) with exactly one element", "shape [2]"])
+run_error(D, "good-steps-empty", replace(good_steps=np.zeros(0, I64)),
+          [D, "input 1 (good_steps)", "tensor(int64) with exactly one element", "shape [0]"])
+run_error(D, "finite-two-elements", replace(finite=np.array([True, False])),
+          [D, "input 2 (finite)", "tensor(bool) with exactly one element", "shape [2]"])
+load_error(D, "finite-float", lambda: loss_scale_model(finite=F32),
+           [D, "finite", ("float", "tensor(float)")],
+           feeds=lambda: {**loss_scale_feeds(), "finite": np.array(1.0, F32)})
+load_error(D, "scale-double", lambda: loss_scale_model(scale=F64),
+           [D, "scale", ("double", "tensor(double)")],
+           feeds=lambda: {**loss_scale_feeds(), "scale": np.array(1.0, F64)})
+load_error(D, "growth-interval-zero", lambda: loss_scale_model(growth_interval=0),
+           [D, "attribute 'growth_interval'", "positive", "got 0"])
+load_error(D, "growth-interval-float", lambda: loss_scale_model(growth_interval=2000.0),
+           [D, "attribute 'growth_interval'", "expected an int attribute", "got a float attribute"])
+load_error(D, "growth-factor-negative", lambda: loss_scale_model(growth_factor=-2.0),
+           [D, "attribute 'growth_factor'", "finite value >= 0", "got -2"])
+load_error(D, "backoff-factor-nan", lambda: loss_scale_model(backoff_factor=float("nan")),
+           [D, "attribute 'backoff_factor'", "finite value >= 0", "NaN"])
+result(D, "unknown-attribute-ignored", lambda f: f,
+       lambda h, outs, fed: assert_same(outs, h.baseline(D)),
+       model=lambda: loss_scale_model(trainops_no_such_attribute=[1, 2]))
+for label, scale, finite, want_scale, want_steps in [
+        ("nan-scale-finite-step", np.nan, True, np.nan, 6),
+        ("nan-scale-skipped-step", np.nan, False, 0.0, 0),  # max(NaN, min_scale) = min_scale
+        ("inf-scale-finite-step", np.inf, True, np.inf, 6),
+        ("inf-scale-skipped-step", np.inf, False, np.inf, 0),
+        ("good-steps-max", 2.0, True, 2.0, (1 << 63) - 1)]:
+    def check(h, outs, fed, want_scale=want_scale, want_steps=want_steps):
+        assert outs[0].dtype == F32 and outs[1].dtype == I64
+        np.testing.assert_array_equal(outs[0], np.float32(want_scale))
+        assert int(outs[1]) == want_steps
+    feeds = replace(scale=np.array(scale, F32), finite=np.array(finite),
+                    good_steps=np.array((1 << 63) - 1 if label == "good-steps-max" else 5, I64))
+    result(D, label, feeds, check)
+
+
+# --- AllFinite ----------------------------------------------------------------------------
+
+A = "AllFinite"
+for dtype in (F32, F64, F16):
+    name = {F32: "X_1", F64: "X_2", F16: "X_3"}[dtype]
+    for label, value in [("nan", np.nan), ("inf", np.inf), ("neg-inf", -np.inf)]:
+        def is_false(h, outs, fed):
+            assert outs[0].dtype == np.bool_ and outs[0].shape == () and not outs[0]
+        result(A, f"{label}-in-{np.dtype(dtype).name}", poke(name, 1, value), is_false)
+
+
+def all_true(h, outs, fed):
+    assert outs[0].shape == () and bool(outs[0]) is True
+
+
+result(A, "zero-element-inputs", replace(X_1=np.zeros((0, 3), F32), X_2=np.zeros(0),
+                                         X_3=np.zeros((4, 0), F16)), all_true)
+result(A, "float16-max-is-finite", replace(X_3=np.full((2, 2), np.finfo(F16).max, F16)), all_true)
+result(A, "unknown-attribute-ignored", lambda f: f, all_true,
+       model=lambda: all_finite_model(trainops_no_such_attribute="x"))
+CASES.append(Case(A, "int32-input", lambda h: _guarded_fresh(
+    h, A, all_finite_model((F32, I32)), {"X_1": np.zeros(2, F32), "X_2": np.zeros(2, I32)},
+    [A, "input 1 (X_2)", "tensor(float), tensor(double), tensor(float16) or tensor(bfloat16)",
+     "got tensor(int32)"])))
+CASES.append(Case(A, "bool-input", lambda h: _guarded_fresh(
+    h, A, all_finite_model((np.bool_,)), {"X_1": np.zeros(2, np.bool_)},
+    [A, "input 0 (X_1)", "tensor(float)", "got tensor(bool)"])))
+load_error(A, "two-outputs", lambda: all_finite_model(outputs=2), [A, ("output", "Output")])
+load_error(A, "no-inputs", lambda: all_finite_model(()), [A, ("input", "Input")], feeds=dict)
+
+
+def _guarded_fresh(h, op, model, feeds, needles):
+    sess = h.session(model)
+    for _ in range(2):
+        with pytest.raises(Exception) as info:
+            sess.run(None, feeds)
+        assert_clear(str(info.value), needles)
+        h.assert_usable(op)
+
+
+# --- the library as a whole ---------------------------------------------------------------
+
+def registered_twice(h):
+    """Twice on one SessionOptions: ONNX Runtime's own error (at registration or when a
+    session is made from those options), never a crash; fresh options work."""
+    so = h.options()
+    try:
+        so.register_custom_ops_library(h.library)
+        h.session(good_model("Adam"), so=so)
+    except Exception as exc:  # noqa: BLE001
+        assert_clear(str(exc), [("Domain already set in registry", "already")])
+    else:
+        pytest.fail("registering the library twice on one SessionOptions was accepted")
+    h.assert_usable("Adam")
+
+
+def registered_on_many_options(h):
+    """Many SessionOptions, one library: the domains are shared, every session works."""
+    sessions = [h.session(good_model("Adam")) for _ in range(20)]
+    for sess in sessions:
+        h.assert_usable("Adam", sess)
+
+
+CASES.append(Case("Adam", "library-registered-twice", registered_twice))
+CASES.append(Case("Adam", "library-on-20-session-options", registered_on_many_options))
+
+
+# --- running the cases --------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def harness(library_path) -> Harness:
+    return Harness(library_path)
+
+
+def _params():
+    out = []
+    for c in CASES:
+        marks = [pytest.mark.xfail(reason=c.xfail, strict=False)] if c.xfail else []
+        out.append(pytest.param(c, id=f"{c.op}-{c.id}", marks=marks))
+    return out
+
+
+@pytest.mark.parametrize("case", _params())
+def test_case(harness, case):
+    why = harness.missing(case.op)
+    if why:
+        pytest.skip(why)
+    case.run(harness)
+
+
+def test_count():
+    """The suite's size (scripts/robustness reports it): at least 40 cases."""
+    ids = [f"{c.op}-{c.id}" for c in CASES]
+    assert len(set(ids)) == len(ids), "duplicate case ids"
+    by_op = {op: sum(c.op == op for c in CASES) for op in KITS}
+    print(f"\nrobustness cases: {len(CASES)} ({', '.join(f'{k} {v}' for k, v in by_op.items())})")
+    assert len(CASES) >= 40
+    assert all(by_op[op] > 0 for op in KITS)
