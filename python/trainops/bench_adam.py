@@ -42,6 +42,9 @@ def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--torch-threads", type=int, metavar="N",
                    help="torch.set_num_threads for its peer (default: the largest --threads)")
     p.add_argument("--plot", metavar="FILE", help="write a PNG of GB/s against N")
+    p.add_argument("--op", choices=["adam", "adagrad", "momentum"], default="adam",
+                   help="the optimizer (adagrad and momentum move 20 bytes per parameter; only "
+                        "trainops itself is measured for them: compare with adam's ceiling)")
     p.add_argument("--grad-dtype", choices=["float32", "float16", "bfloat16"], default="float32",
                    help="gradient type with float32 weights (mixed precision: 26 bytes per "
                         "parameter; only trainops and the ceiling take part)")
@@ -135,7 +138,8 @@ def _state(sizes: list[int], seed: int = 1, grad=np.float32) -> list[dict[str, n
              "V": np.zeros(n, np.float32), "H": np.zeros(n, np.float32)} for n in sizes]
 
 
-def _bound(sess, state, in_place: bool, extra: Optional[dict[str, np.ndarray]] = None):
+def _bound(sess, state, in_place: bool, extra: Optional[dict[str, np.ndarray]] = None,
+           groups: str = "XGVH", rewrites: str = "XVH"):
     """An IOBinding of ``state`` (tensor ``i`` is ``X_i``...), outputs bound to the inputs'
     own OrtValues (``in_place``) or to preallocated, touched ones."""
     import onnxruntime as ort
@@ -150,10 +154,10 @@ def _bound(sess, state, in_place: bool, extra: Optional[dict[str, np.ndarray]] =
     for name, a in (extra or {}).items():
         io.bind_ortvalue_input(name, value(a))
     for i, t in enumerate(state, 1):
-        vals = {p: value(t[p].copy()) for p in "XGVH"}
+        vals = {p: value(t[p].copy()) for p in groups}
         for p, v in vals.items():
             io.bind_ortvalue_input(f"{p}_{i}", v)
-        for p in "XVH":
+        for p in rewrites:
             out = vals[p] if in_place else value(np.ones_like(t[p]))
             io.bind_ortvalue_output(f"{p}_{i}_new", out)
     return io, keep
@@ -207,6 +211,9 @@ def adam_case(n: int, args: argparse.Namespace) -> Case:
     from onnx import helper
 
     sizes = tensor_sizes(n, getattr(args, "tensors", 1))
+    op = getattr(args, "op", "adam")
+    if op != "adam":
+        return _other_optimizer_case(op, n, sizes, args)
     grad, per_param = _grad_type(getattr(args, "grad_dtype", "float32"))
     mixed = grad != np.float32
     state = _state(sizes, grad=grad)
@@ -259,6 +266,35 @@ def adam_case(n: int, args: argparse.Namespace) -> Case:
     if mixed:
         title += f", {grad.name} gradients"
     return Case(title, per_param * n, peers, base, notes)
+
+
+def _other_optimizer_case(op: str, n: int, sizes: list[int], args: argparse.Namespace) -> Case:
+    """Adagrad or Momentum in place and through run() (20 bytes per parameter: reads x, g and
+    h or v; writes x and h or v), for a row next to Adam's."""
+    from .models import adagrad_model, momentum_model
+
+    shapes = [(s,) for s in sizes]
+    if op == "adagrad":
+        model, groups, rewrites = adagrad_model(shapes), "XGH", "XH"
+    else:
+        model = momentum_model(shapes, alpha=0.9, beta=0.1, mode="standard", norm_coefficient=0.0)
+        groups, rewrites = "XGV", "XV"
+    state = _state(sizes)
+    scalars = {"R": np.array(1e-3, np.float32), "T": np.array(1, np.int64)}
+    spin, library = bool(getattr(args, "ort_spin", False)), getattr(args, "library", None)
+    peers = []
+    for threads in args.threads:
+        sess = _ort_session(model, threads, library, spin)
+        io, keep = _bound(sess, state, True, scalars, groups, rewrites)
+        peers.append(Peer(f"trainops {op}, IOBinding in place", lambda s=sess, b=io: s.run_with_iobinding(b),
+                          threads, "outputs bound to their inputs", keep=keep))
+        feeds = dict(scalars, **{f"{p}_{i}": st[p] for i, st in enumerate(state, 1) for p in groups})
+        peers.append(Peer(f"trainops {op}, run()", lambda s=sess, f=feeds: s.run(None, f), threads,
+                          "onnxruntime allocates the outputs"))
+    base = next(p.label for p in peers if "IOBinding" in p.name and p.threads == max(args.threads))
+    notes = [f"{n} float32 parameters, 20 bytes moved per parameter; compare GB/s with adam's "
+             "memory ceiling at the same size"]
+    return Case(f"{op}, {n:,} parameters in {len(sizes)} tensor(s)", 20 * n, peers, base, notes)
 
 
 def plot(results: list[Any], path: str) -> None:
