@@ -19,6 +19,8 @@ pub mod parallel;
 pub mod philox;
 pub mod simd;
 pub mod stream;
+#[cfg(test)]
+mod test_util;
 
 pub use elem::{Compute, Element};
 pub use error::KernelError;

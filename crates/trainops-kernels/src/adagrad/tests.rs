@@ -2,20 +2,12 @@ use half::{bf16, f16};
 use proptest::prelude::*;
 
 use super::*;
+use crate::test_util::{convert, stream, uniform};
 use crate::{RayonPool, Sequential};
 
 /// One tensor's (x, g, h) and one tensor's (x', h').
 type Case<X, G> = (Vec<X>, Vec<G>, Vec<X>);
 type Out<X> = (Vec<X>, Vec<X>);
-
-/// `dst` updated in place, or rewritten from `src`.
-fn stream<'b, X: Copy>(src: &'b [X], dst: &'b mut [X], in_place: bool) -> InOut<'b, X> {
-    if in_place {
-        InOut::in_place(dst)
-    } else {
-        InOut::split(src, dst).unwrap()
-    }
-}
 
 /// Runs the fast path on copies of the cases, in place or out of place.
 fn fast<X: Element, G: Element<C = X::C>>(
@@ -73,21 +65,13 @@ fn check<X: Element, G: Element<C = X::C>>(a: &AdagradAttrs, r: f64, t: i64, cas
 
 /// Deterministic data: lengths `lens`, `h >= 0` as an accumulated square is.
 fn cases64(lens: &[usize], seed: u64) -> Vec<Case<f64, f64>> {
-    let mut s = seed;
-    let mut rnd = move || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-    };
+    let mut rnd = uniform(seed);
     lens.iter()
         .map(|&n| {
             let mut v = |k: f64| (0..n).map(|_| rnd() * k).collect::<Vec<f64>>();
             (v(8.0), v(2.0), v(4.0).into_iter().map(f64::abs).collect())
         })
         .collect()
-}
-
-fn convert<A: Copy, B>(v: &[A], f: impl Fn(A) -> B) -> Vec<B> {
-    v.iter().map(|&e| f(e)).collect()
 }
 
 fn attrs() -> impl Strategy<Value = AdagradAttrs> {

@@ -2,20 +2,12 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::simd::Level;
+use crate::test_util::{convert, stream, uniform};
 use crate::{RayonPool, Sequential};
 
 /// One tensor's (x, g, v, h) and one tensor's (x', v', h').
 type Case<X, G> = (Vec<X>, Vec<G>, Vec<X>, Vec<X>);
 type Out<X> = (Vec<X>, Vec<X>, Vec<X>);
-
-/// `dst` updated in place, or rewritten from `src`.
-fn stream<'b, X: Copy>(src: &'b [X], dst: &'b mut [X], in_place: bool) -> InOut<'b, X> {
-    if in_place {
-        InOut::in_place(dst)
-    } else {
-        InOut::split(src, dst).unwrap()
-    }
-}
 
 /// Runs the fast path out of place on copies, returning (x, v, h).
 fn fast<X: AdamKernel<G>, G: Element<C = X::C>>(
@@ -216,11 +208,7 @@ fn mismatched_lengths_are_rejected() {
 
 /// Random data for the level tests: lengths around every lane width (4, 8, 16) and chunk.
 fn level_cases(lens: &[usize], seed: u64) -> Vec<Case<f64, f64>> {
-    let mut s = seed;
-    let mut rnd = move || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-    };
+    let mut rnd = uniform(seed);
     lens.iter()
         .map(|&n| {
             let mut v = |k: f64| (0..n).map(|_| rnd() * k).collect::<Vec<f64>>();
@@ -301,29 +289,26 @@ fn sixteen_bit_and_mixed_types_are_bitwise_the_reference() {
     let mut lens = EDGE_LENGTHS.to_vec();
     lens.push(2 * CHUNK + 13);
     let base = level_cases(&lens, 99);
-    fn conv<A: Copy, B>(v: &[A], f: impl Fn(A) -> B) -> Vec<B> {
-        v.iter().map(|&e| f(e)).collect()
-    }
-    let f32s = |v: &[f64]| conv(v, |e| e as f32);
+    let f32s = |v: &[f64]| convert(v, |e| e as f32);
     let mixed16: Vec<Case<f32, half::f16>> = base
         .iter()
-        .map(|(x, g, v, h)| (f32s(x), conv(g, |e| half::f16::from_f64(e * 1e3)), f32s(v), f32s(h)))
+        .map(|(x, g, v, h)| (f32s(x), convert(g, |e| half::f16::from_f64(e * 1e3)), f32s(v), f32s(h)))
         .collect();
     let mixedb: Vec<Case<f32, half::bf16>> = base
         .iter()
-        .map(|(x, g, v, h)| (f32s(x), conv(g, |e| half::bf16::from_f64(e * 1e3)), f32s(v), f32s(h)))
+        .map(|(x, g, v, h)| (f32s(x), convert(g, |e| half::bf16::from_f64(e * 1e3)), f32s(v), f32s(h)))
         .collect();
     let all16: Vec<Case<half::f16, half::f16>> = base
         .iter()
         .map(|(x, g, v, h)| {
-            let f = |a: &Vec<f64>| conv(a, half::f16::from_f64);
+            let f = |a: &Vec<f64>| convert(a, half::f16::from_f64);
             (f(x), f(g), f(v), f(h))
         })
         .collect();
     let allb: Vec<Case<half::bf16, half::bf16>> = base
         .iter()
         .map(|(x, g, v, h)| {
-            let f = |a: &Vec<f64>| conv(a, half::bf16::from_f64);
+            let f = |a: &Vec<f64>| convert(a, half::bf16::from_f64);
             (f(x), f(g), f(v), f(h))
         })
         .collect();

@@ -2,6 +2,7 @@ use half::{bf16, f16};
 use proptest::prelude::*;
 
 use super::*;
+use crate::test_util::{convert, stream, uniform};
 use crate::{RayonPool, Sequential};
 
 /// One tensor's (x, g, v) and one tensor's (x', v').
@@ -10,15 +11,6 @@ type Out<X> = (Vec<X>, Vec<X>);
 
 const STANDARD: MomentumMode = MomentumMode::Standard;
 const NESTEROV: MomentumMode = MomentumMode::Nesterov;
-
-/// `dst` updated in place, or rewritten from `src`.
-fn stream<'b, X: Copy>(src: &'b [X], dst: &'b mut [X], in_place: bool) -> InOut<'b, X> {
-    if in_place {
-        InOut::in_place(dst)
-    } else {
-        InOut::split(src, dst).unwrap()
-    }
-}
 
 /// Runs the fast path on copies of the cases, in place or out of place.
 fn fast<X: Element, G: Element<C = X::C>>(
@@ -76,21 +68,13 @@ fn check<X: Element, G: Element<C = X::C>>(a: &MomentumAttrs, r: f64, t: i64, ca
 
 /// Deterministic data of lengths `lens`.
 fn cases64(lens: &[usize], seed: u64) -> Vec<Case<f64, f64>> {
-    let mut s = seed;
-    let mut rnd = move || {
-        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-        (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-    };
+    let mut rnd = uniform(seed);
     lens.iter()
         .map(|&n| {
             let mut v = |k: f64| (0..n).map(|_| rnd() * k).collect::<Vec<f64>>();
             (v(8.0), v(2.0), v(1.0))
         })
         .collect()
-}
-
-fn convert<A: Copy, B>(v: &[A], f: impl Fn(A) -> B) -> Vec<B> {
-    v.iter().map(|&e| f(e)).collect()
 }
 
 fn to_f32(cases: &[Case<f64, f64>]) -> Vec<Case<f32, f32>> {

@@ -1,0 +1,26 @@
+//! Helpers shared by the kernels' unit tests.
+
+use crate::InOut;
+
+/// `dst` updated in place, or rewritten from `src`.
+pub fn stream<'b, X: Copy>(src: &'b [X], dst: &'b mut [X], in_place: bool) -> InOut<'b, X> {
+    if in_place {
+        InOut::in_place(dst)
+    } else {
+        InOut::split(src, dst).unwrap()
+    }
+}
+
+/// `v` element by element through `f`.
+pub fn convert<A: Copy, B>(v: &[A], f: impl Fn(A) -> B) -> Vec<B> {
+    v.iter().map(|&e| f(e)).collect()
+}
+
+/// Deterministic test data: a 64-bit LCG whose draws are uniform in [-0.5, 0.5).
+pub fn uniform(seed: u64) -> impl FnMut() -> f64 {
+    let mut s = seed;
+    move || {
+        s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    }
+}
