@@ -17,7 +17,7 @@ pub mod ffi;
 pub mod ops;
 mod register;
 
-pub use register::{op_names, RegisterCustomOps};
+pub use register::RegisterCustomOps;
 
 /// Entry points for the fuzz targets (`fuzz/`) and their regression tests: the checks that
 /// run before any buffer is touched, without an ONNX Runtime. Not a stable API.

@@ -135,11 +135,3 @@ pub unsafe extern "C" fn RegisterCustomOps(
         None => sys::OrtStatusPtr::default(),
     })
 }
-
-/// The op names the library registers, as `domain::name` (for docs and tests).
-pub fn op_names() -> Vec<String> {
-    domains()
-        .into_iter()
-        .flat_map(|(d, specs)| specs.into_iter().map(move |s| format!("{}::{}", d.to_string_lossy(), s.op())))
-        .collect()
-}
