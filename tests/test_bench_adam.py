@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adam_reference import adam as adam_ref
+from helpers.references import adam as adam_ref
 
 
 def test_decomposed_peer_is_adam(make_session):
