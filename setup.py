@@ -1,12 +1,35 @@
-"""Build glue that pyproject.toml cannot express: ship ONNX's conformance cases
-(models/onnx-node, exported by scripts/export_conformance.py) inside the package, so that
-`python -m trainops conformance` works from an installed wheel too."""
+"""Build glue that pyproject.toml cannot express.
+
+- ONNX's conformance cases (models/onnx-node, exported by scripts/export_conformance.py)
+  ship inside the package, so that `python -m trainops conformance` works from an
+  installed wheel too.
+- The library is a plain shared library that ONNX Runtime loads: it has no Python binding
+  and no Python ABI. setuptools-rust would install it under an extension module's name
+  (libtrainops.cpython-311-x86_64-linux-gnu.so) and tag the wheel for one CPython
+  (cp311-cp311); here it keeps its own name (libtrainops.so) beside the package's modules
+  and the wheel is tagged py3-none-<platform>: one wheel per platform for every Python 3.
+"""
 
 import shutil
+import sys
 from pathlib import Path
 
 from setuptools import setup
 from setuptools.command.build_py import build_py
+from setuptools_rust import build_rust
+
+try:  # setuptools >= 70.1 has its own bdist_wheel; before that it came from wheel
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # pragma: no cover - older setuptools
+    from wheel.bdist_wheel import bdist_wheel
+
+# The file name trainops.get_library_path() looks for beside the package.
+if sys.platform == "win32":
+    LIBRARY_NAME = "trainops.dll"
+elif sys.platform == "darwin":
+    LIBRARY_NAME = "libtrainops.dylib"
+else:
+    LIBRARY_NAME = "libtrainops.so"
 
 
 class BuildPyWithModels(build_py):
@@ -19,4 +42,20 @@ class BuildPyWithModels(build_py):
             shutil.copytree(src, dst)
 
 
-setup(cmdclass={"build_py": BuildPyWithModels})
+class BuildRustPlainName(build_rust):
+    """Installs the cdylib as trainops/libtrainops.so, not under an extension suffix."""
+
+    def get_dylib_ext_path(self, ext, target_fname):
+        return str(Path(super().get_dylib_ext_path(ext, target_fname)).with_name(LIBRARY_NAME))
+
+
+class BdistWheelAnyPython3(bdist_wheel):
+    """py3-none-<platform>: the platform of the library, no Python version or ABI."""
+
+    def get_tag(self):
+        _, _, platform = super().get_tag()
+        return "py3", "none", platform
+
+
+setup(cmdclass={"build_py": BuildPyWithModels, "build_rust": BuildRustPlainName,
+                "bdist_wheel": BdistWheelAnyPython3})

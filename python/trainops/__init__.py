@@ -48,11 +48,7 @@ def _candidates():
         yield Path(env)
         return
     here = Path(__file__).resolve().parent
-    # An installed wheel: setuptools-rust names the library like an extension module,
-    # e.g. libtrainops.cpython-311-x86_64-linux-gnu.so.
-    stem, _, suffix = LIBRARY_NAME.rpartition(".")
-    yield from sorted(here.glob(f"{stem}*.{suffix}"))
-    yield from sorted(here.glob(f"{stem}*.pyd")) if sys.platform == "win32" else ()
+    yield here / LIBRARY_NAME  # an installed wheel (setup.py keeps the library's own name)
     root = here.parent.parent  # a source checkout: python/trainops -> repository root
     # The most recently built of the release and debug libraries, so that a stale build
     # of one profile never shadows a fresh build of the other.
