@@ -11,7 +11,6 @@
 """
 
 import shutil
-import sys
 from pathlib import Path
 
 from setuptools import setup
@@ -22,15 +21,6 @@ try:  # setuptools >= 70.1 has its own bdist_wheel; before that it came from whe
     from setuptools.command.bdist_wheel import bdist_wheel
 except ImportError:  # pragma: no cover - older setuptools
     from wheel.bdist_wheel import bdist_wheel
-
-# The file name trainops.get_library_path() looks for beside the package.
-if sys.platform == "win32":
-    LIBRARY_NAME = "trainops.dll"
-elif sys.platform == "darwin":
-    LIBRARY_NAME = "libtrainops.dylib"
-else:
-    LIBRARY_NAME = "libtrainops.so"
-
 
 class BuildPyWithModels(build_py):
     def run(self):
@@ -43,10 +33,17 @@ class BuildPyWithModels(build_py):
 
 
 class BuildRustPlainName(build_rust):
-    """Installs the cdylib as trainops/libtrainops.so, not under an extension suffix."""
+    """Installs the cdylib beside the package's modules under the name cargo gave it
+    (libtrainops.so, libtrainops.dylib, trainops.dll: what trainops.get_library_path()
+    looks for), not under an extension module's name."""
+
+    def install_extension(self, ext, dylib_paths, *args, **kwargs):
+        self._cargo_names = {m.module_name: Path(m.path).name for m in dylib_paths}
+        super().install_extension(ext, dylib_paths, *args, **kwargs)
 
     def get_dylib_ext_path(self, ext, target_fname):
-        return str(Path(super().get_dylib_ext_path(ext, target_fname)).with_name(LIBRARY_NAME))
+        path = Path(super().get_dylib_ext_path(ext, target_fname))
+        return str(path.with_name(self._cargo_names[target_fname]))
 
 
 class BdistWheelAnyPython3(bdist_wheel):
