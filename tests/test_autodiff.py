@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from autodiff_fd import check, make_model, ort_version, session
+from helpers.gradcheck import check, make_model, ort_version, session
+from trainops.onnx_defs import TRAINING_DOMAIN
 from trainops.autodiff import RULES, GradientError, expand_gradients
 
 rng = np.random.default_rng(12)
@@ -318,7 +319,7 @@ def test_every_rule_is_tested():
 def _gradient_model(nodes, inputs, xs, y="y", opset=17):
     vis = [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v.shape)) for k, v in inputs.items()]
     g = helper.make_node("Gradient", xs, [f"d_{x}" for x in xs], name="my_gradient",
-                         domain="ai.onnx.preview.training", xs=xs, y=y)
+                         domain=TRAINING_DOMAIN, xs=xs, y=y)
     outs = [helper.make_tensor_value_info(f"d_{x}", TensorProto.FLOAT, None) for x in xs]
     return make_model(list(nodes) + [g], vis, outs, opset=opset)
 

@@ -8,10 +8,9 @@ from typing import Sequence
 import onnx
 from onnx import helper
 
+from ..onnx_defs import TRAINING_DOMAIN
 from .graph import FLOAT_TYPES, Builder, GradientError, attr, describe
 from .rules import RULES, Ctx
-
-TRAINING_DOMAIN = "ai.onnx.preview.training"
 
 
 def default_opset(model: onnx.ModelProto) -> int:

@@ -1,4 +1,4 @@
-"""Finite-difference checks for trainops.autodiff (helpers of tests/test_autodiff*.py).
+"""Finite-difference gradient checks for trainops.autodiff (tests/test_autodiff*.py).
 
 The reference is independent of the rules: central differences of the *forward* graph,
 run in plain onnxruntime (float64 where it has the kernels, else float32 with a wider
@@ -13,7 +13,7 @@ import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
 
-IR_VERSION = 8  # the repository's fixed IR version (models.py): onnxruntime 1.17 loads it
+from trainops.onnx_defs import IR_VERSION, TRAINING_DOMAIN
 
 
 def ort_version() -> tuple[int, int]:
@@ -24,7 +24,7 @@ def ort_version() -> tuple[int, int]:
 def make_model(nodes, inputs, outputs, initializers=(), opset=17, value_info=()):
     graph = helper.make_graph(list(nodes), "fd", list(inputs), list(outputs),
                               initializer=list(initializers), value_info=list(value_info))
-    opsets = [helper.make_opsetid("", opset), helper.make_opsetid("ai.onnx.preview.training", 1)]
+    opsets = [helper.make_opsetid("", opset), helper.make_opsetid(TRAINING_DOMAIN, 1)]
     model = helper.make_model(graph, opset_imports=opsets, producer_name="trainops-tests")
     model.ir_version = IR_VERSION if opset <= 17 else 9
     return model
@@ -87,7 +87,7 @@ def _check_dtype(nodes, inputs, wrt, out, opset, consts, symbolic, seed, dtype, 
     fwd = make_model(list(nodes) + tail, vis, [loss_vi], inits_r, opset)
     grad_outs = [f"d_{x}" for x in wrt]
     gnode = helper.make_node("Gradient", list(wrt), grad_outs, name="fd_gradient",
-                             domain="ai.onnx.preview.training", xs=list(wrt), y="loss")
+                             domain=TRAINING_DOMAIN, xs=list(wrt), y="loss")
     wrt_shapes = {x: (feeds[x].shape if x in feeds else consts[x].shape) for x in wrt}
     model = make_model(list(nodes) + tail + [gnode], vis,
                        [loss_vi] + [helper.make_tensor_value_info(g, ttype, list(wrt_shapes[x]))
