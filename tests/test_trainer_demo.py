@@ -42,3 +42,13 @@ def test_cnn_exported_model_matches_trainer_weights(library_path):
     sess = ort.InferenceSession(tr.export().SerializeToString(), providers=["CPUExecutionProvider"])
     loss_after = float(sess.run(["loss"], {"x": x, "t": t})[0])
     assert abs(loss_after - tr.step({"x": x, "t": t})) < 1e-5  # step returns the loss before
+
+
+def test_bench_train_smoke(library_path, capsys, tmp_path):
+    from trainops.bench_train import run
+
+    out = tmp_path / "bench.json"
+    assert run(["--models", "cnn", "--threads", "1", "--repeat", "1", "--steps", "1",
+                "--no-torch", "--json", str(out)]) == 0
+    assert "CNN (demo, 8x8 digits)" in capsys.readouterr().out
+    assert out.read_text().count("trainops_ms") == 1
