@@ -216,6 +216,8 @@ class Builder:
             if static:
                 if not axes:
                     return g
+                if axes == list(range(lead)):  # only leading axes: drop them as we go
+                    return self.reduce("ReduceSum", g, axes, keepdims=0)
                 r = self.reduce("ReduceSum", g, axes, keepdims=1)
                 if lead:
                     r = self.op("Reshape", [r, self.shape_of(x)])

@@ -237,12 +237,16 @@ def _axis(c: Ctx, default: int, name: str = "axis") -> int:
     return axis + c.rank(c.x(0)) if axis < 0 else axis
 
 
+def _softmax_axis(c: Ctx) -> int:
+    if c.b.opset < 13:
+        raise c.fail(f"{c.node.op_type} before opset 13 (coerced to 2-D) is not supported")
+    return _axis(c, -1)
+
+
 @rule("Softmax")
 def softmax(c: Ctx):
     b = c.b
-    if b.opset < 13:
-        raise c.fail("Softmax before opset 13 (coerced to 2-D) is not supported")
-    axis = _axis(c, -1)
+    axis = _softmax_axis(c)
     y = c.y
     gyy = b.op("Mul", [c.gy, y])
     s = b.reduce("ReduceSum", gyy, [axis], keepdims=1)
@@ -252,9 +256,7 @@ def softmax(c: Ctx):
 @rule("LogSoftmax")
 def log_softmax(c: Ctx):
     b = c.b
-    if b.opset < 13:
-        raise c.fail("LogSoftmax before opset 13 (coerced to 2-D) is not supported")
-    axis = _axis(c, -1)
+    axis = _softmax_axis(c)
     s = b.reduce("ReduceSum", c.gy, [axis], keepdims=1)
     return [b.op("Sub", [c.gy, b.op("Mul", [b.op("Exp", [c.y]), s])])]
 
