@@ -798,19 +798,23 @@ def _onehot(c: Ctx, labels: str, scores: str) -> str:
     return b.op("OneHot", [labels, depth, b.const(np.array([0, 1], b.np_dtype(scores)))], axis=1)
 
 
+def _sample_scale(c: Ctx) -> str:
+    """d loss / d (per-sample loss) with a class axis: [N, 1, d1, ...]."""
+    scores, labels, weight = c.x(0), c.x(1), c.x(2)
+    return c.b.unsqueeze(_loss_scale(c, _loss_weights(c, labels, weight, scores), scores), [1])
+
+
 @rule("SoftmaxCrossEntropyLoss")
 def softmax_cross_entropy(c: Ctx):
     b = c.b
-    scores, labels, weight = c.x(0), c.x(1), c.x(2)
+    scores, labels = c.x(0), c.x(1)
     if not c.need(0):
         return [None] * len(c.node.input)
     logp = b.op("LogSoftmax", [scores], axis=1)
     p = b.op("Exp", [logp])
     g = None
     if c.gys[0] is not None:
-        w = _loss_weights(c, labels, weight, scores)
-        s = b.unsqueeze(_loss_scale(c, w, scores), [1])
-        g = b.op("Mul", [b.op("Sub", [p, _onehot(c, labels, scores)]), s])
+        g = b.op("Mul", [b.op("Sub", [p, _onehot(c, labels, scores)]), _sample_scale(c)])
     if len(c.gys) > 1 and c.gys[1] is not None:  # the log_prob output
         gl = c.gys[1]
         gl = b.op("Sub", [gl, b.op("Mul", [p, b.reduce("ReduceSum", gl, [1], keepdims=1)])])
@@ -821,10 +825,7 @@ def softmax_cross_entropy(c: Ctx):
 @rule("NegativeLogLikelihoodLoss")
 def nll_loss(c: Ctx):
     b = c.b
-    scores, labels, weight = c.x(0), c.x(1), c.x(2)
     if not c.need(0):
         return [None] * len(c.node.input)
-    w = _loss_weights(c, labels, weight, scores)
-    s = b.unsqueeze(_loss_scale(c, w, scores), [1])
-    g = b.op("Neg", [b.op("Mul", [_onehot(c, labels, scores), s])])
+    g = b.op("Neg", [b.op("Mul", [_onehot(c, c.x(1), c.x(0)), _sample_scale(c)])])
     return [g] + [None] * (len(c.node.input) - 1)
