@@ -215,12 +215,33 @@ def test_conv_symbolic_batch_no_bias():
 
 
 @pytest.mark.parametrize("kw", [dict(kernel_shape=[2, 2], strides=[2, 2]),
+                                dict(kernel_shape=[2, 3], strides=[2, 3]),
                                 dict(kernel_shape=[3, 3], strides=[1, 2], pads=[1, 1, 1, 1]),
-                                dict(kernel_shape=[3], strides=[2])])
+                                dict(kernel_shape=[2, 2], strides=[2, 2], pads=[1, 0, 0, 1]),
+                                dict(kernel_shape=[3], strides=[2]),
+                                dict(kernel_shape=[2], strides=[2])])
 def test_max_pool(kw):
-    shape = (2, 2, 5, 6) if len(kw["kernel_shape"]) == 2 else (2, 3, 9)
+    shape = (2, 2, 5, 7) if len(kw["kernel_shape"]) == 2 else (2, 3, 9)
     x = rng.permutation(np.prod(shape)).reshape(shape) / 7.0  # distinct: no ties
-    check([node("MaxPool", ["x"], **kw)], {"x": x}, ["x"])
+    check([node("MaxPool", ["x"], **kw)], {"x": x}, ["x"], symbolic={"x": ["N"] + list(shape[1:])})
+
+
+@pytest.mark.parametrize("kernel", [[2, 2], [3, 3]])
+def test_max_pool_ties_go_to_the_first_maximum(kernel):
+    # After a Relu whole windows are 0: MaxPool picks one element; so must the gradient.
+    x = np.zeros((1, 1, 6, 6), np.float32)
+    x[0, 0, 1, 1] = 1.0
+    m = _gradient_model([node("MaxPool", ["x"], kernel_shape=kernel, strides=kernel)],
+                        {"x": x}, ["x"])
+    got = session(expand_gradients(m)).run(["d_x"], {"x": x})[0]
+    ones = session(make_model([node("MaxPool", ["x"], ["y", "i"], kernel_shape=kernel,
+                                    strides=kernel)],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("i", TensorProto.INT64, None)]))
+    idx = ones.run(["i"], {"x": x})[0]
+    want = np.zeros(x.size, np.float32)
+    want[idx.reshape(-1)] = 1.0  # onnxruntime's own argmax choice
+    np.testing.assert_array_equal(got.reshape(-1), want)
 
 
 @pytest.mark.parametrize("kw", [dict(kernel_shape=[2, 2], strides=[2, 2]),

@@ -96,6 +96,53 @@ def _torch_peer(model: str, batch: int, threads: int, lr: float) -> Callable[[],
     return step
 
 
+def _ort_training_peer(model: str, batch: int, threads: int, lr: float) -> Callable[[], Any]:
+    """onnxruntime-training's on-device training API (``generate_artifacts``, ``Module``,
+    ``Optimizer``; AdamW, its only Adam) on the same model: a peer measured by hand where
+    onnxruntime-training is installed (it replaces onnxruntime in its environment)."""
+    import tempfile
+
+    import onnxruntime as ort
+    from onnxruntime.training import artifacts
+    from onnxruntime.training.api import CheckpointState, Module, Optimizer
+
+    from onnx import TensorProto, helper
+
+    # Its gradient builder needs SoftmaxCrossEntropyLoss's log_prob output, so the model
+    # ends at the logits and generate_artifacts adds its own cross-entropy loss.
+    m = _onnx_model(model)
+    sce = m.graph.node[-1]
+    assert sce.op_type == "SoftmaxCrossEntropyLoss"
+    logits = sce.input[0]
+    del m.graph.node[-1]
+    del m.graph.output[:]
+    m.graph.output.append(helper.make_tensor_value_info(logits, TensorProto.FLOAT, ["N", 10]))
+    del m.graph.input[1:]  # the labels become the loss block's input
+    params = [i.name for i in m.graph.initializer]
+    ort.set_default_logger_severity(3)
+    d = tempfile.mkdtemp(prefix="trainops-bench-ortt-")
+    artifacts.generate_artifacts(m, requires_grad=params, frozen_params=[],
+                                 loss=artifacts.LossType.CrossEntropyLoss,
+                                 optimizer=artifacts.OptimType.AdamW, artifact_directory=d)
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.inter_op_num_threads = 1
+    state = CheckpointState.load_checkpoint(f"{d}/checkpoint")
+    module = Module(f"{d}/training_model.onnx", state, session_options=so)
+    opt = Optimizer(f"{d}/optimizer_model.onnx", module)
+    opt.set_learning_rate(lr)
+    module.train()
+    feeds = _data(model, batch)
+
+    def step():
+        loss = module(feeds["x"], feeds["t"])
+        opt.step()
+        module.lazy_reset_grad()
+        return loss
+
+    return step
+
+
 def _measure(peers: dict[str, Callable[[], Any]], repeat: int, steps: int) -> dict[str, float]:
     names = list(peers)
     times: dict[str, list[float]] = {n: [] for n in names}
@@ -122,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--steps", type=int, default=20, help="steps per repetition")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    ap.add_argument("--ort-training", action="store_true",
+                    help="add onnxruntime-training's Module+Optimizer as a peer (needs "
+                         "onnxruntime-training installed in place of onnxruntime)")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--json", metavar="PATH")
     return ap
@@ -145,35 +195,40 @@ def run(argv=None) -> int:
             peers = {"trainops": _trainops_peer(model, args.batch, threads, args.lr)}
             if torch_version:
                 peers["torch"] = _torch_peer(model, args.batch, threads, args.lr)
+            if args.ort_training:
+                peers["ort-training"] = _ort_training_peer(model, args.batch, threads, args.lr)
             med = _measure(peers, args.repeat, args.steps)
-            row = {"model": model, "batch": args.batch, "threads": threads,
-                   "trainops_ms": med["trainops"] * 1e3,
-                   "torch_ms": med["torch"] * 1e3 if "torch" in med else None}
-            row["torch_over_trainops"] = (row["torch_ms"] / row["trainops_ms"]
-                                          if row["torch_ms"] else None)
-            rows.append(row)
-    header = (f"one training step (forward, loss, backward, Adam), median of {args.repeat} x "
-              f"{args.steps} steps; onnxruntime {ort.__version__}, "
-              f"torch {torch_version or 'not installed'}")
+            rows.append({"model": model, "batch": args.batch, "threads": threads,
+                         "ms": {k: v * 1e3 for k, v in med.items()}})
+    others = [p for p in ("torch", "ort-training") if any(p in r["ms"] for r in rows)]
+    header = (f"one training step (forward, loss, backward, optimizer), median of {args.repeat} "
+              f"x {args.steps} steps, peers interleaved in one process; onnxruntime "
+              f"{ort.__version__}, torch {torch_version or 'not installed'}")
+    if "ort-training" in others:
+        header += "; onnxruntime-training's Module + Optimizer (AdamW)"
+    labels = {"torch": "torch eager", "ort-training": "onnxruntime-training"}
     names = {"mlp": "MLP " + "-".join(map(str, MLP_SIZES)), "cnn": "CNN (demo, 8x8 digits)"}
+    cols = ["model", "batch", "threads", "trainops"]
+    for p in others:
+        cols += [labels[p], f"{labels[p]} / trainops"]
+    table = []
+    for r in rows:
+        ms = r["ms"]
+        line = [names[r["model"]], str(r["batch"]), str(r["threads"]), f"{ms['trainops']:.3f} ms"]
+        for p in others:
+            line += [f"{ms[p]:.3f} ms", f"{ms[p] / ms['trainops']:.2f}x"] if p in ms else ["n/a"] * 2
+        table.append(line)
+    print(header + ("\n" if args.markdown else ""))
     if args.markdown:
-        print(header + "\n")
-        print("| model | batch | threads | trainops step | torch eager step | torch / trainops |")
-        print("|---|---:|---:|---:|---:|---:|")
-        for r in rows:
-            tms = f"{r['torch_ms']:.3f} ms" if r["torch_ms"] else "n/a"
-            ratio = f"{r['torch_over_trainops']:.2f}x" if r["torch_over_trainops"] else "n/a"
-            print(f"| {names[r['model']]} | {r['batch']} | {r['threads']} | "
-                  f"{r['trainops_ms']:.3f} ms | {tms} | {ratio} |")
+        print("| " + " | ".join(cols) + " |")
+        print("|---|" + "---:|" * (len(cols) - 1))
+        for line in table:
+            print("| " + " | ".join(line) + " |")
     else:
-        print(header)
-        print(f"{'model':<24} {'batch':>5} {'threads':>7} {'trainops':>11} {'torch':>11} "
-              f"{'torch/trainops':>14}")
-        for r in rows:
-            tms = f"{r['torch_ms']:.3f} ms" if r["torch_ms"] else "n/a"
-            ratio = f"{r['torch_over_trainops']:.2f}x" if r["torch_over_trainops"] else "n/a"
-            print(f"{names[r['model']]:<24} {r['batch']:>5} {r['threads']:>7} "
-                  f"{r['trainops_ms']:>8.3f} ms {tms:>11} {ratio:>14}")
+        widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
+        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cols, widths))))
+        for line in table:
+            print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"header": header, "rows": rows}, f, indent=2)
