@@ -226,3 +226,31 @@ def test_bad_arguments(library_path):
     tr = Trainer(mlp_model(), "loss", optim.Adam())
     with pytest.raises(ValueError, match=r"lack model inputs \['t'\]"):
         tr.step({"x": data()["x"]})
+
+
+def test_model_from_a_path(library_path, tmp_path):
+    import onnx
+
+    path = tmp_path / "mlp.onnx"
+    onnx.save(mlp_model(), str(path))
+    a = Trainer(path, "loss", optim.Adam(lr=0.01), threads=1)
+    b = Trainer(mlp_model(), "loss", optim.Adam(lr=0.01), threads=1)
+    assert a.step(data()) == b.step(data())
+
+
+def test_float64_model(library_path):
+    model = mlp_model()
+    for init in model.graph.initializer:
+        init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float64), init.name))
+    model.graph.input[0].type.tensor_type.elem_type = TensorProto.DOUBLE
+    for o in model.graph.output:
+        o.type.tensor_type.elem_type = TensorProto.DOUBLE
+    tr = Trainer(model, "loss", optim.Adam(lr=0.01), policy="float64", threads=1)
+    feeds = {"x": data()["x"].astype(np.float64), "t": data()["t"]}
+    p = initial_params(model)
+    ref_loss, grads = numpy_loss_and_grads(p, feeds)
+    assert tr.step(feeds) == pytest.approx(ref_loss, rel=1e-12)
+    for k, v in tr.parameters().items():
+        assert v.dtype == np.float64
+        x_new, _, _ = adam_step(0.01, 1, p[k], grads[k], 0 * p[k], 0 * p[k])
+        np.testing.assert_allclose(v, x_new, rtol=1e-9, atol=1e-12)

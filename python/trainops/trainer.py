@@ -16,6 +16,7 @@ through an IOBinding::
 from __future__ import annotations
 
 import json
+import os
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -93,10 +94,10 @@ class Trainer:
     def __init__(self, model, loss: str, optimizer: _optim.Optimizer | None = None,
                  params: Sequence[str] | None = None, policy: str = "float32",
                  threads: int | None = None, seed: int | None = None, *, _state=None):
-        if isinstance(model, (str, bytes)) and not isinstance(model, bytes):
-            model = onnx.load(model)
-        elif isinstance(model, bytes):
+        if isinstance(model, bytes):
             model = onnx.load_from_string(model)
+        elif isinstance(model, (str, os.PathLike)):
+            model = onnx.load(os.fspath(model))
         self._model = onnx.ModelProto()
         self._model.CopyFrom(model)
         self.loss_name = loss
@@ -304,7 +305,7 @@ class Trainer:
             bind.bind_ortvalue_input(i_name, v)
             bind.bind_ortvalue_output(o_name, v)
         out = self.session.get_outputs()[0]
-        shape = out.shape if out.shape is not None else None
+        shape = out.shape
         dtype = {"tensor(float)": np.float32, "tensor(double)": np.float64,
                  "tensor(float16)": np.float16}[out.type]
         if shape is not None and all(isinstance(d, int) for d in shape):

@@ -431,6 +431,14 @@ def _scatter_flat(b: Builder, x: str, flat_idx: str, g: str, add: bool) -> str:
     return b.op("Reshape", [flat, b.shape_of(x)])
 
 
+def _one_hot(b: Builder, indices: str, depth: str, axis: int, like: str) -> str:
+    """OneHot in ``like``'s float type (onnxruntime's OneHot makes float32, not double)."""
+    dt = b.np_dtype(like)
+    values = b.const(np.array([0, 1], np.float32))
+    out = b.op("OneHot", [indices, depth, values], axis=axis)
+    return out if dt == np.float32 else b.op("Cast", [out], to=b.dtype(like))
+
+
 @rule("Slice")
 def slice_(c: Ctx):
     b = c.b
@@ -454,8 +462,7 @@ def gather(c: Ctx):
     d_shape = b.shape_of(data)
     depth = b.op("Slice", [d_shape, b.ints([axis]), b.ints([axis + 1])])
     flat_idx = b.op("Reshape", [idx, b.ints([-1])])
-    onehot = b.op("OneHot", [flat_idx, depth, b.const(np.array([0, 1], b.np_dtype(data)))],
-                  axis=0)  # [V, numel(I)]
+    onehot = _one_hot(b, flat_idx, depth, 0, data)  # [V, numel(I)]
     g2 = b.op("Reshape", [gy, b.op("Concat", [b.op("Reshape", [
         b.reduce("ReduceProd", b.op("Shape", [idx]), None, keepdims=0), b.ints([1])]),
         b.ints([-1])], axis=0)])
@@ -795,7 +802,7 @@ def _loss_scale(c: Ctx, w: str, like: str) -> str:
 def _onehot(c: Ctx, labels: str, scores: str) -> str:
     b = c.b
     depth = b.op("Slice", [b.op("Shape", [scores]), b.ints([1]), b.ints([2])])
-    return b.op("OneHot", [labels, depth, b.const(np.array([0, 1], b.np_dtype(scores)))], axis=1)
+    return _one_hot(b, labels, depth, 1, scores)
 
 
 def _sample_scale(c: Ctx) -> str:
