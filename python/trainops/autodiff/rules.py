@@ -277,6 +277,9 @@ def matmul(c: Ctx):
     if ra == 1 and rb == 1:
         return [b.op("Mul", [gy, B]) if c.need(0) else None,
                 b.op("Mul", [gy, A]) if c.need(1) else None]
+    if ra == 2 and rb == 2:  # Gemm transposes as it reads: no Transpose node
+        return [b.op("Gemm", [gy, B], transB=1) if c.need(0) else None,
+                b.op("Gemm", [A, gy], transA=1) if c.need(1) else None]
     y_dims = b.shape(c.y)
     a2, b2 = A, B
     if ra == 1:
