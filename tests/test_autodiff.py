@@ -384,3 +384,26 @@ def test_rule_errors_name_the_node():
                          [("x", (2, 3)), ("s", 3), ("b", 3), ("m", 3), ("v", 3)]}, ["x"])
     with pytest.raises(GradientError, match=r"BatchNormalization node 'bn': training_mode=1"):
         expand_gradients(m)
+
+
+def test_two_gradient_nodes_in_one_model():
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    vis = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])]
+    nodes = [node("Mul", ["x", "x"], ["sq"]), node("Exp", ["x"], ["ex"]),
+             helper.make_node("Gradient", ["x"], ["d_sq"], name="g1", domain=TRAINING_DOMAIN,
+                              xs=["x"], y="sq"),
+             helper.make_node("Gradient", ["x"], ["d_ex"], name="g2", domain=TRAINING_DOMAIN,
+                              xs=["x"], y="ex")]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("d_sq", "d_ex")]
+    d_sq, d_ex = session(expand_gradients(make_model(nodes, vis, outs))).run(["d_sq", "d_ex"], {"x": x})
+    np.testing.assert_allclose(d_sq, 2 * x, rtol=1e-6)
+    np.testing.assert_allclose(d_ex, np.exp(x), rtol=1e-6)
+
+
+def test_gradient_inputs_must_be_xs_and_zs():
+    m = _gradient_model([node("Mul", ["x", "x"])], {"x": np.zeros(3, np.float32),
+                                                   "z": np.zeros(3, np.float32)}, ["x"])
+    g = m.graph.node[-1]
+    g.input[0] = "z"
+    with pytest.raises(GradientError, match=r"Gradient node 'my_gradient': its inputs \['z'\]"):
+        expand_gradients(m)
