@@ -1,4 +1,8 @@
-"""The demo: a logistic regression trained with every Adam step run in ONNX Runtime.
+"""The demo. ``main`` (``python -m trainops demo``) runs :mod:`trainops.demo_train`: a CNN
+trained entirely inside ONNX Runtime by :class:`trainops.Trainer`.
+
+:func:`train` is the earlier demo: a logistic regression trained with every Adam step run
+in ONNX Runtime.
 
 numpy computes the loss and the gradients; one ``ai.onnx.preview.training::Adam`` node
 updates both parameter tensors (weights ``w`` of shape (D,) and bias ``b`` of shape (1,))
@@ -72,20 +76,10 @@ def train(steps: int = 300, lr: float = 0.05, every: int = 25, seed: int = 0, ou
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m trainops demo",
-        description="Two trainings with every optimizer step in ONNX Runtime: a float32 logistic "
-        "regression with Adam, then a small MLP under the mixed_float16 policy.",
-    )
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--mixed-steps", type=int, default=300)
-    args = ap.parse_args(argv)
-    losses = train(args.steps, args.lr)
-    print(f"loss {losses[0]:.4f} -> {losses[-1]:.4f}")
-    print()
-    from .demo_mixed import train_mixed
+    """``python -m trainops demo``: the CNN that trainops.Trainer trains entirely in ONNX
+    Runtime (forward, backward and Adam), float32 then mixed_float16 (trainops.demo_train).
+    The logistic regression above (numpy gradients, Adam in ONNX Runtime) and
+    trainops.demo_mixed remain importable."""
+    from .demo_train import main as train_main
 
-    mixed = train_mixed(steps=args.mixed_steps)
-    ok = losses[-1] < losses[0] and mixed.losses[-1] < mixed.losses[0] and len(mixed.skipped) > 0
-    return 0 if ok else 1
+    return train_main(argv)

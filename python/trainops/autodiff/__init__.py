@@ -1,0 +1,16 @@
+"""Reverse-mode automatic differentiation of ONNX graphs into ordinary ONNX ops.
+
+- :func:`expand_gradients` replaces every ``ai.onnx.preview.training::Gradient`` node of a
+  model by its backward graph (default-domain ops of the model's own opset), so that a
+  stock ONNX Runtime runs it.
+- :func:`build_backward` emits the backward nodes of one target for the Trainer.
+- :data:`RULES` maps each supported op type to its gradient (VJP) rule; an op on the path
+  without one is a :class:`GradientError` naming the op type and the node.
+"""
+
+from .backward import build_backward, expand_gradients, infer, toposort
+from .graph import Builder, GradientError
+from .rules import RULES
+
+__all__ = ["expand_gradients", "build_backward", "GradientError", "RULES", "Builder",
+           "infer", "toposort"]

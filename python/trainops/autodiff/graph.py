@@ -1,0 +1,252 @@
+"""Emitting backward-graph nodes: unique names, constants, opset-aware helpers, and the
+static shapes and element types that onnx's shape inference found for the forward graph.
+
+Shapes are lists of ``int`` (known), ``str`` (symbolic, e.g. a batch dimension) or
+``None`` (unknown); a whole shape is ``None`` when even the rank is unknown.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16,
+                         TensorProto.BFLOAT16})
+
+
+class GradientError(ValueError):
+    """The backward graph cannot be built (an op without a gradient rule, an unsupported
+    attribute, a shape that must be known statically, ...). The message names the op type
+    and the node."""
+
+
+def _dims(type_proto) -> list[Any] | None:
+    if not type_proto.HasField("tensor_type"):
+        return None
+    tt = type_proto.tensor_type
+    if not tt.HasField("shape"):
+        return None
+    out: list[Any] = []
+    for d in tt.shape.dim:
+        if d.HasField("dim_value"):
+            out.append(int(d.dim_value))
+        elif d.HasField("dim_param") and d.dim_param:
+            out.append(d.dim_param)
+        else:
+            out.append(None)
+    return out
+
+
+class Builder:
+    """Collects the nodes of a backward graph for a model of default-domain ``opset``."""
+
+    def __init__(self, graph: onnx.GraphProto, opset: int, prefix: str = "grad"):
+        self.opset = opset
+        self.nodes: list[onnx.NodeProto] = []
+        self.prefix = prefix
+        self._used: set[str] = set()
+        self._count = 0
+        self.types: dict[str, int] = {}
+        self.shapes: dict[str, list[Any] | None] = {}
+        self.consts: dict[str, np.ndarray] = {}
+        for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
+            self._used.add(vi.name)
+            if vi.type.HasField("tensor_type"):
+                self.types[vi.name] = vi.type.tensor_type.elem_type
+                self.shapes[vi.name] = _dims(vi.type)
+        for init in graph.initializer:
+            self._used.add(init.name)
+            self.types[init.name] = init.data_type
+            self.shapes[init.name] = [int(d) for d in init.dims]
+            self.consts[init.name] = numpy_helper.to_array(init)
+        for node in graph.node:
+            self._used.update(node.output)
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                for a in node.attribute:
+                    if a.name == "value":
+                        arr = numpy_helper.to_array(a.t)
+                        self.consts[node.output[0]] = arr
+                        self.types[node.output[0]] = a.t.data_type
+                        self.shapes[node.output[0]] = list(arr.shape)
+
+    # -- names and nodes ---------------------------------------------------------------
+    def fresh(self, hint: str) -> str:
+        while True:
+            self._count += 1
+            name = f"{self.prefix}/{hint}_{self._count}"
+            if name not in self._used:
+                self._used.add(name)
+                return name
+
+    def op(self, op_type: str, inputs: Sequence[str], outputs: int | Sequence[str] = 1,
+           **attrs) -> Any:
+        """Emit one node; returns its output name (or list of names when ``outputs`` > 1
+        or a list)."""
+        if isinstance(outputs, int):
+            names = [self.fresh(op_type) for _ in range(outputs)]
+        else:
+            names = list(outputs)
+            self._used.update(names)
+        attrs = {k: v for k, v in attrs.items() if v is not None}
+        self.nodes.append(helper.make_node(op_type, list(inputs), names,
+                                           name=self.fresh(op_type + "_node"), **attrs))
+        if isinstance(outputs, int) and outputs == 1:
+            return names[0]
+        return names
+
+    def const(self, value, dtype=None, hint: str = "const") -> str:
+        arr = np.asarray(value, dtype=dtype)
+        name = self.fresh(hint)
+        self.nodes.append(helper.make_node("Constant", [], [name], name=self.fresh("Constant_node"),
+                                           value=numpy_helper.from_array(arr, name)))
+        self.consts[name] = arr
+        self.types[name] = helper.np_dtype_to_tensor_dtype(arr.dtype)
+        self.shapes[name] = list(arr.shape)
+        return name
+
+    def ints(self, values: Sequence[int]) -> str:
+        return self.const(np.asarray(list(values), np.int64), hint="ints")
+
+    def scalar(self, value: float, like: str) -> str:
+        """A 0-d constant of ``like``'s float element type."""
+        return self.const(np.asarray(value, dtype=self.np_dtype(like)), hint="scalar")
+
+    # -- what the forward graph knows ------------------------------------------------
+    def dtype(self, name: str) -> int | None:
+        return self.types.get(name)
+
+    def np_dtype(self, name: str):
+        t = self.types.get(name)
+        if t is None:
+            raise GradientError(f"the element type of tensor '{name}' is unknown "
+                                "(onnx shape inference could not find it)")
+        if t == TensorProto.BFLOAT16:
+            raise GradientError(f"tensor '{name}' is bfloat16: gradient constants need "
+                                "float16, float or double")
+        return helper.tensor_dtype_to_np_dtype(t)
+
+    def shape(self, name: str) -> list[Any] | None:
+        return self.shapes.get(name)
+
+    def rank(self, name: str, node=None) -> int:
+        s = self.shapes.get(name)
+        if s is None:
+            where = f" ({describe(node)})" if node is not None else ""
+            raise GradientError(f"the rank of tensor '{name}' is unknown{where}; the "
+                                "gradient needs it (give the graph's inputs shapes)")
+        return len(s)
+
+    def constant_value(self, name: str) -> np.ndarray | None:
+        return self.consts.get(name)
+
+    def set_info(self, name: str, dtype: int | None, shape: list[Any] | None) -> None:
+        if dtype is not None:
+            self.types[name] = dtype
+        self.shapes[name] = shape
+
+    # -- opset-aware helpers -----------------------------------------------------------
+    def reduce(self, op_type: str, x: str, axes: Sequence[int] | None, keepdims: int = 1) -> str:
+        """ReduceSum/ReduceMean/... over constant ``axes`` (None: all axes)."""
+        axes_as_input = self.opset >= (13 if op_type == "ReduceSum" else 18)
+        if axes is None:
+            return self.op(op_type, [x], keepdims=keepdims)
+        axes = [int(a) for a in axes]
+        if axes_as_input:
+            return self.op(op_type, [x, self.ints(axes)], keepdims=keepdims)
+        return self.op(op_type, [x], axes=axes, keepdims=keepdims)
+
+    def unsqueeze(self, x: str, axes: Sequence[int]) -> str:
+        if self.opset >= 13:
+            return self.op("Unsqueeze", [x, self.ints(axes)])
+        return self.op("Unsqueeze", [x], axes=list(axes))
+
+    def squeeze(self, x: str, axes: Sequence[int]) -> str:
+        if self.opset >= 13:
+            return self.op("Squeeze", [x, self.ints(axes)])
+        return self.op("Squeeze", [x], axes=list(axes))
+
+    def zeros_like(self, x: str) -> str:
+        dt = self.dtype(x)
+        shape = self.shape(x)
+        value = numpy_helper.from_array(np.zeros([1], dtype=self.np_dtype(x)), "zero")
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            return self.op("ConstantOfShape", [self.ints(shape)], value=value)
+        del dt
+        return self.op("ConstantOfShape", [self.op("Shape", [x])], value=value)
+
+    def ones_like(self, x: str) -> str:
+        shape = self.shape(x)
+        value = numpy_helper.from_array(np.ones([1], dtype=self.np_dtype(x)), "one")
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            return self.op("ConstantOfShape", [self.ints(shape)], value=value)
+        return self.op("ConstantOfShape", [self.op("Shape", [x])], value=value)
+
+    def shape_of(self, x: str) -> str:
+        """``x``'s shape as an int64 tensor: a constant when static, else a Shape node."""
+        shape = self.shape(x)
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            return self.ints(shape)
+        return self.op("Shape", [x])
+
+    def reshape_like(self, g: str, x: str) -> str:
+        return self.op("Reshape", [g, self.shape_of(x)])
+
+    def unbroadcast(self, g: str, g_dims: list[Any] | None, x: str) -> str:
+        """Sum ``g`` (of shape ``g_dims``, the broadcast result) down to ``x``'s shape:
+        the gradient of numpy-style broadcasting."""
+        x_dims = self.shape(x)
+        if g_dims is not None and x_dims is not None and len(g_dims) >= len(x_dims):
+            lead = len(g_dims) - len(x_dims)
+            axes = list(range(lead))
+            static = True
+            for i, d in enumerate(x_dims):
+                gd = g_dims[lead + i]
+                if d == 1:
+                    if gd != 1:
+                        axes.append(lead + i)
+                elif isinstance(d, int) or (d is not None and d == gd):
+                    continue
+                else:
+                    static = False
+                    break
+            if static:
+                if not axes:
+                    return g
+                if axes == list(range(lead)):  # only leading axes: drop them as we go
+                    return self.reduce("ReduceSum", g, axes, keepdims=0)
+                r = self.reduce("ReduceSum", g, axes, keepdims=1)
+                if lead:
+                    r = self.op("Reshape", [r, self.shape_of(x)])
+                return r
+        # Dynamic: pad x's shape with leading ones to g's rank, reduce where it is 1.
+        g_shape = self.op("Shape", [g])
+        x_shape = self.op("Shape", [x])
+        n_lead = self.op("Sub", [self.op("Size", [g_shape]), self.op("Size", [x_shape])])
+        ones = self.op("ConstantOfShape", [self.op("Reshape", [n_lead, self.ints([1])])],
+                       value=numpy_helper.from_array(np.ones([1], np.int64), "one"))
+        padded = self.op("Concat", [ones, x_shape], axis=0)
+        is_one = self.op("Equal", [padded, self.ints([1])])
+        axes_t = self.op("Reshape", [self.op("NonZero", [is_one]), self.ints([-1])])
+        if self.opset >= 13:
+            r = self.op("ReduceSum", [g, axes_t], keepdims=1, noop_with_empty_axes=1)
+        else:
+            raise GradientError("broadcasting with shapes unknown before run time needs "
+                                "opset >= 13")
+        return self.op("Reshape", [r, x_shape])
+
+
+def describe(node: onnx.NodeProto) -> str:
+    name = node.name or "(unnamed)"
+    dom = f"{node.domain}::" if node.domain not in ("", "ai.onnx") else ""
+    return f"{dom}{node.op_type} node '{name}'"
+
+
+def attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default

@@ -1,0 +1,841 @@
+"""One gradient (vector-Jacobian product) rule per ONNX op, registered in :data:`RULES`.
+
+A rule gets a :class:`Ctx` (the forward node, the gradients of its outputs, which inputs
+need a gradient, and the :class:`~trainops.autodiff.graph.Builder` to emit nodes with) and
+returns one gradient name per input (``None`` where the input needs none). Every emitted
+node is an ordinary default-domain ONNX op of the model's own opset.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+import onnx
+from onnx import numpy_helper
+
+from .graph import Builder, GradientError, attr, describe
+
+
+class Ctx:
+    def __init__(self, b: Builder, node: onnx.NodeProto, gys: list[str | None],
+                 needs: list[bool]):
+        self.b = b
+        self.node = node
+        self.gys = gys
+        self.needs = needs
+
+    @property
+    def gy(self) -> str:
+        return self.gys[0]
+
+    def x(self, i: int) -> str | None:
+        ins = self.node.input
+        return ins[i] if i < len(ins) and ins[i] else None
+
+    @property
+    def y(self) -> str:
+        return self.node.output[0]
+
+    def need(self, i: int) -> bool:
+        return i < len(self.needs) and self.needs[i]
+
+    def attr(self, name, default=None):
+        v = attr(self.node, name, default)
+        return v.decode() if isinstance(v, bytes) else v
+
+    def fail(self, why: str) -> GradientError:
+        return GradientError(f"{describe(self.node)}: {why}")
+
+    def rank(self, name: str) -> int:
+        return self.b.rank(name, self.node)
+
+    def unb(self, g: str, i: int) -> str:
+        """``g`` (shaped like output 0) summed down to input ``i``'s shape."""
+        return self.b.unbroadcast(g, self.b.shape(self.y), self.x(i))
+
+    def const_ints(self, i: int, what: str) -> list[int] | None:
+        """Input ``i`` as constant ints (an initializer or Constant), None if absent."""
+        name = self.x(i)
+        if name is None:
+            return None
+        v = self.b.constant_value(name)
+        if v is None:
+            raise self.fail(f"input {i} ({what}) must be a constant (initializer or Constant)")
+        return [int(a) for a in np.asarray(v).reshape(-1)]
+
+    def axes(self, input_index: int = 1) -> list[int] | None:
+        """A reduction's axes: the attribute (older opsets) or the input."""
+        a = self.attr("axes")
+        if a is not None:
+            return list(a)
+        if self.x(input_index) is not None:
+            return self.const_ints(input_index, "axes")
+        return None
+
+
+Rule = Callable[[Ctx], list]
+RULES: dict[str, Rule] = {}
+
+
+def rule(*op_types: str):
+    def register(fn):
+        for t in op_types:
+            RULES[t] = fn
+        return fn
+    return register
+
+
+# -- elementwise arithmetic ---------------------------------------------------------
+
+@rule("Add")
+def add(c: Ctx):
+    return [c.unb(c.gy, 0) if c.need(0) else None,
+            c.unb(c.gy, 1) if c.need(1) else None]
+
+
+@rule("Sub")
+def sub(c: Ctx):
+    return [c.unb(c.gy, 0) if c.need(0) else None,
+            c.unb(c.b.op("Neg", [c.gy]), 1) if c.need(1) else None]
+
+
+@rule("Mul")
+def mul(c: Ctx):
+    b = c.b
+    return [c.unb(b.op("Mul", [c.gy, c.x(1)]), 0) if c.need(0) else None,
+            c.unb(b.op("Mul", [c.gy, c.x(0)]), 1) if c.need(1) else None]
+
+
+@rule("Div")
+def div(c: Ctx):
+    b = c.b
+    ga = c.unb(b.op("Div", [c.gy, c.x(1)]), 0) if c.need(0) else None
+    gb = None
+    if c.need(1):  # d(a/b)/db = -a/b^2 = -y/b
+        gb = c.unb(b.op("Neg", [b.op("Mul", [c.gy, b.op("Div", [c.y, c.x(1)])])]), 1)
+    return [ga, gb]
+
+
+@rule("Neg")
+def neg(c: Ctx):
+    return [c.b.op("Neg", [c.gy])]
+
+
+@rule("Pow")
+def pow_(c: Ctx):
+    b = c.b
+    a, e = c.x(0), c.x(1)
+    if c.need(1):
+        raise c.fail("the gradient with respect to the exponent is not supported (the "
+                     "exponent must be a constant or need no gradient)")
+    if b.dtype(e) != b.dtype(a):
+        e = b.op("Cast", [e], to=b.dtype(a))
+    em1 = b.op("Sub", [e, b.scalar(1.0, a)])
+    g = b.op("Mul", [b.op("Mul", [c.gy, e]), b.op("Pow", [a, em1])])
+    return [c.unb(g, 0), None]
+
+
+@rule("Sqrt")
+def sqrt(c: Ctx):
+    b = c.b
+    return [b.op("Div", [b.op("Mul", [c.gy, b.scalar(0.5, c.y)]), c.y])]
+
+
+@rule("Exp")
+def exp(c: Ctx):
+    return [c.b.op("Mul", [c.gy, c.y])]
+
+
+@rule("Log")
+def log(c: Ctx):
+    return [c.b.op("Div", [c.gy, c.x(0)])]
+
+
+@rule("Abs")
+def abs_(c: Ctx):
+    return [c.b.op("Mul", [c.gy, c.b.op("Sign", [c.x(0)])])]
+
+
+@rule("Reciprocal")
+def reciprocal(c: Ctx):
+    b = c.b
+    return [b.op("Neg", [b.op("Mul", [c.gy, b.op("Mul", [c.y, c.y])])])]
+
+
+# -- activations ----------------------------------------------------------------------
+
+@rule("Relu")
+def relu(c: Ctx):
+    b = c.b
+    x = c.x(0)
+    return [b.op("Where", [b.op("Greater", [x, b.scalar(0.0, x)]), c.gy, b.scalar(0.0, x)])]
+
+
+@rule("LeakyRelu")
+def leaky_relu(c: Ctx):
+    b = c.b
+    x = c.x(0)
+    alpha = c.attr("alpha", 0.01)
+    return [b.op("Where", [b.op("Greater", [x, b.scalar(0.0, x)]), c.gy,
+                           b.op("Mul", [c.gy, b.scalar(alpha, x)])])]
+
+
+@rule("Sigmoid")
+def sigmoid(c: Ctx):
+    b = c.b
+    y = c.y
+    return [b.op("Mul", [c.gy, b.op("Mul", [y, b.op("Sub", [b.scalar(1.0, y), y])])])]
+
+
+@rule("Tanh")
+def tanh(c: Ctx):
+    b = c.b
+    y = c.y
+    return [b.op("Mul", [c.gy, b.op("Sub", [b.scalar(1.0, y), b.op("Mul", [y, y])])])]
+
+
+@rule("Erf")
+def erf(c: Ctx):
+    b = c.b
+    x = c.x(0)
+    e = b.op("Exp", [b.op("Neg", [b.op("Mul", [x, x])])])
+    return [b.op("Mul", [c.gy, b.op("Mul", [e, b.scalar(2.0 / math.sqrt(math.pi), x)])])]
+
+
+@rule("Gelu")
+def gelu(c: Ctx):
+    b = c.b
+    x = c.x(0)
+    s = lambda v: b.scalar(v, x)  # noqa: E731
+    approx = c.attr("approximate", "none")
+    if approx == "none":
+        # d/dx [x/2 (1 + erf(x/sqrt2))] = (1 + erf(x/sqrt2))/2 + x exp(-x^2/2)/sqrt(2 pi)
+        cdf = b.op("Mul", [s(0.5), b.op("Add", [s(1.0), b.op("Erf", [
+            b.op("Mul", [x, s(1 / math.sqrt(2))])])])])
+        pdf = b.op("Mul", [b.op("Exp", [b.op("Mul", [b.op("Mul", [x, x]), s(-0.5)])]),
+                           s(1 / math.sqrt(2 * math.pi))])
+        d = b.op("Add", [cdf, b.op("Mul", [x, pdf])])
+    elif approx == "tanh":
+        k = math.sqrt(2 / math.pi)
+        x2 = b.op("Mul", [x, x])
+        u = b.op("Mul", [b.op("Mul", [x, s(k)]), b.op("Add", [s(1.0), b.op("Mul", [x2, s(0.044715)])])])
+        t = b.op("Tanh", [u])
+        du = b.op("Mul", [s(k), b.op("Add", [s(1.0), b.op("Mul", [x2, s(3 * 0.044715)])])])
+        d = b.op("Add", [b.op("Mul", [s(0.5), b.op("Add", [s(1.0), t])]),
+                         b.op("Mul", [b.op("Mul", [b.op("Mul", [s(0.5), x]),
+                                                   b.op("Sub", [s(1.0), b.op("Mul", [t, t])])]), du])])
+    else:
+        raise c.fail(f"approximate={approx!r} is not a Gelu mode")
+    return [b.op("Mul", [c.gy, d])]
+
+
+def _axis(c: Ctx, default: int, name: str = "axis") -> int:
+    axis = c.attr(name, default)
+    return axis + c.rank(c.x(0)) if axis < 0 else axis
+
+
+def _softmax_axis(c: Ctx) -> int:
+    if c.b.opset < 13:
+        raise c.fail(f"{c.node.op_type} before opset 13 (coerced to 2-D) is not supported")
+    return _axis(c, -1)
+
+
+@rule("Softmax")
+def softmax(c: Ctx):
+    b = c.b
+    axis = _softmax_axis(c)
+    y = c.y
+    gyy = b.op("Mul", [c.gy, y])
+    s = b.reduce("ReduceSum", gyy, [axis], keepdims=1)
+    return [b.op("Sub", [gyy, b.op("Mul", [y, s])])]
+
+
+@rule("LogSoftmax")
+def log_softmax(c: Ctx):
+    b = c.b
+    axis = _softmax_axis(c)
+    s = b.reduce("ReduceSum", c.gy, [axis], keepdims=1)
+    return [b.op("Sub", [c.gy, b.op("Mul", [b.op("Exp", [c.y]), s])])]
+
+
+# -- linear algebra -------------------------------------------------------------------
+
+def _swap_last2(b: Builder, x: str, rank: int) -> str:
+    perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+    return b.op("Transpose", [x], perm=perm)
+
+
+@rule("MatMul")
+def matmul(c: Ctx):
+    b = c.b
+    A, B = c.x(0), c.x(1)
+    ra, rb = c.rank(A), c.rank(B)
+    gy = c.gy
+    if ra == 1 and rb == 1:
+        return [b.op("Mul", [gy, B]) if c.need(0) else None,
+                b.op("Mul", [gy, A]) if c.need(1) else None]
+    if ra == 2 and rb == 2:  # Gemm transposes as it reads: no Transpose node
+        return [b.op("Gemm", [gy, B], transB=1) if c.need(0) else None,
+                b.op("Gemm", [A, gy], transA=1) if c.need(1) else None]
+    y_dims = b.shape(c.y)
+    a2, b2 = A, B
+    if ra == 1:
+        a2 = b.unsqueeze(A, [0])
+        gy = b.unsqueeze(gy, [-2])
+    if rb == 1:
+        b2 = b.unsqueeze(B, [-1])
+        gy = b.unsqueeze(gy, [-1])
+    ra2, rb2 = max(ra, 2), max(rb, 2)
+    if y_dims is None:
+        batch = None
+    elif ra == 1 or rb == 1:
+        batch = y_dims[:-1]
+    else:
+        batch = y_dims[:-2]
+    a_dims, b_dims = b.shape(A), b.shape(B)
+
+    def full(dims_last2):
+        if batch is None or dims_last2 is None:
+            return None
+        return list(batch) + list(dims_last2)
+
+    out = [None, None]
+    if c.need(0):
+        ga = b.op("MatMul", [gy, _swap_last2(b, b2, rb2)])
+        last = (a_dims[-2:] if ra >= 2 else [1, a_dims[0]]) if a_dims is not None else None
+        if ra == 1:
+            b.set_info(a2, b.dtype(A), [1] + list(a_dims) if a_dims is not None else None)
+            g = b.unbroadcast(ga, full(last), a2)
+            out[0] = b.op("Reshape", [g, b.shape_of(A)])
+        else:
+            out[0] = b.unbroadcast(ga, full(last), A)
+    if c.need(1):
+        gb = b.op("MatMul", [_swap_last2(b, a2, ra2), gy])
+        last = (b_dims[-2:] if rb >= 2 else [b_dims[0], 1]) if b_dims is not None else None
+        if rb == 1:
+            b.set_info(b2, b.dtype(B), list(b_dims) + [1] if b_dims is not None else None)
+            g = b.unbroadcast(gb, full(last), b2)
+            out[1] = b.op("Reshape", [g, b.shape_of(B)])
+        else:
+            out[1] = b.unbroadcast(gb, full(last), B)
+    return out
+
+
+@rule("Gemm")
+def gemm(c: Ctx):
+    b = c.b
+    A, B, C = c.x(0), c.x(1), c.x(2)
+    alpha = float(c.attr("alpha", 1.0))
+    beta = float(c.attr("beta", 1.0))
+    ta, tb = int(c.attr("transA", 0)), int(c.attr("transB", 0))
+    gy = c.gy
+    out = [None, None, None]
+    if c.need(0):
+        if not ta:
+            out[0] = b.op("Gemm", [gy, B], alpha=alpha, transB=1 - tb)
+        else:
+            out[0] = b.op("Gemm", [B, gy], alpha=alpha, transA=tb, transB=1)
+    if c.need(1):
+        if not tb:
+            out[1] = b.op("Gemm", [A, gy], alpha=alpha, transA=1 - ta)
+        else:
+            out[1] = b.op("Gemm", [gy, A], alpha=alpha, transA=1, transB=ta)
+    if C is not None and c.need(2):
+        g = gy if beta == 1.0 else b.op("Mul", [gy, b.scalar(beta, C)])
+        out[2] = c.unb(g, 2)
+    return out
+
+
+# -- shape and data movement ------------------------------------------------------------
+
+@rule("Identity")
+def identity(c: Ctx):
+    return [c.gy]
+
+
+@rule("Cast")
+def cast(c: Ctx):
+    return [c.b.op("Cast", [c.gy], to=c.b.dtype(c.x(0)))]
+
+
+@rule("Reshape", "Flatten", "Squeeze", "Unsqueeze")
+def reshape(c: Ctx):
+    return [c.b.reshape_like(c.gy, c.x(0))] + [None] * (len(c.node.input) - 1)
+
+
+@rule("Transpose")
+def transpose(c: Ctx):
+    perm = c.attr("perm")
+    if perm is None:
+        perm = list(reversed(range(c.rank(c.x(0)))))
+    inv = [0] * len(perm)
+    for i, p in enumerate(perm):
+        inv[p] = i
+    return [c.b.op("Transpose", [c.gy], perm=inv)]
+
+
+@rule("Expand")
+def expand(c: Ctx):
+    return [c.unb(c.gy, 0), None]
+
+
+@rule("Concat")
+def concat(c: Ctx):
+    b = c.b
+    axis = c.attr("axis")
+    rank = c.rank(c.x(0))
+    axis = axis + rank if axis < 0 else axis
+    sizes = []
+    for name in c.node.input:
+        s = b.shape(name)
+        if s is not None and isinstance(s[axis], int):
+            sizes.append(b.ints([s[axis]]))
+        else:
+            sizes.append(b.op("Slice", [b.op("Shape", [name]), b.ints([axis]), b.ints([axis + 1])]))
+    n = len(c.node.input)
+    if n == 1:
+        return [c.gy]
+    split = b.op("Concat", sizes, axis=0)
+    if b.opset >= 13:
+        parts = b.op("Split", [c.gy, split], n, axis=axis)
+    else:
+        raise c.fail("Concat's gradient needs opset >= 13")
+    return [p if c.need(i) else None for i, p in enumerate(parts)]
+
+
+@rule("Split")
+def split(c: Ctx):
+    b = c.b
+    axis = c.attr("axis", 0)
+    parts = [g if g is not None else b.zeros_like(y) for g, y in zip(c.gys, c.node.output)]
+    return [b.op("Concat", parts, axis=axis)] + [None] * (len(c.node.input) - 1)
+
+
+def _index_grid(b: Builder, x: str) -> tuple[str, str]:
+    """An int64 tensor shaped like ``x`` holding each element's flat index, and the
+    element count as a 1-D tensor."""
+    shape = b.shape_of(x)
+    n = b.reduce("ReduceProd", shape, None, keepdims=0)
+    idx = b.op("Range", [b.const(np.int64(0)), n, b.const(np.int64(1))])
+    return b.op("Reshape", [idx, shape]), b.op("Reshape", [n, b.ints([1])])
+
+
+def _scatter_flat(b: Builder, x: str, flat_idx: str, g: str, add: bool) -> str:
+    """zeros like ``x`` with ``g``'s elements written (or added) at ``flat_idx``."""
+    grid_n = b.op("Reshape", [b.reduce("ReduceProd", b.shape_of(x), None, keepdims=0), b.ints([1])])
+    zeros = b.op("ConstantOfShape", [grid_n],
+                 value=numpy_helper.from_array(np.zeros([1], b.np_dtype(x)), "zero"))
+    kw = {"reduction": "add"} if add else {}
+    flat = b.op("ScatterElements", [zeros, b.op("Reshape", [flat_idx, b.ints([-1])]),
+                                    b.op("Reshape", [g, b.ints([-1])])], axis=0, **kw)
+    return b.op("Reshape", [flat, b.shape_of(x)])
+
+
+def _one_hot(b: Builder, indices: str, depth: str, axis: int, like: str) -> str:
+    """OneHot in ``like``'s float type (onnxruntime's OneHot makes float32, not double)."""
+    dt = b.np_dtype(like)
+    values = b.const(np.array([0, 1], np.float32))
+    out = b.op("OneHot", [indices, depth, values], axis=axis)
+    return out if dt == np.float32 else b.op("Cast", [out], to=b.dtype(like))
+
+
+@rule("Slice")
+def slice_(c: Ctx):
+    b = c.b
+    grid, _ = _index_grid(b, c.x(0))
+    picked = b.op("Slice", [grid] + list(c.node.input[1:]))
+    return [_scatter_flat(b, c.x(0), picked, c.gy, add=False)] + [None] * (len(c.node.input) - 1)
+
+
+@rule("Gather")
+def gather(c: Ctx):
+    b = c.b
+    data, idx = c.x(0), c.x(1)
+    r = c.rank(data)
+    axis = c.attr("axis", 0)
+    axis = axis + r if axis < 0 else axis
+    q = c.rank(idx)
+    gy = c.gy
+    if axis != 0:  # move the index dimensions to the front: gy is pre + I + post
+        perm = list(range(axis, axis + q)) + list(range(axis)) + list(range(axis + q, r + q - 1))
+        gy = b.op("Transpose", [gy], perm=perm)
+    d_shape = b.shape_of(data)
+    depth = b.op("Slice", [d_shape, b.ints([axis]), b.ints([axis + 1])])
+    flat_idx = b.op("Reshape", [idx, b.ints([-1])])
+    onehot = _one_hot(b, flat_idx, depth, 0, data)  # [V, numel(I)]
+    g2 = b.op("Reshape", [gy, b.op("Concat", [b.op("Reshape", [
+        b.reduce("ReduceProd", b.op("Shape", [idx]), None, keepdims=0), b.ints([1])]),
+        b.ints([-1])], axis=0)])
+    g = b.op("MatMul", [onehot, g2])  # [V, rest]
+    if axis == 0:
+        return [b.op("Reshape", [g, d_shape]), None]
+    # g is [V] + pre + post laid flat; reshape to that order, then move V back.
+    rest = [b.op("Slice", [d_shape, b.ints([axis]), b.ints([axis + 1])]),
+            b.op("Slice", [d_shape, b.ints([0]), b.ints([axis])]),
+            b.op("Slice", [d_shape, b.ints([axis + 1]), b.ints([r])])]
+    g = b.op("Reshape", [g, b.op("Concat", rest, axis=0)])
+    perm = list(range(1, axis + 1)) + [0] + list(range(axis + 1, r))
+    return [b.op("Transpose", [g], perm=perm), None]
+
+
+@rule("Where")
+def where(c: Ctx):
+    b = c.b
+    cond = c.x(0)
+    out = [None, None, None]
+    if c.need(1):
+        out[1] = c.unb(b.op("Where", [cond, c.gy, b.scalar(0.0, c.y)]), 1)
+    if c.need(2):
+        out[2] = c.unb(b.op("Where", [cond, b.scalar(0.0, c.y), c.gy]), 2)
+    return out
+
+
+# -- reductions ---------------------------------------------------------------------
+
+def _reduce_back(c: Ctx) -> tuple[str, list[int] | None]:
+    """gy broadcast back over the reduced axes (still to be expanded); the axes."""
+    b = c.b
+    x = c.x(0)
+    axes = c.axes()
+    if not axes:
+        if c.attr("noop_with_empty_axes", 0):
+            return c.gy, []
+        return c.gy, None  # all axes: keepdims or scalar, both broadcast
+    r = c.rank(x)
+    axes = sorted(a + r if a < 0 else a for a in axes)
+    gy = c.gy
+    if not c.attr("keepdims", 1):
+        gy = b.unsqueeze(gy, axes)
+    return gy, axes
+
+
+@rule("ReduceSum")
+def reduce_sum(c: Ctx):
+    b = c.b
+    gy, axes = _reduce_back(c)
+    if axes == []:
+        return [gy] + [None] * (len(c.node.input) - 1)
+    return [b.op("Expand", [gy, b.shape_of(c.x(0))])] + [None] * (len(c.node.input) - 1)
+
+
+@rule("ReduceMean")
+def reduce_mean(c: Ctx):
+    b = c.b
+    x = c.x(0)
+    gy, axes = _reduce_back(c)
+    if axes == []:
+        return [gy] + [None] * (len(c.node.input) - 1)
+    xs = b.shape(x)
+    if axes is None:
+        axes = list(range(c.rank(x)))
+    if xs is not None and all(isinstance(xs[a], int) for a in axes):
+        count = b.scalar(float(np.prod([xs[a] for a in axes])), x)
+    else:
+        count = b.op("Cast", [b.op("Div", [b.op("Size", [x]), b.op("Size", [c.y])])],
+                     to=b.dtype(x))
+    g = b.op("Expand", [b.op("Div", [gy, count]), b.shape_of(x)])
+    return [g] + [None] * (len(c.node.input) - 1)
+
+
+# -- convolution and pooling ------------------------------------------------------------
+
+def _spatial(c: Ctx, x: str, what: str) -> list[int]:
+    s = c.b.shape(x)
+    if s is None or len(s) < 3 or not all(isinstance(d, int) for d in s[2:]):
+        raise c.fail(f"the gradient needs the {what}'s spatial dimensions statically "
+                     f"(tensor '{x}' has shape {s})")
+    return list(s[2:])
+
+
+def _pads(c: Ctx, in_sp, k, strides, dil) -> list[int]:
+    n = len(in_sp)
+    auto = c.attr("auto_pad", "NOTSET")
+    pads = list(c.attr("pads", [0] * (2 * n)))
+    if auto in ("NOTSET", "VALID"):
+        return pads if auto == "NOTSET" else [0] * (2 * n)
+    begin, end = [], []
+    for i in range(n):
+        out = -(-in_sp[i] // strides[i])
+        total = max(0, (out - 1) * strides[i] + (k[i] - 1) * dil[i] + 1 - in_sp[i])
+        lo = total // 2 if auto == "SAME_UPPER" else total - total // 2
+        begin.append(lo)
+        end.append(total - lo)
+    return begin + end
+
+
+def _out_sizes(in_sp, k, strides, dil, pads, ceil=False):
+    n = len(in_sp)
+    out = []
+    for i in range(n):
+        span = in_sp[i] + pads[i] + pads[i + n] - ((k[i] - 1) * dil[i] + 1)
+        o = (-(-span // strides[i]) if ceil else span // strides[i]) + 1
+        out.append(o)
+    return out
+
+
+def _conv_transpose(c: Ctx, g: str, w: str, in_sp, k, strides, dil, pads, group, out_sp):
+    """The adjoint of a convolution: ``g`` scattered back onto the input's grid."""
+    n = len(in_sp)
+    opad = []
+    for i in range(n):
+        produced = strides[i] * (out_sp[i] - 1) + (k[i] - 1) * dil[i] + 1 - pads[i] - pads[i + n]
+        opad.append(in_sp[i] - produced)
+    if any(p < 0 for p in opad):
+        raise c.fail("cannot map the gradient back onto the input (ceil_mode windows past the end)")
+    kw = {}
+    if any(opad):
+        if any(p >= max(s, d) for p, s, d in zip(opad, strides, dil)):
+            # Input rows that no window reads: pad the result with zeros instead.
+            kw["pads"] = pads
+            res = c.b.op("ConvTranspose", [g, w], strides=strides, dilations=dil, group=group, **kw)
+            n_pad = [0, 0] + [0] * n + [0, 0] + [p for p in opad]
+            return c.b.op("Pad", [res, c.b.ints(n_pad)])
+        kw["output_padding"] = opad
+    return c.b.op("ConvTranspose", [g, w], strides=strides, dilations=dil, pads=pads,
+                  group=group, **kw)
+
+
+@rule("Conv")
+def conv(c: Ctx):
+    b = c.b
+    X, W, B = c.x(0), c.x(1), c.x(2)
+    in_sp = _spatial(c, X, "input")
+    w_shape = b.shape(W)
+    if w_shape is None or not all(isinstance(d, int) for d in w_shape):
+        raise c.fail(f"the gradient needs the weight's shape statically ('{W}': {w_shape})")
+    n = len(in_sp)
+    k = list(c.attr("kernel_shape", w_shape[2:]))
+    strides = list(c.attr("strides", [1] * n))
+    dil = list(c.attr("dilations", [1] * n))
+    group = int(c.attr("group", 1))
+    pads = _pads(c, in_sp, k, strides, dil)
+    out_sp = _out_sizes(in_sp, k, strides, dil, pads)
+    gy = c.gy
+    out = [None, None, None]
+    if c.need(0):
+        out[0] = _conv_transpose(c, gy, W, in_sp, k, strides, dil, pads, group, out_sp)
+    if c.need(1):
+        # dW[co, ci, k] = sum_{n, o} gy[n, co, o] X[n, ci, o*s + k*d - p]: a convolution of
+        # X (batch as channels) with gy (batch as channels), strides and dilations swapped.
+        perm = [1, 0] + list(range(2, n + 2))
+        xt = b.op("Transpose", [X], perm=perm)       # [C_in, N, sp]
+        gt = b.op("Transpose", [gy], perm=perm)      # [C_out, N, osp]
+        gw = b.op("Conv", [xt, gt], strides=dil, dilations=strides, pads=pads)  # [C_in, C_out, >=k]
+        gw = b.op("Slice", [gw, b.ints([0] * n), b.ints(k), b.ints(list(range(2, n + 2)))])
+        c_out, cig = w_shape[0], w_shape[1]
+        if group == 1:
+            out[1] = b.op("Transpose", [gw], perm=perm)
+        else:
+            cog = c_out // group
+            # [g, cig, g, cog, k]: keep the diagonal blocks (input group == output group).
+            g5 = b.op("Reshape", [gw, b.ints([group, cig, group, cog] + k)])
+            eye = np.eye(group, dtype=b.np_dtype(W)).reshape([group, 1, group, 1] + [1] * n)
+            diag = b.reduce("ReduceSum", b.op("Mul", [g5, b.const(eye)]), [0], keepdims=0)
+            # [cig, g, cog, k] -> [g, cog, cig, k]
+            t = b.op("Transpose", [diag], perm=[1, 2, 0] + list(range(3, n + 3)))
+            out[1] = b.op("Reshape", [t, b.ints(w_shape)])
+    if B is not None and c.need(2):
+        out[2] = b.reduce("ReduceSum", gy, [0] + list(range(2, n + 2)), keepdims=0)
+    return out
+
+
+@rule("MaxPool")
+def max_pool(c: Ctx):
+    b = c.b
+    X = c.x(0)
+    if int(c.attr("storage_order", 0)) != 0:
+        raise c.fail("storage_order=1 is not supported")
+    if len(c.gys) > 1 and c.gys[1] is not None:
+        raise c.fail("the Indices output has no gradient")
+    in_sp = _spatial(c, X, "input")
+    n = len(in_sp)
+    k = list(c.attr("kernel_shape"))
+    strides = list(c.attr("strides", [1] * n))
+    dil = list(c.attr("dilations", [1] * n))
+    overlap = any(s < (kk - 1) * d + 1 for s, kk, d in zip(strides, k, dil))
+    if overlap and b.opset < 16:
+        raise c.fail("overlapping pooling windows need opset >= 16 (ScatterElements "
+                     "with reduction 'add')")
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in c.node.attribute}
+    _, idx = b.op("MaxPool", [X], 2, **attrs)
+    return [_scatter_flat(b, X, idx, c.gy, add=overlap)]
+
+
+@rule("AveragePool")
+def average_pool(c: Ctx):
+    b = c.b
+    X = c.x(0)
+    if int(c.attr("ceil_mode", 0)):
+        raise c.fail("ceil_mode=1 is not supported")
+    s = b.shape(X)
+    in_sp = _spatial(c, X, "input")
+    if not isinstance(s[1], int):
+        raise c.fail(f"the gradient needs the channel count statically ('{X}': {s})")
+    n = len(in_sp)
+    k = list(c.attr("kernel_shape"))
+    strides = list(c.attr("strides", [1] * n))
+    dil = list(c.attr("dilations", [1] * n))
+    pads = _pads(c, in_sp, k, strides, dil)
+    out_sp = _out_sizes(in_sp, k, strides, dil, pads)
+    dt = b.np_dtype(X)
+    if int(c.attr("count_include_pad", 0)) or not any(pads):
+        g = b.op("Div", [c.gy, b.scalar(float(np.prod(k)), X)])
+    else:  # each window's count of real (unpadded) elements
+        ones_in = b.const(np.ones([1, 1] + in_sp, dt))
+        cnt = b.op("Conv", [ones_in, b.const(np.ones([1, 1] + k, dt))], strides=strides,
+                   dilations=dil, pads=pads)
+        g = b.op("Div", [c.gy, cnt])
+    w = b.const(np.ones([s[1], 1] + k, dt))
+    return [_conv_transpose(c, g, w, in_sp, k, strides, dil, pads, s[1], out_sp)]
+
+
+@rule("GlobalAveragePool")
+def global_average_pool(c: Ctx):
+    b = c.b
+    X = c.x(0)
+    s = b.shape(X)
+    if s is not None and all(isinstance(d, int) for d in s[2:]):
+        count = b.scalar(float(np.prod(s[2:])), X)
+    else:
+        count = b.op("Cast", [b.op("Div", [b.op("Size", [X]), b.op("Size", [c.y])])], to=b.dtype(X))
+    return [b.op("Expand", [b.op("Div", [c.gy, count]), b.shape_of(X)])]
+
+
+# -- normalization --------------------------------------------------------------------
+
+@rule("BatchNormalization")
+def batch_norm(c: Ctx):
+    b = c.b
+    if int(c.attr("training_mode", 0)):
+        raise c.fail("training_mode=1 is not supported: the gradient covers the inference "
+                     "form (running statistics)")
+    if any(g is not None for g in c.gys[1:]):
+        raise c.fail("only the first output has a gradient")
+    X, scale, bias, mean, var = (c.x(i) for i in range(5))
+    eps = float(c.attr("epsilon", 1e-5))
+    r = c.rank(X)
+    chan = lambda t: b.op("Reshape", [t, b.ints([-1] + [1] * (r - 2))])  # noqa: E731
+    inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [var, b.scalar(eps, var)])])])
+    axes = [0] + list(range(2, r))
+    gy = c.gy
+    out = [None] * 5
+    if c.need(0):
+        out[0] = b.op("Mul", [gy, chan(b.op("Mul", [scale, inv]))])
+    xc = b.op("Sub", [X, chan(mean)]) if (c.need(1) or c.need(4)) else None
+    if c.need(1):
+        out[1] = b.reduce("ReduceSum", b.op("Mul", [gy, b.op("Mul", [xc, chan(inv)])]), axes, 0)
+    if c.need(2):
+        out[2] = b.reduce("ReduceSum", gy, axes, 0)
+    if c.need(3):
+        s = b.reduce("ReduceSum", gy, axes, 0)
+        out[3] = b.op("Neg", [b.op("Mul", [s, b.op("Mul", [scale, inv])])])
+    if c.need(4):
+        s = b.reduce("ReduceSum", b.op("Mul", [gy, xc]), axes, 0)
+        inv3 = b.op("Mul", [inv, b.op("Mul", [inv, inv])])
+        out[4] = b.op("Mul", [b.op("Mul", [s, scale]), b.op("Mul", [inv3, b.scalar(-0.5, var)])])
+    return out
+
+
+@rule("LayerNormalization")
+def layer_norm(c: Ctx):
+    b = c.b
+    if any(g is not None for g in c.gys[1:]):
+        raise c.fail("only the first output (Y) has a gradient")
+    X, scale, bias = c.x(0), c.x(1), c.x(2)
+    r = c.rank(X)
+    axis = _axis(c, -1)
+    axes = list(range(axis, r))
+    eps = float(c.attr("epsilon", 1e-5))
+    mu = b.reduce("ReduceMean", X, axes, 1)
+    xc = b.op("Sub", [X, mu])
+    var = b.reduce("ReduceMean", b.op("Mul", [xc, xc]), axes, 1)
+    rstd = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [var, b.scalar(eps, X)])])])
+    xhat = b.op("Mul", [xc, rstd])
+    gy = c.gy
+    y_dims = b.shape(c.y)
+    out = [None, None, None]
+    if c.need(0):
+        gh = b.op("Mul", [gy, scale])
+        m1 = b.reduce("ReduceMean", gh, axes, 1)
+        m2 = b.reduce("ReduceMean", b.op("Mul", [gh, xhat]), axes, 1)
+        out[0] = b.op("Mul", [rstd, b.op("Sub", [b.op("Sub", [gh, m1]), b.op("Mul", [xhat, m2])])])
+    if c.need(1):
+        out[1] = b.unbroadcast(b.op("Mul", [gy, xhat]), y_dims, scale)
+    if bias is not None and c.need(2):
+        out[2] = b.unbroadcast(gy, y_dims, bias)
+    return out
+
+
+# -- losses -----------------------------------------------------------------------------
+
+def _loss_weights(c: Ctx, labels: str, weight: str | None, like: str) -> str:
+    """Per-sample weight: weight[label] (or 1), 0 where label == ignore_index; float."""
+    b = c.b
+    ii = c.attr("ignore_index")
+    safe = labels
+    if ii is not None:
+        keep = b.op("Not", [b.op("Equal", [labels, b.const(np.asarray(ii, b.np_dtype(labels)))])])
+        safe = b.op("Where", [keep, labels, b.const(np.asarray(0, b.np_dtype(labels)))])
+    if weight is not None:
+        w = b.op("Gather", [weight, safe], axis=0)
+    else:
+        w = b.op("Cast", [b.op("Equal", [safe, safe])], to=b.dtype(like))
+    if ii is not None:
+        w = b.op("Mul", [w, b.op("Cast", [keep], to=b.dtype(like))])
+    return w
+
+
+def _loss_scale(c: Ctx, w: str, like: str) -> str:
+    """d loss / d (per-sample loss), shaped like the labels."""
+    b = c.b
+    reduction = c.attr("reduction", "mean")
+    if reduction == "none":
+        return b.op("Mul", [c.gy, w])
+    if reduction == "sum":
+        return b.op("Mul", [c.gy, w])
+    if reduction == "mean":
+        total = b.reduce("ReduceSum", w, None, keepdims=0)
+        return b.op("Mul", [b.op("Div", [c.gy, total]), w])
+    raise c.fail(f"reduction={reduction!r} is not one of none, mean, sum")
+
+
+def _onehot(c: Ctx, labels: str, scores: str) -> str:
+    b = c.b
+    depth = b.op("Slice", [b.op("Shape", [scores]), b.ints([1]), b.ints([2])])
+    return _one_hot(b, labels, depth, 1, scores)
+
+
+def _sample_scale(c: Ctx) -> str:
+    """d loss / d (per-sample loss) with a class axis: [N, 1, d1, ...]."""
+    scores, labels, weight = c.x(0), c.x(1), c.x(2)
+    return c.b.unsqueeze(_loss_scale(c, _loss_weights(c, labels, weight, scores), scores), [1])
+
+
+@rule("SoftmaxCrossEntropyLoss")
+def softmax_cross_entropy(c: Ctx):
+    b = c.b
+    scores, labels = c.x(0), c.x(1)
+    if not c.need(0):
+        return [None] * len(c.node.input)
+    logp = b.op("LogSoftmax", [scores], axis=1)
+    p = b.op("Exp", [logp])
+    g = None
+    if c.gys[0] is not None:
+        g = b.op("Mul", [b.op("Sub", [p, _onehot(c, labels, scores)]), _sample_scale(c)])
+    if len(c.gys) > 1 and c.gys[1] is not None:  # the log_prob output
+        gl = c.gys[1]
+        gl = b.op("Sub", [gl, b.op("Mul", [p, b.reduce("ReduceSum", gl, [1], keepdims=1)])])
+        g = gl if g is None else b.op("Add", [g, gl])
+    return [g] + [None] * (len(c.node.input) - 1)
+
+
+@rule("NegativeLogLikelihoodLoss")
+def nll_loss(c: Ctx):
+    b = c.b
+    if not c.need(0):
+        return [None] * len(c.node.input)
+    g = b.op("Neg", [b.op("Mul", [_onehot(c, c.x(1), c.x(0)), _sample_scale(c)])])
+    return [g] + [None] * (len(c.node.input) - 1)

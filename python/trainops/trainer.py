@@ -1,0 +1,408 @@
+"""Training an ONNX model entirely inside ONNX Runtime.
+
+:class:`Trainer` builds ONE ONNX model that runs the forward pass, the loss, the backward
+pass (:mod:`trainops.autodiff`: ordinary ONNX ops) and the optimizer node (ONNX's
+``Adam`` / ``Adagrad`` / ``Momentum``, or ``com.trainops::MixedPrecisionAdam`` +
+``DynamicLossScale`` under ``policy="mixed_float16"``), and one session in which the
+parameters and the optimizer state live in ONNX Runtime's buffers, updated in place
+through an IOBinding::
+
+    trainer = Trainer(model, loss="loss", optimizer=optim.Adam(lr=1e-3))
+    for x, t in batches:
+        loss = trainer.step({"x": x, "t": t})     # the loss before this update
+    onnx.save(trainer.export(), "trained.onnx")    # plain onnxruntime runs it
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from . import optim as _optim
+from .autodiff import GradientError, build_backward, infer
+from .autodiff.backward import default_opset, toposort
+from .autodiff.graph import Builder
+from .onnx_defs import TRAINING_DOMAIN, TRAINOPS_DOMAIN
+
+__all__ = ["Trainer"]
+
+_FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16)
+_P = "trainops"  # prefix of the names the trainer adds
+
+
+def _float_initializers(graph) -> list[str]:
+    return [i.name for i in graph.initializer if i.data_type in _FLOATS]
+
+
+def _to_fp16_graph(graph: onnx.GraphProto, params: list[str], data_inputs: list[str]) -> dict:
+    """Turn a float32 forward graph into float16 compute in place: float32 data inputs
+    and parameters are cast (parameters arrive as float16 copies), other float32
+    initializers and Constants become float16, Casts to float become Casts to float16.
+    Returns {param: name of its float16 copy}."""
+    copies = {p: f"{_P}/{p}/float16" for p in params}
+    renames = dict(copies)
+    pre = []
+    for name in data_inputs:
+        vi = next(i for i in graph.input if i.name == name)
+        if vi.type.tensor_type.elem_type == TensorProto.FLOAT:
+            new = f"{_P}/{name}/float16"
+            pre.append(helper.make_node("Cast", [name], [new], to=TensorProto.FLOAT16,
+                                        name=f"{_P}/cast_{name}"))
+            renames[name] = new
+    for init in graph.initializer:
+        if init.data_type == TensorProto.FLOAT and init.name not in params:
+            init.CopyFrom(numpy_helper.from_array(
+                numpy_helper.to_array(init).astype(np.float16), init.name))
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in renames:
+                node.input[i] = renames[name]
+        for a in node.attribute:
+            if node.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT:
+                a.i = TensorProto.FLOAT16
+            if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == TensorProto.FLOAT:
+                a.t.CopyFrom(numpy_helper.from_array(
+                    numpy_helper.to_array(a.t).astype(np.float16), a.t.name))
+    nodes = pre + list(graph.node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return copies
+
+
+class Trainer:
+    """Trains ``model`` (an ``onnx.ModelProto`` or path) whose scalar float output
+    ``loss`` is minimised, in ONNX Runtime.
+
+    - ``params``: the initializers to train (default: every float initializer);
+    - ``optimizer``: :class:`trainops.optim.Adam` (default ``Adam()``), ``Adagrad`` or
+      ``Momentum``;
+    - ``policy``: ``"float32"`` (or ``"float64"`` for a float64 model), or
+      ``"mixed_float16"``: the forward and backward passes in float16 on float16 copies of
+      float32 master weights, ``MixedPrecisionAdam`` (Adam only) with dynamic loss scaling
+      (``DynamicLossScale``: Keras' initial scale 2**15, growth every 2000 finite steps);
+    - ``threads``: ONNX Runtime's intra-op threads (default: its own choice).
+
+    Every other graph input is data, fed to :meth:`step`.
+    """
+
+    def __init__(self, model, loss: str, optimizer: _optim.Optimizer | None = None,
+                 params: Sequence[str] | None = None, policy: str = "float32",
+                 threads: int | None = None, seed: int | None = None, *, _state=None):
+        if isinstance(model, bytes):
+            model = onnx.load_from_string(model)
+        elif isinstance(model, (str, os.PathLike)):
+            model = onnx.load(os.fspath(model))
+        self._model = onnx.ModelProto()
+        self._model.CopyFrom(model)
+        self.loss_name = loss
+        self.optimizer = optimizer if optimizer is not None else _optim.Adam()
+        self.policy = str(getattr(policy, "name", policy))
+        if self.policy not in ("float32", "float64", "mixed_float16"):
+            raise ValueError(f"policy {self.policy!r}: expected 'float32', 'float64' or "
+                             "'mixed_float16'")
+        if self.policy == "mixed_float16" and self.optimizer.op_type != "Adam":
+            raise ValueError("policy 'mixed_float16' uses MixedPrecisionAdam: the optimizer "
+                             f"must be Adam, got {self.optimizer.op_type}")
+        if seed is not None:
+            raise NotImplementedError("seed= threads a Philox state through Dropout, which "
+                                      "waits for com.trainops::PhiloxDropout")
+        self.threads = threads
+        g = self._model.graph
+        if loss not in {o for n in g.node for o in n.output} | {i.name for i in g.input}:
+            raise ValueError(f"loss {loss!r} is not a tensor of the model")
+        float_inits = _float_initializers(g)
+        self.param_names = list(float_inits if params is None else params)
+        missing = [p for p in self.param_names if p not in float_inits]
+        if missing:
+            raise ValueError(f"params {missing} are not float initializers of the model")
+        if not self.param_names:
+            raise ValueError("the model has no float initializers to train")
+        inits = {i.name for i in g.initializer}
+        self.input_names = [i.name for i in g.input if i.name not in inits]
+        self._build()
+        self._make_session()
+        if _state is not None:
+            self._restore(_state)
+
+    # -- the training model --------------------------------------------------------------
+    def _build(self) -> None:
+        src = self._model
+        opset = default_opset(src)
+        inferred = infer(src).graph
+        ptypes = {}
+        values = {}
+        for init in src.graph.initializer:
+            if init.name in self.param_names:
+                values[init.name] = numpy_helper.to_array(init)
+                ptypes[init.name] = init.data_type
+        self._initial = values
+        mixed = self.policy == "mixed_float16"
+
+        g = onnx.GraphProto()
+        g.CopyFrom(src.graph)
+        g.name = (src.graph.name or "model") + "_training"
+        keep = [i for i in g.initializer if i.name not in values]
+        del g.initializer[:]
+        g.initializer.extend(keep)
+        del g.output[:]
+        copies = {}
+        if mixed:
+            for p in values:
+                if ptypes[p] != TensorProto.FLOAT:
+                    raise ValueError(f"mixed_float16 needs float32 parameters; {p!r} is not")
+            copies = _to_fp16_graph(g, self.param_names, self.input_names)
+            inferred_src = onnx.ModelProto()
+            inferred_src.CopyFrom(src)
+            inferred_src.graph.CopyFrom(g)
+            for p, c in copies.items():
+                inferred_src.graph.input.append(helper.make_tensor_value_info(
+                    c, TensorProto.FLOAT16, list(values[p].shape)))
+            inferred = infer(inferred_src).graph
+        wrt = [copies.get(p, p) for p in self.param_names]
+
+        b = Builder(inferred, opset, prefix=f"{_P}/grad")
+        loss = self.loss_name
+        loss_t = b.dtype(loss)
+        if loss_t not in _FLOATS:
+            raise GradientError(f"loss {loss!r} must be a float tensor (its type is {loss_t})")
+        seed = None
+        if mixed:
+            seed = b.op("Cast", [f"{_P}/loss_scale"], to=TensorProto.FLOAT16)
+            if b.shape(loss) not in (None, []):
+                seed = b.op("Expand", [seed, b.op("Shape", [loss])])
+        b, grads = build_backward(inferred, opset, loss, wrt, seed=seed, builder=b)
+        nodes = list(g.node) + list(b.nodes)
+
+        ps = self.param_names
+        r_name, t_name = f"{_P}/lr", f"{_P}/T"
+        self.state_names = {s: [f"{_P}/{s}/{p}" for p in ps] for s in self.optimizer.state}
+        new = {p: f"{_P}/new/{p}" for p in ps}
+        new_state = {s: [f"{_P}/new/{s}/{p}" for p in ps] for s in self.optimizer.state}
+        opt = self.optimizer
+        state_in = [n for s in opt.state for n in self.state_names[s]]
+        state_out = [n for s in opt.state for n in new_state[s]]
+        extra_in: list = []
+        loss_out = loss
+        self._aliases = []  # (input name, output name) pairs bound to one buffer
+        if mixed:
+            loss_out = f"{_P}/loss_float32"
+            nodes.append(helper.make_node("Cast", [loss], [loss_out], to=TensorProto.FLOAT))
+            copy_out = [f"{_P}/new/{copies[p]}" for p in ps]
+            nodes.append(helper.make_node(
+                "MixedPrecisionAdam", [r_name, t_name, f"{_P}/loss_scale"] + ps + grads + state_in,
+                [f"{_P}/finite"] + [new[p] for p in ps] + state_out + copy_out,
+                domain=TRAINOPS_DOMAIN, name=f"{_P}/mixed_precision_adam",
+                copy_dtype=TensorProto.FLOAT16, **opt.attributes()))
+            nodes.append(helper.make_node(
+                "DynamicLossScale", [f"{_P}/loss_scale", f"{_P}/good_steps", f"{_P}/finite"],
+                [f"{_P}/new/loss_scale", f"{_P}/new/good_steps"], domain=TRAINOPS_DOMAIN,
+                name=f"{_P}/dynamic_loss_scale"))
+            extra_in = [helper.make_tensor_value_info(f"{_P}/loss_scale", TensorProto.FLOAT, [1]),
+                        helper.make_tensor_value_info(f"{_P}/good_steps", TensorProto.INT64, [1])]
+            for p in ps:
+                c = copies[p]
+                extra_in.append(helper.make_tensor_value_info(c, TensorProto.FLOAT16,
+                                                              list(values[p].shape)))
+                self._aliases.append((c, f"{_P}/new/{c}"))
+            self._aliases += [(f"{_P}/loss_scale", f"{_P}/new/loss_scale"),
+                              (f"{_P}/good_steps", f"{_P}/new/good_steps")]
+            outs = [f"{_P}/finite"]
+        else:
+            nodes.append(helper.make_node(
+                opt.op_type, [r_name, t_name] + ps + grads + state_in,
+                [new[p] for p in ps] + state_out, domain=TRAINING_DOMAIN,
+                name=f"{_P}/{opt.op_type.lower()}", **opt.attributes()))
+            outs = []
+        self._aliases += [(p, new[p]) for p in ps] + list(zip(state_in, state_out))
+
+        r_type = TensorProto.DOUBLE if any(ptypes[p] == TensorProto.DOUBLE for p in ps) \
+            and not mixed else TensorProto.FLOAT
+        self._r_dtype = np.float64 if r_type == TensorProto.DOUBLE else np.float32
+        g.input.extend([helper.make_tensor_value_info(r_name, r_type, [1]),
+                        helper.make_tensor_value_info(t_name, TensorProto.INT64, [1])])
+        for p in ps:
+            g.input.append(helper.make_tensor_value_info(p, ptypes[p], list(values[p].shape)))
+        for s in opt.state:
+            for p, n in zip(ps, self.state_names[s]):
+                g.input.append(helper.make_tensor_value_info(n, ptypes[p], list(values[p].shape)))
+        g.input.extend(extra_in)
+        available = {i.name for i in g.input} | {i.name for i in g.initializer}
+        del g.node[:]
+        g.node.extend(toposort(nodes, available))
+        vi = {v.name: v for v in inferred.value_info}
+        for name in [loss_out] + [o for _, o in self._aliases] + outs:
+            g.output.append(vi[name] if name in vi else helper.make_empty_tensor_value_info(name))
+        # Graph outputs need types for onnxruntime's checks: give the aliases their input's.
+        types = {i.name: i.type for i in g.input}
+        for o in g.output:
+            for i_name, o_name in self._aliases:
+                if o.name == o_name:
+                    o.type.CopyFrom(types[i_name])
+            if o.name == loss_out and not o.type.HasField("tensor_type"):
+                o.type.CopyFrom(helper.make_tensor_type_proto(
+                    TensorProto.FLOAT if mixed else loss_t, None))
+            if o.name == f"{_P}/finite":
+                o.type.CopyFrom(helper.make_tensor_type_proto(TensorProto.BOOL, []))
+        self._loss_out = loss_out
+        domains = {o.domain: o.version for o in src.opset_import}
+        domains[TRAINING_DOMAIN] = 1
+        if mixed:
+            domains[TRAINOPS_DOMAIN] = 1
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid(d, v) for d, v in domains.items()],
+                              producer_name="trainops.Trainer")
+        m.ir_version = src.ir_version
+        self.training_model = m
+
+    def _make_session(self) -> None:
+        import onnxruntime as ort
+
+        from . import get_library_path
+
+        so = ort.SessionOptions()
+        so.register_custom_ops_library(get_library_path())
+        if self.threads is not None:
+            so.intra_op_num_threads = int(self.threads)
+            so.inter_op_num_threads = 1
+        so.log_severity_level = 3
+        self.session = ort.InferenceSession(self.training_model.SerializeToString(), so,
+                                            providers=["CPUExecutionProvider"])
+        self._arrays: dict[str, np.ndarray] = {}
+        self._values: dict[str, Any] = {}
+        ps = self.param_names
+
+        def put(name, arr):
+            # The OrtValue wraps this array's memory (and keeps it alive): the session
+            # updates it in place, and numpy reads it without a copy.
+            arr = np.array(arr, order="C", copy=True)
+            self._arrays[name] = arr
+            self._values[name] = ort.OrtValue.ortvalue_from_numpy(arr)
+
+        for p in ps:
+            put(p, self._initial[p])
+        for s in self.optimizer.state:
+            for p, n in zip(ps, self.state_names[s]):
+                put(n, np.zeros_like(self._initial[p]))
+        mixed = self.policy == "mixed_float16"
+        if mixed:
+            from .mixed_precision import KERAS_INITIAL_LOSS_SCALE
+
+            put(f"{_P}/loss_scale", np.array([KERAS_INITIAL_LOSS_SCALE], np.float32))
+            put(f"{_P}/good_steps", np.array([0], np.int64))
+            for p in ps:
+                put(f"{_P}/{p}/float16", self._initial[p].astype(np.float16))
+        self.T = 1
+        self.lr = float(self.optimizer.lr)
+        self.skipped = 0
+        self._binding = bind = self.session.io_binding()
+        for i_name, o_name in self._aliases:
+            v = self._values[i_name]
+            bind.bind_ortvalue_input(i_name, v)
+            bind.bind_ortvalue_output(o_name, v)
+        out = self.session.get_outputs()[0]
+        shape = out.shape
+        dtype = {"tensor(float)": np.float32, "tensor(double)": np.float64,
+                 "tensor(float16)": np.float16}[out.type]
+        if shape is not None and all(isinstance(d, int) for d in shape):
+            put(self._loss_out, np.zeros(shape, dtype))
+            bind.bind_ortvalue_output(self._loss_out, self._values[self._loss_out])
+        else:
+            raise GradientError(f"loss {self.loss_name!r} must have a static shape "
+                                f"(one element), got {shape}")
+        if int(np.prod(shape)) != 1:
+            raise GradientError(f"loss {self.loss_name!r} must be a scalar, has shape {shape}")
+        if mixed:
+            put(f"{_P}/finite", np.zeros((), np.bool_))
+            bind.bind_ortvalue_output(f"{_P}/finite", self._values[f"{_P}/finite"])
+
+    # -- training ----------------------------------------------------------------------
+    @property
+    def learning_rate(self) -> float:
+        return self.lr
+
+    @learning_rate.setter
+    def learning_rate(self, value: float) -> None:
+        self.lr = float(value)
+
+    @property
+    def loss_scale(self) -> float | None:
+        v = self._arrays.get(f"{_P}/loss_scale")
+        return None if v is None else float(v[0])
+
+    def step(self, feeds: Mapping[str, Any]) -> float:
+        """One training step on ``feeds`` (every data input of the model): forward, loss,
+        backward and the optimizer update, in one ``run_with_iobinding``. Returns the loss
+        before the update. Under ``mixed_float16`` a step whose gradients are not finite
+        is skipped (the weights stay) and ``skipped`` counts it."""
+        bind = self._binding
+        missing = [n for n in self.input_names if n not in feeds]
+        if missing:
+            raise ValueError(f"step: feeds lack model inputs {missing}")
+        for name in self.input_names:
+            bind.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
+        bind.bind_cpu_input(f"{_P}/lr", np.array([self.lr], self._r_dtype))
+        bind.bind_cpu_input(f"{_P}/T", np.array([self.T], np.int64))
+        self.session.run_with_iobinding(bind)
+        self.T += 1
+        if self.policy == "mixed_float16" and not bool(self._arrays[f"{_P}/finite"]):
+            self.skipped += 1
+        return float(self._arrays[self._loss_out].reshape(-1)[0])
+
+    # -- results -------------------------------------------------------------------------
+    def parameters(self) -> dict[str, np.ndarray]:
+        """The current weights (copies), by initializer name."""
+        return {p: self._arrays[p].copy() for p in self.param_names}
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        return {n: self._arrays[n].copy() for s in self.optimizer.state
+                for n in self.state_names[s]}
+
+    def export(self) -> onnx.ModelProto:
+        """The original model (inference graph, loss included) with the trained weights:
+        no trainops op, so plain onnxruntime runs it."""
+        m = onnx.ModelProto()
+        m.CopyFrom(self._model)
+        params = self.parameters()
+        for init in m.graph.initializer:
+            if init.name in params:
+                init.CopyFrom(numpy_helper.from_array(params[init.name], init.name))
+        return m
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def save(self, path) -> None:
+        """A checkpoint (``.npz``): the model, the weights, the optimizer state, the update
+        count, the learning rate and the loss scale. :meth:`load` resumes from it."""
+        config = {"loss": self.loss_name, "optimizer": self.optimizer.to_dict(),
+                  "params": self.param_names, "policy": self.policy, "T": self.T,
+                  "lr": self.lr, "skipped": self.skipped}
+        arrays = {f"value:{k}": v for k, v in self._arrays.items()}
+        arrays["model"] = np.frombuffer(self._model.SerializeToString(), np.uint8)
+        arrays["config"] = np.frombuffer(json.dumps(config).encode(), np.uint8)
+        with open(path, "wb") as f:
+            np.savez(f, **arrays)
+
+    @classmethod
+    def load(cls, path, threads: int | None = None) -> "Trainer":
+        with np.load(path) as z:
+            config = json.loads(bytes(z["config"]).decode())
+            model = onnx.load_from_string(bytes(z["model"]))
+            values = {k[len("value:"):]: z[k] for k in z.files if k.startswith("value:")}
+        state = {"values": values, "T": config["T"], "lr": config["lr"],
+                 "skipped": config["skipped"]}
+        return cls(model, config["loss"], _optim.from_dict(config["optimizer"]),
+                   params=config["params"], policy=config["policy"], threads=threads,
+                   _state=state)
+
+    def _restore(self, state) -> None:
+        for name, arr in state["values"].items():
+            if name not in self._arrays:
+                raise ValueError(f"checkpoint value {name!r} is not part of this trainer")
+            np.copyto(self._arrays[name], arr)
+        self.T = int(state["T"])
+        self.lr = float(state["lr"])
+        self.skipped = int(state["skipped"])

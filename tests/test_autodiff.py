@@ -1,0 +1,409 @@
+"""Every gradient rule of trainops.autodiff against central finite differences of the
+forward graph run in plain onnxruntime (no trainops library needed)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from helpers.gradcheck import check, make_model, ort_version, session
+from trainops.onnx_defs import TRAINING_DOMAIN
+from trainops.autodiff import RULES, GradientError, expand_gradients
+
+rng = np.random.default_rng(12)
+
+
+def r(*shape, lo=None):
+    a = rng.standard_normal(shape)
+    if lo is not None:  # keep away from a kink / outside a domain
+        a = np.abs(a) + lo
+    return a
+
+
+def away_from_zero(*shape):
+    a = rng.standard_normal(shape)
+    return np.where(np.abs(a) < 0.1, a + 0.3 * np.sign(a + 1e-9), a)
+
+
+def node(op, ins, outs=("y",), **kw):
+    return helper.make_node(op, list(ins), list(outs), **kw)
+
+
+# --- elementwise, with broadcasting --------------------------------------------------
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+def test_binary_broadcast(op):
+    b = r(4, 1, lo=0.5) if op == "Div" else r(4, 1)
+    check([node(op, ["a", "b"])], {"a": r(2, 3, 4, 5), "b": b}, ["a", "b"])
+
+
+def test_binary_broadcast_symbolic_dims():
+    check([node("Mul", ["a", "b"])], {"a": r(3, 4), "b": r(1, 4)}, ["a", "b"],
+          symbolic={"a": ["N", 4], "b": ["M", 4]})
+
+
+def test_binary_broadcast_unknown_shapes():
+    check([node("Add", ["a", "b"])], {"a": r(3, 4), "b": r(4)}, ["a", "b"],
+          symbolic={"a": ["N", None], "b": [None]})
+
+
+def test_same_tensor_twice_sums_gradients():
+    check([node("Mul", ["a", "a"], ["t"]), node("Add", ["t", "a"])], {"a": r(3)}, ["a"])
+
+
+@pytest.mark.parametrize("op", ["Neg", "Exp", "Abs", "Tanh", "Sigmoid", "Erf", "Relu"])
+def test_unary(op):
+    check([node(op, ["x"])], {"x": away_from_zero(3, 4)}, ["x"])
+
+
+@pytest.mark.parametrize("op", ["Sqrt", "Log", "Reciprocal"])
+def test_unary_positive(op):
+    check([node(op, ["x"])], {"x": r(3, 4, lo=0.5)}, ["x"])
+
+
+def test_leaky_relu():
+    check([node("LeakyRelu", ["x"], alpha=0.2)], {"x": away_from_zero(3, 4)}, ["x"])
+
+
+@pytest.mark.parametrize("exponent", [3.0, 0.5, -1.5])
+def test_pow_constant_exponent(exponent):
+    check([node("Pow", ["x", "e"])], {"x": r(2, 3, lo=0.5)}, ["x"],
+          consts={"e": np.array(exponent)})
+
+
+def test_pow_integer_exponent_broadcast():
+    check([node("Pow", ["x", "e"])], {"x": r(2, 3)}, ["x"],
+          consts={"e": np.array([2, 3, 1], np.int64)})
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu(approximate):
+    if ort_version() < (1, 18):
+        pytest.skip("onnxruntime < 1.18 has no Gelu (opset 20) kernel")
+    check([node("Gelu", ["x"], approximate=approximate)], {"x": r(3, 4)}, ["x"], opset=20)
+
+
+@pytest.mark.parametrize("axis", [-1, 0, 1])
+@pytest.mark.parametrize("op", ["Softmax", "LogSoftmax"])
+def test_softmax(op, axis):
+    check([node(op, ["x"], axis=axis)], {"x": r(3, 4, 2)}, ["x"])
+
+
+# --- linear algebra --------------------------------------------------------------------
+
+@pytest.mark.parametrize("sa,sb", [((3, 4), (4, 5)), ((2, 3, 4), (4, 5)), ((2, 1, 3, 4), (3, 4, 2)),
+                                   ((4,), (2, 4, 3)), ((2, 3, 4), (4,)), ((4,), (4,))])
+def test_matmul(sa, sb):
+    check([node("MatMul", ["a", "b"])], {"a": r(*sa), "b": r(*sb)}, ["a", "b"])
+
+
+def test_matmul_symbolic_batch():
+    check([node("MatMul", ["a", "b"])], {"a": r(3, 4), "b": r(4, 2)}, ["a", "b"],
+          symbolic={"a": ["N", 4]})
+
+
+@pytest.mark.parametrize("ta", [0, 1])
+@pytest.mark.parametrize("tb", [0, 1])
+@pytest.mark.parametrize("c_shape", [None, (5,), (1, 5), (3, 1), (3, 5)])
+def test_gemm(ta, tb, c_shape):
+    a = r(4, 3) if ta else r(3, 4)
+    b = r(5, 4) if tb else r(4, 5)
+    ins = {"a": a, "b": b}
+    names = ["a", "b"]
+    if c_shape is not None:
+        ins["c"] = r(*c_shape)
+        names.append("c")
+    check([node("Gemm", names, alpha=0.7, beta=1.3, transA=ta, transB=tb)], ins, names)
+
+
+# --- shape ops -------------------------------------------------------------------------
+
+def test_identity_cast_chain():
+    check([node("Identity", ["x"], ["t"]), node("Cast", ["t"], ["u"], to=TensorProto.DOUBLE),
+           node("Mul", ["u", "u"], ["v"]), node("Cast", ["v"], to=TensorProto.FLOAT)],
+          {"x": r(3)}, ["x"], dtypes=(np.float32,))
+
+
+def test_reshape_flatten_transpose():
+    check([node("Reshape", ["x", "s"], ["t"]), node("Transpose", ["t"], ["u"], perm=[2, 0, 1]),
+           node("Flatten", ["u"], ["v"], axis=2), node("Transpose", ["v"])],
+          {"x": r(2, 3, 4)}, ["x"], consts={"s": np.array([4, 3, 2], np.int64)})
+
+
+def test_squeeze_unsqueeze_expand():
+    check([node("Squeeze", ["x", "ax"], ["t"]), node("Unsqueeze", ["t", "ax2"], ["u"]),
+           node("Expand", ["u", "sh"])],
+          {"x": r(3, 1, 4)}, ["x"],
+          consts={"ax": np.array([1], np.int64), "ax2": np.array([0], np.int64),
+                  "sh": np.array([2, 1, 3, 4], np.int64)})
+
+
+def test_concat_split():
+    check([node("Concat", ["a", "b", "c"], ["t"], axis=1),
+           node("Split", ["t", "sp"], ["u", "v"], axis=1), node("Mul", ["u", "u"], ["w"]),
+           node("Concat", ["w", "b"], axis=-1)],
+          {"a": r(2, 3), "b": r(2, 1), "c": r(2, 2)}, ["a", "b", "c"],
+          consts={"sp": np.array([4, 2], np.int64)})
+
+
+def test_split_unused_output():
+    check([node("Split", ["x", "sp"], ["u", "v"], axis=0), node("Exp", ["v"])],
+          {"x": r(5, 2)}, ["x"], consts={"sp": np.array([2, 3], np.int64)})
+
+
+def test_slice_steps_negative():
+    check([node("Slice", ["x", "st", "en", "ax", "sp"])], {"x": r(5, 6)}, ["x"],
+          consts={"st": np.array([-1, 1], np.int64), "en": np.array([-100, 6], np.int64),
+                  "ax": np.array([0, 1], np.int64), "sp": np.array([-2, 2], np.int64)})
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_gather_embeddings(axis):
+    idx = np.array([[1, 0], [3, 1], [-1, 1]], np.int64)
+    check([node("Gather", ["w", "i"], axis=axis)], {"w": r(4, 4, 2), "i": idx}, ["w"])
+
+
+def test_where():
+    cond = np.array([[True, False, True]])
+    check([node("Where", ["c", "a", "b"])], {"c": cond, "a": r(2, 3), "b": r(3)}, ["a", "b"])
+
+
+# --- reductions --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean"])
+@pytest.mark.parametrize("keepdims", [0, 1])
+@pytest.mark.parametrize("opset", [13, 18])
+def test_reduce(op, keepdims, opset):
+    axes = np.array([0, -1], np.int64)
+    if op == "ReduceSum" or opset >= 18:
+        n = node(op, ["x", "ax"], keepdims=keepdims)
+        consts = {"ax": axes}
+    else:
+        n = node(op, ["x"], keepdims=keepdims, axes=[0, -1])
+        consts = {}
+    check([n], {"x": r(2, 3, 4)}, ["x"], consts=consts, opset=opset)
+
+
+@pytest.mark.parametrize("op", ["ReduceSum", "ReduceMean"])
+def test_reduce_all_symbolic(op):
+    check([node(op, ["x"], keepdims=0)], {"x": r(3, 4)}, ["x"], symbolic={"x": ["N", 4]})
+
+
+# --- convolution and pooling --------------------------------------------------------------
+
+CONV_CASES = [
+    dict(x=(2, 3, 5, 6), w=(4, 3, 3, 3), kw={}),
+    dict(x=(1, 2, 7, 6), w=(3, 2, 3, 2), kw=dict(strides=[2, 2], pads=[1, 0, 1, 1])),
+    dict(x=(1, 2, 7, 7), w=(2, 2, 2, 2), kw=dict(dilations=[2, 1], strides=[1, 3])),
+    dict(x=(2, 4, 5, 5), w=(6, 2, 3, 3), kw=dict(group=2, pads=[1, 1, 1, 1])),
+    dict(x=(1, 3, 6, 6), w=(3, 1, 3, 3), kw=dict(group=3, strides=[2, 2], auto_pad="SAME_UPPER")),
+    dict(x=(2, 2, 9), w=(3, 2, 3), kw=dict(strides=[2], pads=[1, 2], dilations=[2])),
+    dict(x=(1, 1, 8), w=(2, 1, 2), kw=dict(strides=[3])),
+]
+
+
+@pytest.mark.parametrize("case", CONV_CASES, ids=lambda c: "x{}w{}{}".format(c["x"], c["w"], c["kw"]))
+def test_conv(case):
+    ins = {"x": r(*case["x"]), "w": r(*case["w"]), "b": r(case["w"][0])}
+    check([node("Conv", ["x", "w", "b"], **case["kw"])], ins, ["x", "w", "b"])
+
+
+def test_conv_symbolic_batch_no_bias():
+    check([node("Conv", ["x", "w"], pads=[1, 1, 1, 1])], {"x": r(2, 2, 4, 4), "w": r(3, 2, 3, 3)},
+          ["x", "w"], symbolic={"x": ["N", 2, 4, 4]})
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_shape=[2, 2], strides=[2, 2]),
+                                dict(kernel_shape=[2, 3], strides=[2, 3]),
+                                dict(kernel_shape=[3, 3], strides=[1, 2], pads=[1, 1, 1, 1]),
+                                dict(kernel_shape=[2, 2], strides=[2, 2], pads=[1, 0, 0, 1]),
+                                dict(kernel_shape=[3], strides=[2]),
+                                dict(kernel_shape=[2], strides=[2])])
+def test_max_pool(kw):
+    shape = (2, 2, 5, 7) if len(kw["kernel_shape"]) == 2 else (2, 3, 9)
+    x = rng.permutation(np.prod(shape)).reshape(shape) / 7.0  # distinct: no ties
+    check([node("MaxPool", ["x"], **kw)], {"x": x}, ["x"], symbolic={"x": ["N"] + list(shape[1:])})
+
+
+@pytest.mark.parametrize("kernel", [[2, 2], [3, 3]])
+def test_max_pool_ties_go_to_the_first_maximum(kernel):
+    # After a Relu whole windows are 0: MaxPool picks one element; so must the gradient.
+    x = np.zeros((1, 1, 6, 6), np.float32)
+    x[0, 0, 1, 1] = 1.0
+    m = _gradient_model([node("MaxPool", ["x"], kernel_shape=kernel, strides=kernel)],
+                        {"x": x}, ["x"])
+    got = session(expand_gradients(m)).run(["d_x"], {"x": x})[0]
+    ones = session(make_model([node("MaxPool", ["x"], ["y", "i"], kernel_shape=kernel,
+                                    strides=kernel)],
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("i", TensorProto.INT64, None)]))
+    idx = ones.run(["i"], {"x": x})[0]
+    want = np.zeros(x.size, np.float32)
+    want[idx.reshape(-1)] = 1.0  # onnxruntime's own argmax choice
+    np.testing.assert_array_equal(got.reshape(-1), want)
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_shape=[2, 2], strides=[2, 2]),
+                                dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+                                dict(kernel_shape=[3, 3], pads=[1, 1, 1, 1], count_include_pad=1,
+                                     strides=[2, 2]),
+                                dict(kernel_shape=[3], strides=[2], pads=[1, 0])])
+def test_average_pool(kw):
+    shape = (2, 3, 5, 5) if len(kw["kernel_shape"]) == 2 else (2, 3, 8)
+    check([node("AveragePool", ["x"], **kw)], {"x": r(*shape)}, ["x"])
+
+
+def test_global_average_pool():
+    check([node("GlobalAveragePool", ["x"])], {"x": r(2, 3, 4, 5)}, ["x"],
+          symbolic={"x": ["N", 3, 4, 5]})
+
+
+# --- normalization -------------------------------------------------------------------------
+
+def test_batch_norm_inference():
+    ins = {"x": r(2, 3, 4, 2), "s": r(3), "b": r(3), "m": r(3), "v": r(3, lo=0.5)}
+    check([node("BatchNormalization", ["x", "s", "b", "m", "v"], epsilon=1e-3)], ins,
+          ["x", "s", "b", "m", "v"])
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+def test_layer_norm(axis):
+    norm = (4,) if axis == -1 else (3, 4)
+    ins = {"x": r(2, 3, 4), "s": r(*norm), "b": r(*norm)}
+    check([node("LayerNormalization", ["x", "s", "b"], axis=axis, epsilon=1e-3)], ins,
+          ["x", "s", "b"])
+
+
+# --- losses ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("reduction", ["none", "mean", "sum"])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("ignore", [None, 2])
+@pytest.mark.parametrize("op", ["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"])
+def test_losses(op, reduction, weighted, ignore):
+    labels = np.array([[0, 2], [1, 3], [2, 2]], np.int64)  # [N=3, d1=2], C=4
+    ins = {"x": r(3, 4, 2), "t": labels}
+    names = ["x", "t"]
+    if weighted:
+        ins["w"] = r(4, lo=0.2)
+        names.append("w")
+    kw = dict(reduction=reduction)
+    if ignore is not None:
+        kw["ignore_index"] = ignore
+    check([node(op, names, **kw)], ins, ["x"])
+
+
+def test_softmax_cross_entropy_log_prob_output():
+    labels = np.array([1, 0, 3], np.int64)
+    check([node("SoftmaxCrossEntropyLoss", ["x", "t"], ["l", "lp"]),
+           node("Mul", ["lp", "lp"], ["q"]), node("Add", ["q", "l"])],
+          {"x": r(3, 4), "t": labels}, ["x"])
+
+
+# --- whole models ------------------------------------------------------------------------------
+
+def test_mlp_end_to_end():
+    nodes = [node("MatMul", ["x", "w1"], ["h"]), node("Add", ["h", "b1"], ["h1"]),
+             node("Relu", ["h1"], ["a1"]), node("Gemm", ["a1", "w2", "b2"], ["z"], transB=1),
+             node("SoftmaxCrossEntropyLoss", ["z", "t"], ["y"])]
+    ins = {"x": r(5, 3), "t": np.array([0, 1, 2, 1, 0], np.int64)}
+    consts = {"w1": r(3, 6), "b1": r(6), "w2": r(3, 6), "b2": r(3)}
+    check(nodes, ins, ["w1", "b1", "w2", "b2"], consts=consts, symbolic={"x": ["N", 3]})
+
+
+def test_cnn_end_to_end():
+    nodes = [node("Conv", ["x", "k", "kb"], ["c"], pads=[1, 1, 1, 1]),
+             node("Tanh", ["c"], ["a"]),  # smooth: float32 differences would straddle a kink
+             node("MaxPool", ["a"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             node("Flatten", ["p"], ["f"]), node("Gemm", ["f", "w", "wb"], ["z"], transB=1),
+             node("LogSoftmax", ["z"], ["lp"], axis=1),
+             node("NegativeLogLikelihoodLoss", ["lp", "t"], ["y"])]
+    ins = {"x": r(2, 1, 4, 4), "t": np.array([1, 0], np.int64)}
+    consts = {"k": r(2, 1, 3, 3), "kb": r(2), "w": r(2, 8), "wb": r(2)}
+    check(nodes, ins, ["k", "kb", "w", "wb"], consts=consts)
+
+
+# --- expand_gradients and errors ----------------------------------------------------------
+
+def test_every_rule_is_tested():
+    tested = {"Add", "Sub", "Mul", "Div", "Neg", "Pow", "Sqrt", "Exp", "Log", "Abs",
+              "Reciprocal", "Relu", "LeakyRelu", "Sigmoid", "Tanh", "Erf", "Gelu", "Softmax",
+              "LogSoftmax", "MatMul", "Gemm", "Identity", "Cast", "Reshape", "Flatten",
+              "Transpose", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather",
+              "Expand", "Where", "ReduceSum", "ReduceMean", "Conv", "MaxPool", "AveragePool",
+              "GlobalAveragePool", "BatchNormalization", "LayerNormalization",
+              "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"}
+    assert set(RULES) == tested
+
+
+def _gradient_model(nodes, inputs, xs, y="y", opset=17):
+    vis = [helper.make_tensor_value_info(k, TensorProto.FLOAT, list(v.shape)) for k, v in inputs.items()]
+    g = helper.make_node("Gradient", xs, [f"d_{x}" for x in xs], name="my_gradient",
+                         domain=TRAINING_DOMAIN, xs=xs, y=y)
+    outs = [helper.make_tensor_value_info(f"d_{x}", TensorProto.FLOAT, None) for x in xs]
+    return make_model(list(nodes) + [g], vis, outs, opset=opset)
+
+
+def test_unsupported_op_names_op_and_node():
+    m = _gradient_model([node("Sin", ["x"], ["s"], name="my_sin"), node("Exp", ["s"])],
+                        {"x": np.zeros(3, np.float32)}, ["x"])
+    with pytest.raises(GradientError, match=r"Sin node 'my_sin'.*op type 'Sin'"):
+        expand_gradients(m)
+
+
+def test_unsupported_op_off_the_path_is_fine():
+    m = _gradient_model([node("Sin", ["z"], ["s"], name="my_sin"), node("Add", ["x", "s"])],
+                        {"x": np.zeros(3, np.float32), "z": np.zeros(3, np.float32)}, ["x"])
+    out = session(expand_gradients(m)).run(["d_x"], {"x": np.ones(3, np.float32),
+                                                     "z": np.ones(3, np.float32)})[0]
+    np.testing.assert_array_equal(out, np.ones(3, np.float32))
+
+
+def test_unreachable_x_gets_zeros_and_non_scalar_y_is_summed():
+    m = _gradient_model([node("Mul", ["x", "x"])], {"x": np.zeros(3, np.float32),
+                                                   "z": np.zeros(2, np.float32)}, ["x", "z"])
+    x = np.array([1, 2, 3], np.float32)
+    dx, dz = session(expand_gradients(m)).run(["d_x", "d_z"], {"x": x, "z": np.ones(2, np.float32)})
+    np.testing.assert_array_equal(dx, 2 * x)  # d sum(x*x)/dx
+    np.testing.assert_array_equal(dz, np.zeros(2, np.float32))
+
+
+def test_expanded_model_imports_no_training_domain():
+    m = _gradient_model([node("Mul", ["x", "x"])], {"x": np.zeros(3, np.float32)}, ["x"])
+    out = expand_gradients(m)
+    assert {o.domain for o in out.opset_import} == {""}
+    assert {n.domain for n in out.graph.node} == {""}
+    assert [o.version for o in out.opset_import] == [17]
+
+
+def test_rule_errors_name_the_node():
+    m = _gradient_model([node("BatchNormalization", ["x", "s", "b", "m", "v"], name="bn",
+                              training_mode=1)],
+                        {k: np.zeros(s, np.float32) for k, s in
+                         [("x", (2, 3)), ("s", 3), ("b", 3), ("m", 3), ("v", 3)]}, ["x"])
+    with pytest.raises(GradientError, match=r"BatchNormalization node 'bn': training_mode=1"):
+        expand_gradients(m)
+
+
+def test_two_gradient_nodes_in_one_model():
+    x = np.array([1.0, 2.0, 3.0], np.float32)
+    vis = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])]
+    nodes = [node("Mul", ["x", "x"], ["sq"]), node("Exp", ["x"], ["ex"]),
+             helper.make_node("Gradient", ["x"], ["d_sq"], name="g1", domain=TRAINING_DOMAIN,
+                              xs=["x"], y="sq"),
+             helper.make_node("Gradient", ["x"], ["d_ex"], name="g2", domain=TRAINING_DOMAIN,
+                              xs=["x"], y="ex")]
+    outs = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [3]) for n in ("d_sq", "d_ex")]
+    d_sq, d_ex = session(expand_gradients(make_model(nodes, vis, outs))).run(["d_sq", "d_ex"], {"x": x})
+    np.testing.assert_allclose(d_sq, 2 * x, rtol=1e-6)
+    np.testing.assert_allclose(d_ex, np.exp(x), rtol=1e-6)
+
+
+def test_gradient_inputs_must_be_xs_and_zs():
+    m = _gradient_model([node("Mul", ["x", "x"])], {"x": np.zeros(3, np.float32),
+                                                   "z": np.zeros(3, np.float32)}, ["x"])
+    g = m.graph.node[-1]
+    g.input[0] = "z"
+    with pytest.raises(GradientError, match=r"Gradient node 'my_gradient': its inputs \['z'\]"):
+        expand_gradients(m)
