@@ -10,7 +10,9 @@ Everything else is imported on first use, so ``import trainops`` costs no onnx, 
 onnxruntime and no numpy: ``trainops.Policy``, ``trainops.optimizer_model``, ... (mixed
 precision, :mod:`trainops.mixed_precision`) and ``trainops.run``, ``trainops.to_ortvalue``,
 ``trainops.from_ortvalue`` (tensor I/O with bfloat16, :mod:`trainops.bfloat16`) load their
-module when first read. Submodules (``trainops.models``, ``trainops.onnx_defs``, ...) are
+module when first read; so do ``trainops.Trainer``, ``trainops.expand_gradients``,
+``trainops.GradientError`` (training, :mod:`trainops.trainer`, :mod:`trainops.autodiff`) and
+the submodule ``trainops.optim``. Other submodules (``trainops.models``, ``trainops.onnx_defs``, ...) are
 imported as usual.
 """
 
@@ -30,9 +32,14 @@ _LAZY = {
     "to_ortvalue": "bfloat16",
     "from_ortvalue": "bfloat16",
     "run": "bfloat16",
+    "expand_gradients": "autodiff",
+    "GradientError": "autodiff",
+    "Trainer": "trainer",
 }
+# Submodules that read as attributes without an explicit import (``trainops.optim.Adam``).
+_LAZY_MODULES = ("optim", "autodiff")
 
-__all__ = ["get_library_path", "LIBRARY_NAME", *_LAZY]
+__all__ = ["get_library_path", "LIBRARY_NAME", *_LAZY, *_LAZY_MODULES]
 
 if sys.platform == "win32":
     LIBRARY_NAME = "trainops.dll"
@@ -72,15 +79,17 @@ def get_library_path() -> str:
 
 
 def __getattr__(name: str):
+    from importlib import import_module
+
+    if name in _LAZY_MODULES:
+        return import_module(f".{name}", __name__)  # importing sets the attribute
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    from importlib import import_module
-
     value = getattr(import_module(f".{module}", __name__), name)
     globals()[name] = value  # later reads skip this function
     return value
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_LAZY_MODULES))
