@@ -44,7 +44,7 @@ pub mod fuzzing {
 
     /// The layouts of every optimizer-shaped op, as registered.
     pub fn layouts() -> [&'static Layout; 5] {
-        crate::ops::optim::layouts()
+        crate::ops::layouts()
     }
 
     /// Philox's check of requested output dimensions (from the `shape` attribute when

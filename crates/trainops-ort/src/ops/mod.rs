@@ -10,6 +10,7 @@ pub mod optim;
 pub mod random;
 
 use crate::ffi::{Domain, OpSpec};
+use crate::ops::optim::layout::Layout;
 
 /// Every op the library registers, by domain.
 pub fn catalogue() -> Vec<Domain> {
@@ -29,5 +30,17 @@ pub fn catalogue() -> Vec<Domain> {
             ]),
         },
         Domain { name: c"com.trainops.bench", ops: ops(&[&bench::MEMORY_CEILING]) },
+    ]
+}
+
+/// The layouts of every optimizer-shaped op of the catalogue (the fuzz targets check them all
+/// through `trainops::fuzzing`): an optimizer added to the catalogue is added here too.
+pub fn layouts() -> [&'static Layout; 5] {
+    [
+        &optim::adam::ADAM.layout,
+        &optim::adagrad::ADAGRAD.layout,
+        &optim::momentum::MOMENTUM.layout,
+        &loss_scale::mixed_precision_adam::LAYOUT,
+        &bench::MEMORY_CEILING.layout,
     ]
 }

@@ -30,28 +30,24 @@ fn read_attrs(info: &KernelInfo<'_>) -> Result<AdagradAttrs> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::optim::layout::testing::{check_counts, check_names, Expect};
+
+    const EXPECT: Expect<'static> = Expect {
+        inputs: &["R", "T", "X_1", "X_2", "G_1", "G_2", "H_1", "H_2"],
+        outputs: &["X_1_new", "X_2_new", "H_1_new", "H_2_new"],
+        good: &[(5, 1), (8, 2)],
+        bad: &[0, 2, 4, 6, 7, 9],
+        arity_message: "Adagrad: expected 2 + 3n inputs (R, T, then X_1..X_n, G_1..G_n, H_1..H_n, n >= 1)",
+        outputs_wrong: (3, "expected 2n = 4 outputs (X_new, H_new for each of n = 2 tensors), got 3"),
+    };
 
     #[test]
     fn names_follow_the_variadic_layout() {
-        let names: Vec<String> = (0..8).map(|k| ADAGRAD.layout.input_name(k, 2)).collect();
-        assert_eq!(names, ["R", "T", "X_1", "X_2", "G_1", "G_2", "H_1", "H_2"]);
-        let outs: Vec<String> = (0..4).map(|k| ADAGRAD.layout.output_name(k, 2)).collect();
-        assert_eq!(outs, ["X_1_new", "X_2_new", "H_1_new", "H_2_new"]);
+        check_names(&ADAGRAD.layout, &EXPECT);
     }
 
     #[test]
-    fn arity_is_two_plus_three_n() {
-        assert_eq!(ADAGRAD.layout.arity(5).unwrap(), 1);
-        assert_eq!(ADAGRAD.layout.arity(8).unwrap(), 2);
-        for bad in [0, 2, 4, 6, 7, 9] {
-            let msg = ADAGRAD.layout.arity(bad).unwrap_err().to_string();
-            assert!(
-                msg.starts_with("Adagrad: expected 2 + 3n inputs (R, T, then X_1..X_n, G_1..G_n, H_1..H_n, n >= 1)"),
-                "{msg}"
-            );
-            assert!(msg.ends_with(&format!("got {bad}")), "{msg}");
-        }
-        let msg = ADAGRAD.layout.check_outputs(3, 2, false).unwrap_err().to_string();
-        assert!(msg.contains("expected 2n = 4 outputs (X_new, H_new for each of n = 2 tensors), got 3"), "{msg}");
+    fn arity_and_output_count_follow_the_variadic_layout() {
+        check_counts(&ADAGRAD.layout, &EXPECT);
     }
 }

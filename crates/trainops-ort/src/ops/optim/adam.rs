@@ -33,31 +33,24 @@ pub fn read_attrs(info: &KernelInfo<'_>) -> Result<AdamAttrs> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::optim::layout::testing::{check_counts, check_names, Expect};
+
+    const EXPECT: Expect<'static> = Expect {
+        inputs: &["R", "T", "X_1", "X_2", "G_1", "G_2", "V_1", "V_2", "H_1", "H_2"],
+        outputs: &["X_1_new", "X_2_new", "V_1_new", "V_2_new", "H_1_new", "H_2_new"],
+        good: &[(6, 1), (10, 2)],
+        bad: &[0, 2, 5, 7, 9],
+        arity_message: "Adam: expected 2 + 4n inputs (R, T, then X_1..X_n, G_1..G_n, V_1..V_n, H_1..H_n",
+        outputs_wrong: (4, "expected 3n = 6 outputs (X_new, V_new, H_new for each of n = 2 tensors), got 4"),
+    };
 
     #[test]
     fn names_follow_the_variadic_layout() {
-        let names: Vec<String> = (0..10).map(|k| ADAM.layout.input_name(k, 2)).collect();
-        assert_eq!(names, ["R", "T", "X_1", "X_2", "G_1", "G_2", "V_1", "V_2", "H_1", "H_2"]);
-        let outs: Vec<String> = (0..6).map(|k| ADAM.layout.output_name(k, 2)).collect();
-        assert_eq!(outs, ["X_1_new", "X_2_new", "V_1_new", "V_2_new", "H_1_new", "H_2_new"]);
+        check_names(&ADAM.layout, &EXPECT);
     }
 
     #[test]
-    fn arity_is_two_plus_four_n() {
-        assert_eq!(ADAM.layout.arity(6).unwrap(), 1);
-        assert_eq!(ADAM.layout.arity(10).unwrap(), 2);
-        for bad in [0, 2, 5, 7, 9] {
-            let msg = ADAM.layout.arity(bad).unwrap_err().to_string();
-            assert!(
-                msg.starts_with("Adam: expected 2 + 4n inputs (R, T, then X_1..X_n, G_1..G_n, V_1..V_n, H_1..H_n"),
-                "{msg}"
-            );
-            assert!(msg.ends_with(&format!("got {bad}")), "{msg}");
-        }
-        let msg = ADAM.layout.check_outputs(4, 2, false).unwrap_err().to_string();
-        assert!(
-            msg.contains("expected 3n = 6 outputs (X_new, V_new, H_new for each of n = 2 tensors), got 4"),
-            "{msg}"
-        );
+    fn arity_and_output_count_follow_the_variadic_layout() {
+        check_counts(&ADAM.layout, &EXPECT);
     }
 }

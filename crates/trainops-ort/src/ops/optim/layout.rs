@@ -235,3 +235,47 @@ pub fn broadcastable(from: &[i64], to: &[i64]) -> bool {
 pub fn same_shape(a: &[i64], b: &[i64]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(&x, &y)| x == y || x < 0 || y < 0)
 }
+
+/// The checks of one layout's names and counts, shared by the op files' tests.
+#[cfg(test)]
+pub(crate) mod testing {
+    use super::Layout;
+
+    /// Expected names for a node of n = 2 tensors, the arity rule and the output-count rule.
+    pub struct Expect<'e> {
+        /// Input names of an n = 2 node.
+        pub inputs: &'e [&'e str],
+        /// Output names of an n = 2 node.
+        pub outputs: &'e [&'e str],
+        /// Input counts and their n.
+        pub good: &'e [(usize, usize)],
+        /// Input counts that no n gives.
+        pub bad: &'e [usize],
+        /// How the arity error starts.
+        pub arity_message: &'e str,
+        /// A wrong output count for n = 2, and what its error says.
+        pub outputs_wrong: (usize, &'e str),
+    }
+
+    /// Asserts the input and output names of `e` against `l`.
+    pub fn check_names(l: &Layout, e: &Expect<'_>) {
+        let names: Vec<String> = (0..e.inputs.len()).map(|k| l.input_name(k, 2)).collect();
+        assert_eq!(names, e.inputs);
+        let outs: Vec<String> = (0..e.outputs.len()).map(|k| l.output_name(k, 2)).collect();
+        assert_eq!(outs, e.outputs);
+    }
+
+    /// Asserts the arity and output-count rules of `e` against `l`.
+    pub fn check_counts(l: &Layout, e: &Expect<'_>) {
+        for &(inputs, n) in e.good {
+            assert_eq!(l.arity(inputs).unwrap(), n);
+        }
+        for &bad in e.bad {
+            let msg = l.arity(bad).unwrap_err().to_string();
+            assert!(msg.starts_with(e.arity_message), "{msg}");
+            assert!(msg.ends_with(&format!("got {bad}")), "{msg}");
+        }
+        let msg = l.check_outputs(e.outputs_wrong.0, 2, false).unwrap_err().to_string();
+        assert!(msg.contains(e.outputs_wrong.1), "{msg}");
+    }
+}

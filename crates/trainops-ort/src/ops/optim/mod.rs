@@ -93,14 +93,3 @@ where
     O::step(c, params, pool);
     Ok(())
 }
-
-/// The layouts of every optimizer-shaped op (the fuzz targets check them all).
-pub fn layouts() -> [&'static Layout; 5] {
-    [
-        &adam::ADAM.layout,
-        &adagrad::ADAGRAD.layout,
-        &momentum::MOMENTUM.layout,
-        &crate::ops::loss_scale::mixed_precision_adam::LAYOUT,
-        &crate::ops::bench::MEMORY_CEILING.layout,
-    ]
-}

@@ -50,29 +50,25 @@ fn read_attrs(info: &KernelInfo<'_>) -> Result<MomentumAttrs> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ops::optim::layout::testing::{check_counts, check_names, Expect};
+
+    const EXPECT: Expect<'static> = Expect {
+        inputs: &["R", "T", "X_1", "X_2", "G_1", "G_2", "V_1", "V_2"],
+        outputs: &["X_1_new", "X_2_new", "V_1_new", "V_2_new"],
+        good: &[(5, 1), (11, 3)],
+        bad: &[0, 2, 4, 6, 7, 10],
+        arity_message: "Momentum: expected 2 + 3n inputs (R, T, then X_1..X_n, G_1..G_n, V_1..V_n, n >= 1)",
+        outputs_wrong: (5, "expected 2n = 4 outputs (X_new, V_new for each of n = 2 tensors), got 5"),
+    };
 
     #[test]
     fn names_follow_the_variadic_layout() {
-        let names: Vec<String> = (0..8).map(|k| MOMENTUM.layout.input_name(k, 2)).collect();
-        assert_eq!(names, ["R", "T", "X_1", "X_2", "G_1", "G_2", "V_1", "V_2"]);
-        let outs: Vec<String> = (0..4).map(|k| MOMENTUM.layout.output_name(k, 2)).collect();
-        assert_eq!(outs, ["X_1_new", "X_2_new", "V_1_new", "V_2_new"]);
+        check_names(&MOMENTUM.layout, &EXPECT);
     }
 
     #[test]
-    fn arity_is_two_plus_three_n() {
-        assert_eq!(MOMENTUM.layout.arity(5).unwrap(), 1);
-        assert_eq!(MOMENTUM.layout.arity(11).unwrap(), 3);
-        for bad in [0, 2, 4, 6, 7, 10] {
-            let msg = MOMENTUM.layout.arity(bad).unwrap_err().to_string();
-            assert!(
-                msg.starts_with("Momentum: expected 2 + 3n inputs (R, T, then X_1..X_n, G_1..G_n, V_1..V_n, n >= 1)"),
-                "{msg}"
-            );
-            assert!(msg.ends_with(&format!("got {bad}")), "{msg}");
-        }
-        let msg = MOMENTUM.layout.check_outputs(5, 2, false).unwrap_err().to_string();
-        assert!(msg.contains("expected 2n = 4 outputs (X_new, V_new for each of n = 2 tensors), got 5"), "{msg}");
+    fn arity_and_output_count_follow_the_variadic_layout() {
+        check_counts(&MOMENTUM.layout, &EXPECT);
     }
 
     #[test]
