@@ -86,7 +86,7 @@ pub trait Optimizer<const N: usize>: Sized + Send + Sync + 'static {
     /// [`Optimizer::step_with`]). The portable loop unless an optimizer has SIMD kernels.
     fn chunk<X: Element, G: Element<C = X::C>>(level: Level, c: &Self::Coeffs<X::C>, p: Param<'_, X, G, N>) {
         let _ = level;
-        portable::<Self, X, G, N>(c, p);
+        portable(c, p, Self::update);
     }
 
     /// One tensor of a node: checks that every stream has the gradient's length.
@@ -132,16 +132,18 @@ pub trait Optimizer<const N: usize>: Sized + Send + Sync + 'static {
     }
 }
 
-/// The portable kernel over one chunk: [`Optimizer::update`] element by element (16-bit
-/// types compute in `f32` and are stored round-to-nearest-even).
+/// The portable kernel over one chunk: `update` (an optimizer's [`Optimizer::update`], or a
+/// specialisation of it) element by element; 16-bit types compute in `f32` and are stored
+/// round-to-nearest-even.
 #[inline(always)]
-pub fn portable<O: Optimizer<N>, X: Element, G: Element<C = X::C>, const N: usize>(
-    c: &O::Coeffs<X::C>,
+pub fn portable<K, X: Element, G: Element<C = X::C>, const N: usize>(
+    c: &K,
     p: Param<'_, X, G, N>,
+    update: impl Fn(&K, [X::C; N], X::C) -> [X::C; N],
 ) {
     let Param { mut streams, g } = p;
     for (i, g) in g.iter().enumerate() {
-        let new = O::update(c, core::array::from_fn(|k| streams[k].get(i).load()), g.load());
+        let new = update(c, core::array::from_fn(|k| streams[k].get(i).load()), g.load());
         for (s, v) in streams.iter_mut().zip(new) {
             s.set(i, X::store(v));
         }

@@ -150,7 +150,7 @@ impl Optimizer<3> for Adam {
         };
         #[cfg(not(target_arch = "x86_64"))]
         let _ = level;
-        portable::<Self, X, G, 3>(c, p);
+        portable(c, p, Self::update);
     }
 }
 

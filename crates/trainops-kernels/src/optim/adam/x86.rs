@@ -132,35 +132,66 @@ unsafe fn load_bf16x16(p: *const bf16) -> __m512 {
     unsafe { _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast())))) }
 }
 
-/// The body of every vector kernel: whole lane groups with the vector operations given,
-/// then the scalar tail. Expanded inside each named `#[target_feature]` kernel below.
+/// The vector operations of one register width and element type, one name each, so that a
+/// kernel names its set once.
+mod ps512 {
+    pub use core::arch::x86_64::{
+        _mm512_add_ps as add, _mm512_div_ps as div, _mm512_loadu_ps as load, _mm512_mul_ps as mul,
+        _mm512_set1_ps as set1, _mm512_sqrt_ps as sqrt, _mm512_storeu_ps as store, _mm512_sub_ps as sub,
+    };
+}
+/// See [`ps512`].
+mod pd512 {
+    pub use core::arch::x86_64::{
+        _mm512_add_pd as add, _mm512_div_pd as div, _mm512_loadu_pd as load, _mm512_mul_pd as mul,
+        _mm512_set1_pd as set1, _mm512_sqrt_pd as sqrt, _mm512_storeu_pd as store, _mm512_sub_pd as sub,
+    };
+}
+/// See [`ps512`].
+mod ps256 {
+    pub use core::arch::x86_64::{
+        _mm256_add_ps as add, _mm256_div_ps as div, _mm256_loadu_ps as load, _mm256_mul_ps as mul,
+        _mm256_set1_ps as set1, _mm256_sqrt_ps as sqrt, _mm256_storeu_ps as store, _mm256_sub_ps as sub,
+    };
+}
+/// See [`ps512`].
+mod pd256 {
+    pub use core::arch::x86_64::{
+        _mm256_add_pd as add, _mm256_div_pd as div, _mm256_loadu_pd as load, _mm256_mul_pd as mul,
+        _mm256_set1_pd as set1, _mm256_sqrt_pd as sqrt, _mm256_storeu_pd as store, _mm256_sub_pd as sub,
+    };
+}
+
+/// The body of every vector kernel: whole groups of `$lanes` with the operations of set `$v`
+/// (gradients loaded by `$load_g`), then the scalar tail. Expanded inside each named
+/// `#[target_feature]` kernel below.
 macro_rules! adam_lanes {
-    ($c:ident, $p:ident, $n:ident, $lanes:literal,
-     $set1:ident, $load:ident, $load_g:ident, $store:ident, $add:ident, $sub:ident, $mul:ident, $div:ident, $sqrt:ident) => {{
-        let (alpha, one_minus_alpha) = ($set1($c.alpha), $set1($c.one_minus_alpha));
-        let (beta, one_minus_beta) = ($set1($c.beta), $set1($c.one_minus_beta));
-        let (epsilon, norm, keep, rate) = ($set1($c.epsilon), $set1($c.norm), $set1($c.keep), $set1($c.rate));
-        let unscale = $c.loss_scale.map(|s| $set1(s));
+    ($c:ident, $p:ident, $n:ident, $lanes:literal, $v:ident, $load_g:path) => {{
+        use $v::{add, div, load, mul, set1, sqrt, store, sub};
+        let (alpha, one_minus_alpha) = (set1($c.alpha), set1($c.one_minus_alpha));
+        let (beta, one_minus_beta) = (set1($c.beta), set1($c.one_minus_beta));
+        let (epsilon, norm, keep, rate) = (set1($c.epsilon), set1($c.norm), set1($c.keep), set1($c.rate));
+        let unscale = $c.loss_scale.map(|s| set1(s));
         let mut i = 0;
         while i + $lanes <= $n {
             // SAFETY: lanes i..i + $lanes are in bounds (i + $lanes <= n), all loads of a
             // lane group come before its stores, and unaligned access is allowed.
             unsafe {
-                let x = $load($p.x.0.add(i));
+                let x = load($p.x.0.add(i));
                 let g = $load_g($p.g.add(i));
                 let g = match unscale {
-                    Some(s) => $div(g, s),
+                    Some(s) => div(g, s),
                     None => g,
                 };
-                let v = $load($p.v.0.add(i));
-                let h = $load($p.h.0.add(i));
-                let g = $add($mul(norm, x), g);
-                let v = $add($mul(alpha, v), $mul(one_minus_alpha, g));
-                let h = $add($mul(beta, h), $mul(one_minus_beta, $mul(g, g)));
-                let x = $sub(x, $mul(rate, $div(v, $add($sqrt(h), epsilon))));
-                $store($p.x.1.add(i), $mul(keep, x));
-                $store($p.v.1.add(i), v);
-                $store($p.h.1.add(i), h);
+                let v = load($p.v.0.add(i));
+                let h = load($p.h.0.add(i));
+                let g = add(mul(norm, x), g);
+                let v = add(mul(alpha, v), mul(one_minus_alpha, g));
+                let h = add(mul(beta, h), mul(one_minus_beta, mul(g, g)));
+                let x = sub(x, mul(rate, div(v, add(sqrt(h), epsilon))));
+                store($p.x.1.add(i), mul(keep, x));
+                store($p.v.1.add(i), v);
+                store($p.h.1.add(i), h);
             }
             i += $lanes;
         }
@@ -176,21 +207,7 @@ macro_rules! adam_lanes {
 /// equal their destinations or do not overlap them.
 #[target_feature(enable = "avx512f")]
 pub unsafe fn adam_f32_avx512(_: Avx512, c: &AdamCoeffs<f32>, p: Ptrs<f32>, n: usize) {
-    adam_lanes!(
-        c,
-        p,
-        n,
-        16,
-        _mm512_set1_ps,
-        _mm512_loadu_ps,
-        _mm512_loadu_ps,
-        _mm512_storeu_ps,
-        _mm512_add_ps,
-        _mm512_sub_ps,
-        _mm512_mul_ps,
-        _mm512_div_ps,
-        _mm512_sqrt_ps
-    )
+    adam_lanes!(c, p, n, 16, ps512, ps512::load)
 }
 
 /// Adam on `f32` weights with float16 gradients, 16 lanes.
@@ -199,21 +216,7 @@ pub unsafe fn adam_f32_avx512(_: Avx512, c: &AdamCoeffs<f32>, p: Ptrs<f32>, n: u
 /// As for [`adam_f32_avx512`].
 #[target_feature(enable = "avx512f")]
 pub unsafe fn adam_f32_f16_avx512(_: Avx512, c: &AdamCoeffs<f32>, p: Ptrs<f32, f16>, n: usize) {
-    adam_lanes!(
-        c,
-        p,
-        n,
-        16,
-        _mm512_set1_ps,
-        _mm512_loadu_ps,
-        load_f16x16,
-        _mm512_storeu_ps,
-        _mm512_add_ps,
-        _mm512_sub_ps,
-        _mm512_mul_ps,
-        _mm512_div_ps,
-        _mm512_sqrt_ps
-    )
+    adam_lanes!(c, p, n, 16, ps512, load_f16x16)
 }
 
 /// Adam on `f32` weights with bfloat16 gradients, 16 lanes.
@@ -222,21 +225,7 @@ pub unsafe fn adam_f32_f16_avx512(_: Avx512, c: &AdamCoeffs<f32>, p: Ptrs<f32, f
 /// As for [`adam_f32_avx512`].
 #[target_feature(enable = "avx512f")]
 pub unsafe fn adam_f32_bf16_avx512(_: Avx512, c: &AdamCoeffs<f32>, p: Ptrs<f32, bf16>, n: usize) {
-    adam_lanes!(
-        c,
-        p,
-        n,
-        16,
-        _mm512_set1_ps,
-        _mm512_loadu_ps,
-        load_bf16x16,
-        _mm512_storeu_ps,
-        _mm512_add_ps,
-        _mm512_sub_ps,
-        _mm512_mul_ps,
-        _mm512_div_ps,
-        _mm512_sqrt_ps
-    )
+    adam_lanes!(c, p, n, 16, ps512, load_bf16x16)
 }
 
 /// Adam on `f64`, 8 lanes.
@@ -245,21 +234,7 @@ pub unsafe fn adam_f32_bf16_avx512(_: Avx512, c: &AdamCoeffs<f32>, p: Ptrs<f32, 
 /// As for [`adam_f32_avx512`].
 #[target_feature(enable = "avx512f")]
 pub unsafe fn adam_f64_avx512(_: Avx512, c: &AdamCoeffs<f64>, p: Ptrs<f64>, n: usize) {
-    adam_lanes!(
-        c,
-        p,
-        n,
-        8,
-        _mm512_set1_pd,
-        _mm512_loadu_pd,
-        _mm512_loadu_pd,
-        _mm512_storeu_pd,
-        _mm512_add_pd,
-        _mm512_sub_pd,
-        _mm512_mul_pd,
-        _mm512_div_pd,
-        _mm512_sqrt_pd
-    )
+    adam_lanes!(c, p, n, 8, pd512, pd512::load)
 }
 
 /// Adam on `f32`, 8 lanes.
@@ -268,21 +243,7 @@ pub unsafe fn adam_f64_avx512(_: Avx512, c: &AdamCoeffs<f64>, p: Ptrs<f64>, n: u
 /// As for [`adam_f32_avx512`].
 #[target_feature(enable = "avx2")]
 pub unsafe fn adam_f32_avx2(_: Avx2, c: &AdamCoeffs<f32>, p: Ptrs<f32>, n: usize) {
-    adam_lanes!(
-        c,
-        p,
-        n,
-        8,
-        _mm256_set1_ps,
-        _mm256_loadu_ps,
-        _mm256_loadu_ps,
-        _mm256_storeu_ps,
-        _mm256_add_ps,
-        _mm256_sub_ps,
-        _mm256_mul_ps,
-        _mm256_div_ps,
-        _mm256_sqrt_ps
-    )
+    adam_lanes!(c, p, n, 8, ps256, ps256::load)
 }
 
 /// Adam on `f64`, 4 lanes.
@@ -291,19 +252,5 @@ pub unsafe fn adam_f32_avx2(_: Avx2, c: &AdamCoeffs<f32>, p: Ptrs<f32>, n: usize
 /// As for [`adam_f32_avx512`].
 #[target_feature(enable = "avx2")]
 pub unsafe fn adam_f64_avx2(_: Avx2, c: &AdamCoeffs<f64>, p: Ptrs<f64>, n: usize) {
-    adam_lanes!(
-        c,
-        p,
-        n,
-        4,
-        _mm256_set1_pd,
-        _mm256_loadu_pd,
-        _mm256_loadu_pd,
-        _mm256_storeu_pd,
-        _mm256_add_pd,
-        _mm256_sub_pd,
-        _mm256_mul_pd,
-        _mm256_div_pd,
-        _mm256_sqrt_pd
-    )
+    adam_lanes!(c, p, n, 4, pd256, pd256::load)
 }

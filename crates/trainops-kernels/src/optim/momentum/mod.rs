@@ -12,7 +12,8 @@
 
 pub mod reference;
 
-use super::Optimizer;
+use super::{portable, Optimizer, Param};
+use crate::simd::Level;
 use crate::{Compute, Element};
 
 /// Which momentum update rule (ONNX's `mode` attribute).
@@ -125,6 +126,14 @@ impl Optimizer<2> for Momentum {
     ) -> [Vec<X>; 2] {
         let (x, v) = reference::momentum(attrs, r, t, x, g, v);
         [x, v]
+    }
+
+    /// The portable loop with the mode decided once per chunk, not per element.
+    fn chunk<X: Element, G: Element<C = X::C>>(_level: Level, c: &MomentumCoeffs<X::C>, p: Param<'_, X, G, 2>) {
+        match c.mode {
+            MomentumMode::Standard => portable(c, p, |c, [x, v], g| update::<_, false>(c, x, g, v).into()),
+            MomentumMode::Nesterov => portable(c, p, |c, [x, v], g| update::<_, true>(c, x, g, v).into()),
+        }
     }
 }
 
