@@ -1,5 +1,5 @@
 //! The scalar reference of Adagrad, written line by line from onnx's
-//! `reference/ops/aionnx_preview_training/op_adagrad.py` on whole slices, for tests of the
+//! Python reference of the operator on whole slices, for tests of the
 //! fast path. It shares no code with it but the element conversions.
 
 use super::AdagradAttrs;

@@ -1,5 +1,5 @@
 //! The scalar reference of Adam, written line by line from onnx's
-//! `reference/ops/aionnx_preview_training/op_adam.py` on whole slices, for tests of the fast
+//! Python reference of the operator on whole slices, for tests of the fast
 //! paths. It shares no code with them but the element conversions.
 
 use super::AdamAttrs;

@@ -1,5 +1,5 @@
 //! The scalar reference of Momentum, written line by line from onnx's
-//! `reference/ops/aionnx_preview_training/op_momentum.py` (`_apply_momentum`,
+//! Python reference of the operator (`_apply_momentum`,
 //! `_apply_nesterov`) on whole slices, for tests of the fast path. It shares no code with it
 //! but the element conversions and the mode enum.
 

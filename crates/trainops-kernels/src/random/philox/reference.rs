@@ -1,4 +1,4 @@
-//! The scalar reference of Philox4x32-10, written from Random123's `philox.h` and the
+//! The scalar reference of Philox4x32-10, written from Random123's definition of the generator and the
 //! specification's element rule, for tests of the fast paths. It shares no code with them.
 
 /// `(hi, lo)` of the 64-bit product `a * b`.
