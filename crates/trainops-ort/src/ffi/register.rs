@@ -87,12 +87,13 @@ pub unsafe fn register_custom_ops(
         // happens when called by hand, wrongly: register nothing.
         return sys::OrtStatusPtr::default();
     }
-    boundary(api(), "trainops", || {
-        // SAFETY: the runtime passes its own OrtApiBase, valid for the process.
-        let base = unsafe { &*api_base };
-        // SAFETY: GetApi may be called with any version; it returns null when unsupported.
-        let table = unsafe { (base.GetApi)(API_VERSION) };
-        if table.is_null() {
+    // SAFETY: the runtime passes its own OrtApiBase, valid for the process.
+    let base = unsafe { &*api_base };
+    // SAFETY: GetApi may be called with any version; it returns null when unsupported.
+    let table = unsafe { (base.GetApi)(API_VERSION) };
+    if table.is_null() {
+        // No table of our version to make a status with: version 1's, if any.
+        return boundary(None, "trainops", || {
             // SAFETY: version 1 exists in every runtime and starts with CreateStatus; the
             // version string is a static NUL-terminated string of the runtime.
             let (v1, version) =
@@ -104,10 +105,12 @@ pub unsafe fn register_custom_ops(
                 "trainops needs ONNX Runtime 1.17 or newer (C API version {API_VERSION}); this process runs ONNX Runtime {version}"
             );
             // SAFETY: checked non-null above.
-            return new_status(unsafe { &*v1 }, sys::OrtErrorCode::ORT_FAIL, &message);
-        }
-        // SAFETY: non-null table of at least API_VERSION, owned by the runtime.
-        let api = unsafe { Api::from_raw(table) };
+            new_status(unsafe { &*v1 }, sys::OrtErrorCode::ORT_FAIL, &message)
+        });
+    }
+    // SAFETY: non-null table of at least API_VERSION, owned by the runtime.
+    let api = unsafe { Api::from_raw(table) };
+    boundary(Some(api), "trainops", || {
         if options.is_null() {
             return api.status(&Error::Arity {
                 op: "trainops",

@@ -1,7 +1,8 @@
 //! The optimizer family's ops: ONNX's `Adam`, `Adagrad` and `Momentum` (one file each: the
 //! attributes and the layout), all served by one generic op, [`OptimizerOp`], and one
-//! generic run path, [`run`]; MixedPrecisionAdam (`ops::loss_scale`) and MemoryCeiling
-//! (`ops::bench`) reuse both. The math is the kernels crate's `trainops_kernels::optim`.
+//! generic run path, [`run`]. MemoryCeiling (`ops::bench`) is one more [`OptimizerOp`];
+//! MixedPrecisionAdam (`ops::loss_scale`) has its own kernel around [`Call`] and [`run`].
+//! The math is the kernels crate's `trainops_kernels::optim`.
 //!
 //! A call: [`Call::prepare`] checks the node and plans its memory; then, for each weight /
 //! gradient type pair, [`run`] views that pair's tensor groups as the kernels' `Param`s
