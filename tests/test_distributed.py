@@ -207,3 +207,15 @@ def test_rank_streams_differ_in_the_philox_op(make_session):
 def test_no_mpi_in_the_pytest_process():
     # The MPI jobs run in their own processes; pytest itself never initialises MPI.
     assert "mpi4py.MPI" not in sys.modules
+
+
+def test_bench_distributed_target(library_path, capsys):
+    """`python -m trainops bench distributed` starts its MPI jobs and prints a row per
+    process count and gradient scheme."""
+    from trainops.__main__ import main as cli_main
+
+    assert cli_main(["bench", "distributed", "--procs", "1", "2", "--models", "cnn",
+                     "--steps", "1", "--repeat", "1", "--markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "| CNN (demo) | Allreduce | 2 | 1 | 128 |" in text
+    assert "| CNN (demo) | ReduceScatter+Allgather (ZeRO-1) | 2 | 1 | 128 |" in text

@@ -93,7 +93,7 @@ def _torch_peer(model: str, batch: int, threads: int, lr: float) -> Callable[[],
         loss = loss_fn(net(x), t)
         loss.backward()
         opt.step()
-        return float(loss)
+        return float(loss.detach())
 
     return step
 
