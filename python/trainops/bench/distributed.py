@@ -29,7 +29,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .harness import Target
+from .harness import Target, format_rows
 
 __all__ = ["TARGET", "run", "build_parser"]
 
@@ -160,16 +160,7 @@ def run(argv: Sequence[str] | None = None) -> int:
           f"samples per rank per step; median of {args.repeat} x {args.steps} steps, the "
           "slowest rank's; collective share: time in collectives (waiting for the slowest "
           "rank included) over the step" + ("\n" if args.markdown else ""))
-    if args.markdown:
-        print("| " + " | ".join(header) + " |")
-        print("|---|---|" + "---:|" * (len(header) - 2))
-        for line in table:
-            print("| " + " | ".join(line) + " |")
-    else:
-        widths = [max(len(h), *(len(t[i]) for t in table)) for i, h in enumerate(header)]
-        for line in [header] + table:
-            print("  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                            for i, (c, w) in enumerate(zip(line, widths))))
+    print(format_rows(header, table, args.markdown, left=2))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "cores": cores}, f, indent=1)

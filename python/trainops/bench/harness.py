@@ -26,7 +26,7 @@ from typing import Any
 from .host import CpuMeter, environment, loadavg
 
 __all__ = [
-    "Peer", "Case", "Result", "Target", "measure", "format_table", "parse_size",
+    "Peer", "Case", "Result", "Target", "measure", "format_table", "format_rows", "parse_size",
     "size_label", "ort_session", "build_parser", "run", "main",
 ]
 
@@ -175,6 +175,22 @@ def format_table(results: Sequence[Result], markdown: bool = False) -> str:
         out += ["", *lines] if lines else []
         out.append("")
     return "\n".join(out).rstrip() + "\n"
+
+
+def format_rows(header: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool = False,
+                left: int = 1) -> str:
+    """A plain table of strings (for targets with their own command line): the first
+    ``left`` columns left-aligned, the others right-aligned; markdown or padded text."""
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |",
+                 "|" + "---|" * left + "---:|" * (len(header) - left)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+    else:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        lines = ["  ".join(c.ljust(w) if i < left else c.rjust(w)
+                           for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+                 for r in [header, *rows]]
+    return "\n".join(lines)
 
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,

@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from .harness import Target
+from .harness import Target, format_rows
 
 __all__ = ["TARGET", "run", "main", "build_parser"]
 
@@ -225,16 +225,7 @@ def run(argv=None) -> int:
             line += [f"{ms[p]:.3f} ms", f"{ms[p] / ms['trainops']:.2f}x"] if p in ms else ["n/a"] * 2
         table.append(line)
     print(header + ("\n" if args.markdown else ""))
-    if args.markdown:
-        print("| " + " | ".join(cols) + " |")
-        print("|---|" + "---:|" * (len(cols) - 1))
-        for line in table:
-            print("| " + " | ".join(line) + " |")
-    else:
-        widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
-        print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(cols, widths))))
-        for line in table:
-            print("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(line, widths))))
+    print(format_rows(cols, table, args.markdown))
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"header": header, "rows": rows}, f, indent=2)
