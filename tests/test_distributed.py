@@ -58,15 +58,16 @@ def runs(library_path, tmp_path_factory):
     return res
 
 
-def reference(opt: str, n: int):
-    """One process, no comm, on the concatenated batches: losses and flat parameters."""
+def reference(opt: str, n: int, trainer: bool = False):
+    """One process, no comm, on the concatenated batches: losses and flat parameters (and
+    the trainer)."""
     tr = Trainer(mlp_model(sizes=dist_worker.SIZES), "loss", dist_worker.make_optimizer(opt),
                  threads=1)
     losses, params = [], []
     for batch in dist_worker.global_batches(n):
         losses.append(tr.step(batch))
         params.append(np.concatenate([v.reshape(-1) for v in tr.parameters().values()]))
-    return np.array(losses), np.array(params)
+    return (np.array(losses), np.array(params)) + ((tr,) if trainer else ())
 
 
 CASES = [("adam", 1), ("adam", 2), ("adam", 4), ("momentum", 2)]
@@ -83,6 +84,25 @@ def test_n_ranks_match_one_process_on_the_concatenated_batch(runs, opt, n, shard
                                    atol=1e-6, err_msg=f"rank {r}: parameters")
     # The run really trained: the parameters moved.
     assert np.abs(ref_params[-1] - ref_params[0]).max() > 1e-3
+
+
+@pytest.mark.parametrize("opt,n", [("adam", 4), ("momentum", 2)], ids=["adam-4proc",
+                                                                        "momentum-2proc"])
+def test_a_rank_checkpoint_resumes_in_one_process(runs, opt, n, tmp_path_factory):
+    """A (non-sharded) rank's save(): the weights, the optimizer state by parameter and T,
+    as one process on the concatenated batch has them, and Trainer.load resumes it."""
+    _, _, ref = reference(opt, n, trainer=True)
+    ckpt = next(tmp_path_factory.getbasetemp().glob(f"dist*/ckpt_{opt}_n{n}.npz"))
+    tr = Trainer.load(ckpt, threads=1)
+    assert tr.T == ref.T
+    for name, v in ref.parameters().items():
+        np.testing.assert_allclose(tr.parameters()[name], v, rtol=1e-5, atol=1e-6)
+    ref_state = ref.optimizer_state()
+    assert set(tr.optimizer_state()) == set(ref_state)
+    for name, v in ref_state.items():
+        np.testing.assert_allclose(tr.optimizer_state()[name], v, rtol=1e-4, atol=1e-7)
+    batch = dist_worker.global_batches(n, steps=1, seed=99)[0]
+    assert abs(tr.step(batch) - ref.step(batch)) < 1e-5
 
 
 @pytest.mark.parametrize("opt,n", CASES, ids=[f"{o}-{n}proc" for o, n in CASES])

@@ -71,6 +71,8 @@ def main() -> int:
                 res[f"{key}_params"] = params
                 mem = tr.memory()
                 res[f"{key}_state_bytes"] = np.array(mem["optimizer_state"])
+                if not shard and rep == 0 and r == n - 1:
+                    tr.save(out / f"ckpt_{opt}_n{n}.npz")  # the last rank's: all hold all
         np.savez(out / f"train_{opt}_n{n}_rank{r}.npz", **res)
         return 0
     if scenario in ("hang", "kill"):
