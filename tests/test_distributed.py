@@ -134,6 +134,14 @@ def test_sharded_optimizer_state_is_one_nth_per_rank(runs, opt, n):
             assert int(z["shard1_rep0_state_bytes"]) * n < 1.01 * int(z["shard0_rep0_state_bytes"])
 
 
+def test_ranks_with_different_models_are_refused_on_every_rank(library_path):
+    p, _ = mpirun(2, [str(WORKER), "/tmp", "mismatch"], library_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    for r in (0, 1):
+        assert f"ValueError: rank {r}: ranks [1] built a different training model than " \
+               "rank 0" in p.stdout, p.stdout
+
+
 def test_a_hung_rank_is_a_clear_timeout_not_a_hang(library_path):
     """Rank 1 stops (SIGSTOP) at step 3: rank 0's Allreduce times out after 3 s with
     CollectiveTimeout, and its abort ends the job."""

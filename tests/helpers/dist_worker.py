@@ -4,7 +4,7 @@ rank's shard of a fixed global batch and writes what it saw to <out>/<tag>_rank<
     mpirun -n N python dist_worker.py OUT SCENARIO [options]
 
 Scenarios: ``train`` (plain and sharded, each twice: per step the loss and the flat
-parameters), ``hang`` (rank 1 stops itself with SIGSTOP at step 2; the others must raise
+parameters), ``mismatch`` (rank 1 builds another model), ``hang`` (rank 1 stops itself with SIGSTOP at step 2; the others must raise
 CollectiveTimeout), ``kill`` (rank 1 is killed with SIGKILL at step 2).
 """
 
@@ -75,6 +75,15 @@ def main() -> int:
                     tr.save(out / f"ckpt_{opt}_n{n}.npz")  # the last rank's: all hold all
         np.savez(out / f"train_{opt}_n{n}_rank{r}.npz", **res)
         return 0
+    if scenario == "mismatch":  # rank 1 builds another model: every rank refuses it
+        sizes = SIZES if r != 1 else (8, 17, 16, 3)
+        try:
+            Trainer(mlp_model(sizes=sizes), "loss", optim.Adam(), threads=1, comm=comm)
+        except ValueError as exc:
+            print(f"ValueError: {exc}", flush=True)
+            return 0
+        print(f"rank {r}: no error", flush=True)
+        return 1
     if scenario in ("hang", "kill"):
         sig = signal.SIGSTOP if scenario == "hang" else signal.SIGKILL
 
