@@ -11,6 +11,10 @@ through an IOBinding::
     for x, t in batches:
         loss = trainer.step({"x": x, "t": t})     # the loss before this update
     onnx.save(trainer.export(), "trained.onnx")    # plain onnxruntime runs it
+
+With ``comm=`` (an mpi4py communicator) it trains data-parallel over MPI
+(:mod:`trainops.distributed`): the step splits into a gradient session and an optimizer
+session around the collectives, over flat buffers that ONNX Runtime and MPI share.
 """
 
 from __future__ import annotations
