@@ -11,12 +11,17 @@ through an IOBinding::
     for x, t in batches:
         loss = trainer.step({"x": x, "t": t})     # the loss before this update
     onnx.save(trainer.export(), "trained.onnx")    # plain onnxruntime runs it
+
+With ``comm=`` (an mpi4py communicator) it trains data-parallel over MPI
+(:mod:`trainops.distributed`): the step splits into a gradient session and an optimizer
+session around the collectives, over flat buffers that ONNX Runtime and MPI share.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -86,14 +91,29 @@ class Trainer:
       ``"mixed_float16"``: the forward and backward passes in float16 on float16 copies of
       float32 master weights, ``MixedPrecisionAdam`` (Adam only) with dynamic loss scaling
       (``DynamicLossScale``: Keras' initial scale 2**15, growth every 2000 finite steps);
-    - ``threads``: ONNX Runtime's intra-op threads (default: its own choice).
+    - ``threads``: ONNX Runtime's intra-op threads (default: its own choice; with
+      ``comm``, the machine's cores shared out among the ranks on it);
+    - ``comm``: an mpi4py communicator (:mod:`trainops.distributed`): data-parallel
+      training, each rank stepping on its own shard of the batch; the gradients are
+      averaged over the ranks (in-place Allreduce of the flat buffer ONNX Runtime writes
+      them to) before the optimizer step, so N ranks with batch B each train as one
+      process on the N*B batch would (for a mean-reduced loss);
+    - ``shard_optimizer``: with ``comm``, ZeRO stage 1: each rank keeps the optimizer
+      state of its 1/N slice of the (flattened) parameters only, the gradients are
+      reduce-scattered, each rank updates its slice and an Allgather brings everyone the
+      new parameters;
+    - ``collective_timeout``: seconds a collective may take before
+      :class:`trainops.distributed.CollectiveTimeout` (default 300, or
+      ``$TRAINOPS_COLLECTIVE_TIMEOUT``).
 
     Every other graph input is data, fed to :meth:`step`.
     """
 
     def __init__(self, model, loss: str, optimizer: _optim.Optimizer | None = None,
                  params: Sequence[str] | None = None, policy: str = "float32",
-                 threads: int | None = None, seed: int | None = None, *, _state=None):
+                 threads: int | None = None, seed: int | None = None, comm=None,
+                 shard_optimizer: bool = False, collective_timeout: float | None = None,
+                 *, _state=None):
         if isinstance(model, bytes):
             model = onnx.load_from_string(model)
         elif isinstance(model, (str, os.PathLike)):
@@ -112,6 +132,20 @@ class Trainer:
         if seed is not None:
             raise NotImplementedError("seed= threads a Philox state through Dropout, which "
                                       "waits for com.trainops::PhiloxDropout")
+        self.shard_optimizer = bool(shard_optimizer)
+        self._dist = None
+        if comm is not None:
+            from .distributed import Collectives
+
+            if self.policy == "mixed_float16":
+                raise NotImplementedError("comm= with policy 'mixed_float16' is not "
+                                          "supported yet (the finite check and the loss "
+                                          "scale would need to agree across ranks)")
+            self._dist = Collectives(comm, collective_timeout)
+            if threads is None:
+                threads = max(1, (os.cpu_count() or 1) // self._dist.local_size())
+        elif shard_optimizer:
+            raise ValueError("shard_optimizer=True needs comm= (an mpi4py communicator)")
         self.threads = threads
         g = self._model.graph
         if loss not in {o for n in g.node for o in n.output} | {i.name for i in g.input}:
@@ -125,13 +159,20 @@ class Trainer:
             raise ValueError("the model has no float initializers to train")
         inits = {i.name for i in g.initializer}
         self.input_names = [i.name for i in g.input if i.name not in inits]
-        self._build()
-        self._make_session()
+        if self._dist is None:
+            self._build()
+            self._make_session()
+        else:
+            self._build_distributed()
+            self._make_distributed_sessions()
         if _state is not None:
             self._restore(_state)
 
     # -- the training model --------------------------------------------------------------
-    def _build(self) -> None:
+    def _backward(self):
+        """The forward graph with the backward pass appended: (graph, nodes, gradient
+        names in param order, inferred graph, param types, initial values, float16
+        copies, loss type)."""
         src = self._model
         opset = default_opset(src)
         inferred = infer(src).graph
@@ -178,6 +219,13 @@ class Trainer:
                 seed = b.op("Expand", [seed, b.op("Shape", [loss])])
         b, grads = build_backward(inferred, opset, loss, wrt, seed=seed, builder=b)
         nodes = list(g.node) + list(b.nodes)
+        return g, nodes, grads, inferred, ptypes, values, copies, loss_t
+
+    def _build(self) -> None:
+        src = self._model
+        mixed = self.policy == "mixed_float16"
+        g, nodes, grads, inferred, ptypes, values, copies, loss_t = self._backward()
+        loss = self.loss_name
 
         ps = self.param_names
         r_name, t_name = f"{_P}/lr", f"{_P}/T"
@@ -259,6 +307,232 @@ class Trainer:
         m.ir_version = src.ir_version
         self.training_model = m
 
+    def _build_distributed(self) -> None:
+        """Two models for data-parallel training: the gradient model (forward, loss,
+        backward; parameters in, loss and gradients out) and the optimizer model (one
+        optimizer node on one flat tensor: all the parameters, or this rank's slice of
+        them under ``shard_optimizer``). Element-wise optimizers make the flat update
+        the same as the per-tensor one."""
+        src = self._model
+        d = self._dist
+        g, nodes, grads, inferred, ptypes, values, _, loss_t = self._backward()
+        ps = self.param_names
+        dtypes = {ptypes[p] for p in ps}
+        if len(dtypes) != 1:
+            raise ValueError("comm= needs parameters of one float type (they share one flat "
+                             f"buffer), got {sorted(dtypes)}")
+        ptype = dtypes.pop()
+        self._r_dtype = np.float64 if ptype == TensorProto.DOUBLE else np.float32
+        # Layout of the flat buffers: each parameter (and its gradient) at its offset.
+        offsets, total = {}, 0
+        for p in ps:
+            offsets[p] = total
+            total += int(values[p].size)
+        n = d.size
+        padded = -(-total // n) * n if self.shard_optimizer else total
+        self._layout = (offsets, total, padded, padded // n if self.shard_optimizer else total)
+
+        taken = {i.name for i in g.input} | {i.name for i in g.initializer}
+        for p in ps:
+            g.input.append(helper.make_tensor_value_info(p, ptype, list(values[p].shape)))
+        del g.output[:]
+        vi = {v.name: v for v in inferred.value_info}
+        loss = self.loss_name
+        g.output.append(vi[loss] if loss in vi else helper.make_tensor_value_info(
+            loss, loss_t, None))
+        self._grad_outputs = []
+        seen = {loss}
+        for p, name in zip(ps, grads):
+            if name in taken or name in seen or name in ps:
+                # a gradient that is an input, a constant or another output: copy it
+                new = f"{_P}/grad/{p}"
+                nodes.append(helper.make_node("Identity", [name], [new],
+                                              name=f"{_P}/grad_copy/{p}"))
+                name = new
+            seen.add(name)
+            self._grad_outputs.append(name)
+            g.output.append(helper.make_tensor_value_info(name, ptype, list(values[p].shape)))
+        available = {i.name for i in g.input} | {i.name for i in g.initializer}
+        del g.node[:]
+        g.node.extend(toposort(nodes, available))
+        m = helper.make_model(g, opset_imports=list(src.opset_import),
+                              producer_name="trainops.Trainer")
+        m.ir_version = src.ir_version
+        self.gradient_model = m
+
+        shard = self._layout[3]
+        opt = self.optimizer
+        r_type = TensorProto.DOUBLE if ptype == TensorProto.DOUBLE else TensorProto.FLOAT
+        x, gr = f"{_P}/flat/params", f"{_P}/flat/grads"
+        st = [f"{_P}/flat/{s}" for s in opt.state]
+        og = helper.make_graph(
+            [helper.make_node(opt.op_type, [f"{_P}/lr", f"{_P}/T", x, gr] + st,
+                              [x + "/new"] + [s + "/new" for s in st], domain=TRAINING_DOMAIN,
+                              name=f"{_P}/{opt.op_type.lower()}", **opt.attributes())],
+            "trainops_optimizer",
+            [helper.make_tensor_value_info(f"{_P}/lr", r_type, [1]),
+             helper.make_tensor_value_info(f"{_P}/T", TensorProto.INT64, [1])]
+            + [helper.make_tensor_value_info(v, ptype, [shard]) for v in [x, gr] + st],
+            [helper.make_tensor_value_info(v + "/new", ptype, [shard]) for v in [x] + st])
+        om = helper.make_model(og, opset_imports=[helper.make_opsetid("", default_opset(src)),
+                                                  helper.make_opsetid(TRAINING_DOMAIN, 1)],
+                               producer_name="trainops.Trainer")
+        om.ir_version = src.ir_version
+        self.optimizer_model = om
+        self.training_model = m  # the model that carries the forward pass
+
+    def _make_distributed_sessions(self) -> None:
+        import onnxruntime as ort
+
+        from . import get_library_path
+
+        d = self._dist
+        offsets, total, padded, shard = self._layout
+        ps = self.param_names
+        so = ort.SessionOptions()
+        so.register_custom_ops_library(get_library_path())
+        so.intra_op_num_threads = int(self.threads)
+        so.inter_op_num_threads = 1
+        # Ranks may outnumber cores: idle intra-op workers must not spin.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.log_severity_level = 3
+        providers = ["CPUExecutionProvider"]
+        self.session = ort.InferenceSession(self.gradient_model.SerializeToString(), so,
+                                            providers=providers)
+        self.optimizer_session = ort.InferenceSession(
+            self.optimizer_model.SerializeToString(), so, providers=providers)
+        dtype = self._r_dtype
+        # Flat buffers MPI reduces and gathers in place; ONNX Runtime reads the parameters
+        # from, and writes the gradients into, views of them (OrtValues over their memory).
+        self._flat_params = np.zeros(padded, dtype)
+        self._flat_grads = np.zeros(padded, dtype)
+        for p in ps:
+            o = offsets[p]
+            self._flat_params[o:o + self._initial[p].size] = self._initial[p].reshape(-1)
+        # Every rank starts from rank 0's parameters, and all must have the same layout.
+        import zlib
+
+        sig = [total, padded, zlib.crc32(self.gradient_model.SerializeToString())]
+        sigs = d.allgather_values(sig, "the model check (Allgather)")
+        bad = [r for r in range(d.size) if list(sigs[r]) != list(sigs[0])]
+        if bad:
+            raise ValueError(f"rank {d.rank}: ranks {bad} built a different training model "
+                             "than rank 0 (model, params, optimizer or policy differ)")
+        d.bcast_(self._flat_params, "the initial Bcast of the parameters")
+        d.seconds = 0.0
+        self._arrays: dict[str, np.ndarray] = {}
+        self._values: dict[str, Any] = {}
+        for p in ps:
+            o, shape = offsets[p], self._initial[p].shape
+            self._arrays[p] = self._flat_params[o:o + self._initial[p].size].reshape(shape)
+        self.T = 1
+        self.lr = float(self.optimizer.lr)
+        self.skipped = 0
+        self.timings = {"gradients": 0.0, "communication": 0.0, "optimizer": 0.0, "steps": 0}
+
+        # The gradient session: parameters in, gradients out, all views of flat buffers.
+        val = ort.OrtValue.ortvalue_from_numpy
+        keep = []
+        gb = self._binding = self.session.io_binding()
+        for p, name in zip(ps, self._grad_outputs):
+            o, n_, shape = offsets[p], self._initial[p].size, self._initial[p].shape
+            pv, gv = val(self._arrays[p]), val(self._flat_grads[o:o + n_].reshape(shape))
+            keep += [pv, gv]
+            gb.bind_ortvalue_input(p, pv)
+            gb.bind_ortvalue_output(name, gv)
+        out = self.session.get_outputs()[0]
+        if out.shape is None or not all(isinstance(x, int) for x in out.shape) \
+                or int(np.prod(out.shape)) != 1:
+            raise GradientError(f"loss {self.loss_name!r} must be a scalar with a static "
+                                f"shape, got {out.shape}")
+        self._loss_buf = np.zeros(out.shape, {"tensor(float)": np.float32,
+                                              "tensor(double)": np.float64}[out.type])
+        lv = val(self._loss_buf)
+        keep.append(lv)
+        gb.bind_ortvalue_output(self.loss_name, lv)
+
+        # The optimizer session: this rank's slice (or all) of params, grads and state.
+        lo = d.rank * shard if self.shard_optimizer else 0
+        self._param_slice = self._flat_params[lo:lo + shard]
+        self._grad_shard = np.zeros(shard, dtype) if self.shard_optimizer \
+            else self._flat_grads
+        self._flat_state = {s: np.zeros(shard, dtype) for s in self.optimizer.state}
+        if not self.shard_optimizer:  # per-parameter views, as a one-process Trainer has
+            self.state_names = {s: [f"{_P}/{s}/{p}" for p in ps] for s in self.optimizer.state}
+            for s in self.optimizer.state:
+                for p, name in zip(ps, self.state_names[s]):
+                    o = offsets[p]
+                    self._arrays[name] = self._flat_state[s][o:o + self._initial[p].size] \
+                        .reshape(self._initial[p].shape)
+        else:
+            self.state_names = {s: [f"{_P}/{s}/shard"] for s in self.optimizer.state}
+            for s in self.optimizer.state:
+                self._arrays[f"{_P}/{s}/shard"] = self._flat_state[s]
+        ob = self._opt_binding = self.optimizer_session.io_binding()
+        xv, gv = val(self._param_slice), val(self._grad_shard)
+        keep += [xv, gv]
+        ob.bind_ortvalue_input(f"{_P}/flat/params", xv)
+        ob.bind_ortvalue_output(f"{_P}/flat/params/new", xv)
+        ob.bind_ortvalue_input(f"{_P}/flat/grads", gv)
+        for s, arr in self._flat_state.items():
+            sv = val(arr)
+            keep.append(sv)
+            ob.bind_ortvalue_input(f"{_P}/flat/{s}", sv)
+            ob.bind_ortvalue_output(f"{_P}/flat/{s}/new", sv)
+        self._keep = keep
+        self._scale = dtype(1.0 / d.size)
+
+    def _step_distributed(self, feeds: Mapping[str, Any]) -> float:
+        d = self._dist
+        d.step = self.T
+        t0 = time.perf_counter()
+        bind = self._binding
+        for name in self.input_names:
+            bind.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
+        self.session.run_with_iobinding(bind)
+        t1 = time.perf_counter()
+        # The loss (for the caller) and the gradients, summed over the ranks at once.
+        reqs = [d.start_allreduce(self._loss_buf.reshape(-1))]
+        if self.shard_optimizer:
+            reqs.append(d.start_reduce_scatter(self._flat_grads, self._grad_shard))
+            what = "the gradients' ReduceScatter"
+        else:
+            reqs.append(d.start_allreduce(self._flat_grads))
+            what = "the gradients' Allreduce"
+        d.wait(reqs, what)
+        self._grad_shard *= self._scale  # sum -> mean over the ranks
+        t2 = time.perf_counter()
+        ob = self._opt_binding
+        ob.bind_cpu_input(f"{_P}/lr", np.array([self.lr], self._r_dtype))
+        ob.bind_cpu_input(f"{_P}/T", np.array([self.T], np.int64))
+        self.optimizer_session.run_with_iobinding(ob)
+        t3 = time.perf_counter()
+        if self.shard_optimizer:
+            d.allgather_(self._flat_params, "the parameters' Allgather")
+        t4 = time.perf_counter()
+        self.T += 1
+        tm = self.timings
+        tm["gradients"] += t1 - t0
+        tm["optimizer"] += t3 - t2
+        tm["communication"] += (t2 - t1) + (t4 - t3)
+        tm["steps"] += 1
+        return float(self._loss_buf.reshape(-1)[0]) / d.size
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this process holds for training: ``parameters``, ``gradients`` (the
+        buffers ONNX Runtime writes them to; with ``comm``, plus this rank's reduced
+        slice under ``shard_optimizer``) and ``optimizer_state`` (1/N of the whole under
+        ``shard_optimizer``)."""
+        if self._dist is None:
+            params = sum(self._arrays[p].nbytes for p in self.param_names)
+            state = sum(self._arrays[n].nbytes for s in self.optimizer.state
+                        for n in self.state_names[s])
+            return {"parameters": params, "gradients": params, "optimizer_state": state}
+        grads = self._flat_grads.nbytes + (self._grad_shard.nbytes if self.shard_optimizer
+                                           else 0)
+        return {"parameters": self._flat_params.nbytes, "gradients": grads,
+                "optimizer_state": sum(a.nbytes for a in self._flat_state.values())}
+
     def _make_session(self) -> None:
         import onnxruntime as ort
 
@@ -338,11 +612,17 @@ class Trainer:
         """One training step on ``feeds`` (every data input of the model): forward, loss,
         backward and the optimizer update, in one ``run_with_iobinding``. Returns the loss
         before the update. Under ``mixed_float16`` a step whose gradients are not finite
-        is skipped (the weights stay) and ``skipped`` counts it."""
+        is skipped (the weights stay) and ``skipped`` counts it.
+
+        With ``comm``: ``feeds`` is this rank's shard of the batch; every rank must call
+        ``step`` the same number of times; the gradients are averaged over the ranks
+        before the update and the loss returned is the mean of the ranks' losses."""
         bind = self._binding
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise ValueError(f"step: feeds lack model inputs {missing}")
+        if self._dist is not None:
+            return self._step_distributed(feeds)
         for name in self.input_names:
             bind.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
         bind.bind_cpu_input(f"{_P}/lr", np.array([self.lr], self._r_dtype))
@@ -359,6 +639,8 @@ class Trainer:
         return {p: self._arrays[p].copy() for p in self.param_names}
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
+        """The optimizer state (copies) by name; under ``shard_optimizer``, this rank's
+        flat slice of each state tensor (``trainops/<V|H>/shard``)."""
         return {n: self._arrays[n].copy() for s in self.optimizer.state
                 for n in self.state_names[s]}
 
@@ -376,7 +658,14 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------------
     def save(self, path) -> None:
         """A checkpoint (``.npz``): the model, the weights, the optimizer state, the update
-        count, the learning rate and the loss scale. :meth:`load` resumes from it."""
+        count, the learning rate and the loss scale. :meth:`load` resumes from it.
+
+        With ``comm`` (not sharded) every rank holds the whole state: rank 0 writing the
+        file is enough, and a one-process Trainer can resume from it. Checkpoints of a
+        ``shard_optimizer`` trainer are not implemented yet."""
+        if self.shard_optimizer:
+            raise NotImplementedError("save() of a shard_optimizer trainer: each rank holds "
+                                      "1/N of the optimizer state; not implemented yet")
         config = {"loss": self.loss_name, "optimizer": self.optimizer.to_dict(),
                   "params": self.param_names, "policy": self.policy, "T": self.T,
                   "lr": self.lr, "skipped": self.skipped}
