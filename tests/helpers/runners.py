@@ -72,3 +72,18 @@ def check_reference_on_case(case_dir, reference, groups, attributes):
     refs = reference(r, t, *lists, **attributes(model.graph.node[0]))
     for ref, e in zip(refs, expected):
         np.testing.assert_allclose(ref, e, rtol=1e-6, atol=1e-7)
+
+
+def run_thread_counts(make_session, model, feeds, counts=(1, 2, 3)):
+    """Runs ``model`` on ``feeds`` in one session per intra-op thread count, checks that
+    every count gives bitwise the outputs of the first and that no input was written (numpy
+    inputs are passed zero-copy); returns ``{count: outputs}``."""
+    before = {k: np.array(a, copy=True) for k, a in feeds.items()}
+    results = {threads: make_session(model, threads=threads).run(None, feeds) for threads in counts}
+    first = counts[0]
+    for threads in counts[1:]:
+        for k, (a, b) in enumerate(zip(results[first], results[threads])):
+            assert same_bits(a, b), f"output {k}: {threads} threads differ from {first} thread"
+    for name, a in feeds.items():
+        assert same_bits(a, before[name]), f"input {name} was written"
+    return results
