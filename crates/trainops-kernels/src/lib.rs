@@ -17,6 +17,7 @@ pub mod mixed;
 pub mod momentum;
 pub mod parallel;
 pub mod philox;
+pub mod random;
 pub mod simd;
 pub mod stream;
 #[cfg(test)]
