@@ -24,6 +24,9 @@ pub fn domains() -> Vec<(&'static CStr, Vec<&'static dyn OpSpec>)> {
             c"com.trainops",
             vec![
                 &ops::philox::Philox as &'static dyn OpSpec,
+                &ops::random::PhiloxUniform,
+                &ops::random::PhiloxNormal,
+                &ops::random::PhiloxDropout,
                 &ops::mixed::MixedPrecisionAdam,
                 &ops::mixed::DynamicLossScale,
                 &ops::mixed::AllFinite,

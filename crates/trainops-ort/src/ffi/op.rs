@@ -68,6 +68,12 @@ pub trait OpSpec: Sync + 'static {
     fn infer(&self, _ctx: &mut ShapeInfer<'_>) -> Result<()> {
         Ok(())
     }
+    /// Whether [`OpSpec::infer`] sets an output's element type (an output whose type no input
+    /// decides needs it). Such an op gets its inference callback even with optional inputs;
+    /// it must then have no optional input before a required one (see `OpDescriptor::leak`).
+    fn infers_output_types(&self) -> bool {
+        false
+    }
     /// The op name as `&str`, for messages.
     fn op(&self) -> &'static str {
         self.name().to_str().unwrap_or("trainops op")
@@ -323,10 +329,14 @@ impl OpDescriptor {
             KernelComputeV2: Some(compute_kernel),
             // ONNX Runtime 1.17 dereferences a null type while building the inference
             // context of a node whose optional input is given as "": no inference for such ops.
-            InferOutputShapeFn: if spec.inputs().iter().any(|f| matches!(f, Formal::Optional(_))) {
-                None
-            } else {
+            // Ops that must set an output's type keep it: their only optional inputs are
+            // trailing ones, which a node leaves out rather than naming "".
+            InferOutputShapeFn: if spec.infers_output_types()
+                || !spec.inputs().iter().any(|f| matches!(f, Formal::Optional(_)))
+            {
                 Some(infer_shape)
+            } else {
+                None
             },
             GetStartVersion: Some(start_version),
             GetEndVersion: Some(end_version),

@@ -8,3 +8,4 @@ pub mod mixed;
 pub mod momentum;
 pub mod optimizer;
 pub mod philox;
+pub mod random;

@@ -35,6 +35,12 @@ pub(crate) enum Source {
 
 /// Checks requested output dimensions: non-negative, element count within [`MAX_ELEMENTS`].
 pub(crate) fn output_numel(dims: &[i64], from: Source) -> Result<usize> {
+    output_numel_for(OP, dims, from)
+}
+
+/// [`output_numel`] for any op with Philox's `shape` attribute or input 1 (the Philox
+/// distributions share Philox's state and shape handling).
+pub(crate) fn output_numel_for(op: &'static str, dims: &[i64], from: Source) -> Result<usize> {
     let problem = if let Some(&d) = dims.iter().find(|&&d| d < 0) {
         format!("{dims:?}, with a negative dimension {d}")
     } else {
@@ -45,9 +51,9 @@ pub(crate) fn output_numel(dims: &[i64], from: Source) -> Result<usize> {
     };
     let expected = "non-negative dimensions of at most 2^31 elements in all";
     Err(match from {
-        Source::Input => Error::input(OP, 1, "shape", expected, problem),
+        Source::Input => Error::input(op, 1, "shape", expected, problem),
         Source::Attribute => {
-            Error::Attribute { op: OP, name: "shape", what: format!("expected {expected}, got {problem}") }
+            Error::Attribute { op, name: "shape", what: format!("expected {expected}, got {problem}") }
         }
     })
 }
@@ -89,12 +95,17 @@ struct PhiloxKernel {
 
 /// The six state words of input 0.
 fn read_state(t: &Tensor) -> Result<[u32; 6]> {
+    read_state_for(OP, 0, t)
+}
+
+/// The six state words of input `index` of `op`, copied out.
+pub(crate) fn read_state_for(op: &'static str, index: usize, t: &Tensor) -> Result<[u32; 6]> {
     let expected = "a tensor(uint32) with exactly 6 elements [c0, c1, c2, c3, k0, k1]";
     if t.dtype != DType::Uint32 || t.numel != 6 {
-        return Err(Error::input(OP, 0, "state", expected, format!("{} with shape {:?}", t.dtype.name(), t.shape)));
+        return Err(Error::input(op, index, "state", expected, format!("{} with shape {:?}", t.dtype.name(), t.shape)));
     }
     if !t.aligned() {
-        return Err(Error::input(OP, 0, "state", "an aligned buffer", "a misaligned one"));
+        return Err(Error::input(op, index, "state", "an aligned buffer", "a misaligned one"));
     }
     // SAFETY: six uint32 elements, checked; no output view exists yet, and the words are
     // copied out before any is made.
@@ -102,37 +113,40 @@ fn read_state(t: &Tensor) -> Result<[u32; 6]> {
     Ok(words.try_into().expect("six words"))
 }
 
-impl PhiloxKernel {
-    /// The output dimensions, from the attribute or the `shape` input (exactly one).
-    fn dims(&self, ctx: &Context<'_>) -> Result<(Vec<i64>, Source)> {
-        let input = if ctx.input_count()? > 1 { ctx.input(1)? } else { None };
-        match (&self.shape, input) {
-            (Some(dims), None) => Ok((dims.clone(), Source::Attribute)),
-            (Some(_), Some(_)) => Err(Error::input(
-                OP,
-                1,
-                "shape",
-                "no shape input when the node has a 'shape' attribute (give exactly one)",
-                "both",
-            )),
-            (None, None) => Err(Error::input(
-                OP,
-                1,
-                "shape",
-                "a 1-D tensor(int64), or a 'shape' attribute on the node (exactly one)",
-                "neither",
-            )),
-            (None, Some(t)) => {
-                if t.dtype != DType::Int64 || t.shape.len() != 1 {
-                    let got = format!("{} with shape {:?}", t.dtype.name(), t.shape);
-                    return Err(Error::input(OP, 1, "shape", "a 1-D tensor(int64)", got));
-                }
-                if !t.aligned() {
-                    return Err(Error::input(OP, 1, "shape", "an aligned buffer", "a misaligned one"));
-                }
-                // SAFETY: a 1-D int64 tensor, checked; no output view exists yet.
-                Ok((unsafe { t.slice::<i64>() }.to_vec(), Source::Input))
+/// The output dimensions of `op`, from its `shape` attribute or its `shape` input 1
+/// (exactly one).
+pub(crate) fn dims_for(
+    op: &'static str,
+    attribute: &Option<Vec<i64>>,
+    ctx: &Context<'_>,
+) -> Result<(Vec<i64>, Source)> {
+    let input = if ctx.input_count()? > 1 { ctx.input(1)? } else { None };
+    match (attribute, input) {
+        (Some(dims), None) => Ok((dims.clone(), Source::Attribute)),
+        (Some(_), Some(_)) => Err(Error::input(
+            op,
+            1,
+            "shape",
+            "no shape input when the node has a 'shape' attribute (give exactly one)",
+            "both",
+        )),
+        (None, None) => Err(Error::input(
+            op,
+            1,
+            "shape",
+            "a 1-D tensor(int64), or a 'shape' attribute on the node (exactly one)",
+            "neither",
+        )),
+        (None, Some(t)) => {
+            if t.dtype != DType::Int64 || t.shape.len() != 1 {
+                let got = format!("{} with shape {:?}", t.dtype.name(), t.shape);
+                return Err(Error::input(op, 1, "shape", "a 1-D tensor(int64)", got));
             }
+            if !t.aligned() {
+                return Err(Error::input(op, 1, "shape", "an aligned buffer", "a misaligned one"));
+            }
+            // SAFETY: a 1-D int64 tensor, checked; no output view exists yet.
+            Ok((unsafe { t.slice::<i64>() }.to_vec(), Source::Input))
         }
     }
 }
@@ -141,7 +155,7 @@ impl Kernel for PhiloxKernel {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
         let state_t = required(ctx, OP, 0, "state")?;
         let state = read_state(&state_t)?;
-        let (dims, from) = self.dims(ctx)?;
+        let (dims, from) = dims_for(OP, &self.shape, ctx)?;
         let count = output_numel(&dims, from)?;
         let out = ctx.output(0, &dims)?;
         let outputs = ctx.output_count()?;
