@@ -1,13 +1,15 @@
 """ai.onnx.preview.training::Adam through onnxruntime with the trainops library, against
-the independent float64 reference in adam_reference.py."""
+the independent float64 reference in helpers/references.py."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from adam_helpers import assert_matches_reference, group, groups, run, same_bits
-from adam_reference import adam as adam_ref
+from helpers.checks import assert_matches_reference, same_bits
+from helpers.data import group, groups
+from helpers.references import adam as adam_ref
+from helpers.runners import run
 from trainops.models import adam_feeds, adam_model
 
 F32, F64 = np.float32, np.float64

@@ -19,7 +19,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from adam_helpers import assert_matches_reference, group
+from helpers.checks import assert_clear, assert_matches_reference
+from helpers.data import group
 from trainops.models import TRAINING_DOMAIN, adam_feeds, adam_model, node_model
 
 F32, F64 = np.float32, np.float64
@@ -150,14 +151,6 @@ def _retype(model, name, elem_type):
         if vi.name == name:
             vi.type.tensor_type.elem_type = elem_type
     return model
-
-
-def assert_clear(message: str, needles) -> None:
-    low = message.lower()
-    for needle in needles:
-        options = needle if isinstance(needle, tuple) else (needle,)
-        assert any(o.lower() in low for o in options), (
-            f"error message lacks {' or '.join(map(repr, options))}: {message}")
 
 
 def guarded(bad, good, good_dtype=TensorProto.FLOAT):

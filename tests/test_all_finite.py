@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mixed_reference import BF16, F16, F32, F64, all_finite
+from helpers.data import BF16, F16, F32, F64
+from helpers.references import all_finite
 from trainops import run
 from trainops.models import all_finite_model
 

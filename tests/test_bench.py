@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from trainops import bench
+from trainops.bench import philox
 from trainops.__main__ import main as cli_main
 
 TINY = ["--sizes", "4096", "8KiB", "--repeat", "2", "--warmup", "1", "--min-time", "0",
@@ -81,7 +82,7 @@ def test_bench_philox_iobinding_writes_philox_bits(library_path):
     """The IOBinding peer really runs the op: its output buffer holds Philox's words and
     the bound state advances in place."""
     args = argparse.Namespace(library=library_path, threads=[1], ort_spin=False)
-    case = bench.philox_case(64, args)
+    case = philox.build(64, args)
     try:
         io_peer = next(p for p in case.peers if p.name == "trainops ORT IOBinding")
         state, out = io_peer.keep

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adam_reference import adam as adam_ref
+from helpers.references import adam as adam_ref
 
 
 def test_decomposed_peer_is_adam(make_session):
-    from trainops.bench_adam import ALPHA, BETA, EPS, decomposed_model
+    from trainops.bench.adam import ALPHA, BETA, EPS, decomposed_model
 
     rng = np.random.default_rng(3)
     sizes = [5, 3]
@@ -30,7 +30,7 @@ def test_decomposed_peer_is_adam(make_session):
 
 
 def test_tensor_sizes_split_the_parameters():
-    from trainops.bench_adam import tensor_sizes
+    from trainops.bench.adam import tensor_sizes
 
     sizes = tensor_sizes(40_000_000, 200)
     assert len(sizes) == 200 and sum(sizes) == 40_000_000 and min(sizes) > 0
@@ -38,7 +38,7 @@ def test_tensor_sizes_split_the_parameters():
 
 
 def test_adam_target_runs(library_path, capsys):
-    from trainops import bench, bench_adam  # noqa: F401 - registers the target
+    from trainops import bench
 
     code = bench.main(["adam", "--sizes", "1e4", "--repeat", "2", "--warmup", "1",
                        "--min-time", "0", "--no-torch", "--library", library_path])

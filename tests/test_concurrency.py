@@ -1,4 +1,4 @@
-"""Concurrency through onnxruntime (issue 6): one session run from 8 Python threads at once
+"""Concurrency through onnxruntime: one session run from 8 Python threads at once
 (onnxruntime releases the GIL while it runs), and 8 sessions sharing the library run at
 once, for Adam (large enough for the threaded path, and small), Philox and
 MixedPrecisionAdam. Every result is bitwise the sequential one for the same input."""
@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from helpers.checks import same_bits
 from trainops.models import adam_model, node_model, philox_model
 
 THREADS = 8
@@ -62,12 +63,6 @@ WORKLOADS = {
     "philox-small": (lambda: philox_model(dynamic=True), lambda s: philox_feeds(s, 13)),
     "mixed-300k": (lambda: mixed_model(2), lambda s: mixed_feeds(s, BIG)),
 }
-
-
-def same_bits(got, want) -> bool:
-    return len(got) == len(want) and all(
-        a.dtype == b.dtype and a.shape == b.shape and np.ascontiguousarray(a).tobytes() == np.ascontiguousarray(b).tobytes()
-        for a, b in zip(got, want))
 
 
 def run_all_at_once(jobs):

@@ -13,25 +13,16 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from adam_reference import adam as adam_ref
+from helpers.data import read_case
+from helpers.references import adam as adam_ref
 
 ROOT = Path(__file__).resolve().parent.parent
 ADAM_CASES = ["test_adam", "test_adam_multiple"]
 
 
-def _read_case(case_dir: Path):
-    model = onnx.load(str(case_dir / "model.onnx"))
-    ds = case_dir / "test_data_set_0"
-    n_in, n_out = len(model.graph.input), len(model.graph.output)
-    ins = [numpy_helper.to_array(onnx.load_tensor(str(ds / f"input_{k}.pb"))) for k in range(n_in)]
-    outs = [numpy_helper.to_array(onnx.load_tensor(str(ds / f"output_{k}.pb")))
-            for k in range(n_out)]
-    return model, ins, outs
-
-
 @pytest.mark.parametrize("name", ADAM_CASES)
 def test_onnx_case(make_session, models_dir, name):
-    model, ins, expected = _read_case(models_dir / name)
+    model, ins, expected = read_case(models_dir / name)
     sess = make_session(model)
     feeds = {vi.name: a for vi, a in zip(model.graph.input, ins)}
     actual = sess.run([o.name for o in model.graph.output], feeds)
@@ -44,7 +35,7 @@ def test_onnx_case(make_session, models_dir, name):
 @pytest.mark.parametrize("name", ADAM_CASES)
 def test_onnx_case_against_our_reference(models_dir, name):
     """Our float64 reference reproduces onnx's expected outputs (no library needed)."""
-    model, ins, expected = _read_case(models_dir / name)
+    model, ins, expected = read_case(models_dir / name)
     attrs = {a.name: a.f for a in model.graph.node[0].attribute}
     n = (len(ins) - 2) // 4
     r, t, rest = ins[0], ins[1], ins[2:]

@@ -1,4 +1,4 @@
-"""com.trainops::DynamicLossScale: each rule of the contract (ops.md section 3), a long
+"""com.trainops::DynamicLossScale: each rule of the contract (README.md, "Op reference"), a long
 random replay against a plain-Python model of PyTorch's GradScaler update, attributes and
 errors."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mixed_reference import GradScalerModel, dynamic_loss_scale
+from helpers.references import GradScalerModel, dynamic_loss_scale
 from trainops import run
 from trainops.models import dynamic_loss_scale_model
 

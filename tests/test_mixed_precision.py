@@ -1,6 +1,6 @@
-"""Mixed precision (issue 5): Adam on float16/bfloat16 tensors and on float32 weights with
+"""Mixed precision: Adam on float16/bfloat16 tensors and on float32 weights with
 16-bit gradients, com.trainops::MixedPrecisionAdam, trainops.Policy, trainops.optimizer_model
-and the bfloat16 I/O helpers, against the independent references in mixed_reference.py.
+and the bfloat16 I/O helpers, against the independent references in helpers/references.py.
 
 bfloat16 tensors go in and out through trainops.run / to_ortvalue (onnxruntime's numpy
 bridge has no bfloat16)."""
@@ -12,11 +12,10 @@ import onnx
 import pytest
 
 import trainops
-from adam_helpers import TOLERANCES, assert_matches_reference, group, groups
-from adam_reference import adam as adam_ref
-from mixed_reference import (BF16, COPY_TYPES, F16, F32, F64, adam16, assert_adam16_matches,
-                             dynamic_loss_scale, mixed_precision_adam, same_bits, unscale,
-                             wide)
+from helpers.checks import TOLERANCES, assert_adam16_matches, assert_matches_reference, same_bits
+from helpers.data import BF16, COPY_TYPES, F16, F32, F64, group, groups
+from helpers.references import adam as adam_ref
+from helpers.references import adam16, dynamic_loss_scale, mixed_precision_adam, unscale, wide
 from trainops import Policy, from_ortvalue, optimizer_model, run, to_ortvalue
 from trainops.models import (adam_feeds, adam_model, mixed_precision_adam_feeds,
                              mixed_precision_adam_model, mixed_precision_adam_names)
@@ -33,7 +32,7 @@ HALF_IDS = ["float16", "bfloat16"]
 
 
 def rel_close(out, ref, name, dtype=F32):
-    """float32 output against a float64 reference, with adam_helpers' float32 tolerance."""
+    """float32 output against a float64 reference, with helpers.checks' float32 tolerance."""
     rtol, atol = TOLERANCES[np.dtype(dtype)]
     ref = np.asarray(ref, np.float64)
     scale = max(1.0, float(np.max(np.abs(ref)))) if ref.size else 1.0

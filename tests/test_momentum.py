@@ -1,5 +1,5 @@
 """ai.onnx.preview.training::Momentum ("standard" and "nesterov") through onnxruntime with
-the trainops library, against the independent float64 reference in optimizer_reference.py
+the trainops library, against the independent float64 reference in helpers/references.py
 (and onnx's own cases)."""
 
 from __future__ import annotations
@@ -7,13 +7,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adam_helpers import same_bits
-from optimizer_helpers import (TOLERANCES_16, assert_in_place_equals_out_of_place,
-                               assert_outputs, tensors)
-from optimizer_reference import MOMENTUM_ATTRIBUTES, MOMENTUM_MODES
-from optimizer_reference import momentum as momentum_ref
-from test_adam_errors import assert_clear
-from test_conformance import _read_case
+from helpers.checks import TOLERANCES_16, assert_clear, assert_outputs, same_bits
+from helpers.data import read_case, tensors
+from helpers.references import MOMENTUM_ATTRIBUTES, MOMENTUM_MODES
+from helpers.references import momentum as momentum_ref
+from helpers.runners import assert_in_place_equals_out_of_place
 from trainops.models import momentum_feeds, momentum_model
 
 F32, F64 = np.float32, np.float64
@@ -203,7 +201,7 @@ def test_thread_count_bitwise_equal(make_session, rng, mode, dtype):
 
 @pytest.mark.parametrize("name", ONNX_CASES)
 def test_onnx_case(make_session, models_dir, name):
-    model, ins, expected = _read_case(models_dir / name)
+    model, ins, expected = read_case(models_dir / name)
     feeds = {vi.name: a for vi, a in zip(model.graph.input, ins)}
     actual = make_session(model).run([o.name for o in model.graph.output], feeds)
     for vi, a, e in zip(model.graph.output, actual, expected):
@@ -216,7 +214,7 @@ def test_onnx_case_against_our_reference(models_dir, name):
     """Our float64 reference reproduces onnx's expected outputs (no library needed)."""
     import onnx
 
-    model, ins, expected = _read_case(models_dir / name)
+    model, ins, expected = read_case(models_dir / name)
     a = {x.name: onnx.helper.get_attribute_value(x) for x in model.graph.node[0].attribute}
     a["mode"] = a["mode"].decode()
     n = (len(ins) - 2) // 3

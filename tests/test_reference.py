@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from adam_reference import adam as adam_ref
-from adam_reference import adjusted_rate, attr_f32
+from helpers.references import adam as adam_ref
+from helpers.references import adjusted_rate, attr_f32
 from trainops.models import adam_feeds, adam_model
 
 

@@ -1,4 +1,4 @@
-"""Bad input for every op the library registers, through onnxruntime (issue 6).
+"""Bad input for every op the library registers, through onnxruntime.
 
 Each case feeds one op something wrong (arity, element types, shapes, element counts,
 negative and enormous dimensions, NaN and Inf, missing, unknown and wrong-typed attributes,

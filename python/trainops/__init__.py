@@ -5,6 +5,13 @@ The package's only job at load time is to say where the custom-op library is::
     import onnxruntime as ort, trainops
     so = ort.SessionOptions()
     so.register_custom_ops_library(trainops.get_library_path())
+
+Everything else is imported on first use, so ``import trainops`` costs no onnx, no
+onnxruntime and no numpy: ``trainops.Policy``, ``trainops.optimizer_model``, ... (mixed
+precision, :mod:`trainops.mixed_precision`) and ``trainops.run``, ``trainops.to_ortvalue``,
+``trainops.from_ortvalue`` (tensor I/O with bfloat16, :mod:`trainops.bfloat16`) load their
+module when first read. Submodules (``trainops.models``, ``trainops.onnx_defs``, ...) are
+imported as usual.
 """
 
 from __future__ import annotations
@@ -13,7 +20,19 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["get_library_path", "LIBRARY_NAME"]
+# Names read from a submodule on first use: name -> module (relative to this package).
+_LAZY = {
+    "Policy": "mixed_precision",
+    "optimizer_model": "mixed_precision",
+    "optimizer_names": "mixed_precision",
+    "optimizer_state": "mixed_precision",
+    "InPlaceOptimizer": "mixed_precision",
+    "to_ortvalue": "bfloat16",
+    "from_ortvalue": "bfloat16",
+    "run": "bfloat16",
+}
+
+__all__ = ["get_library_path", "LIBRARY_NAME", *_LAZY]
 
 if sys.platform == "win32":
     LIBRARY_NAME = "trainops.dll"
@@ -56,16 +75,16 @@ def get_library_path() -> str:
     raise FileNotFoundError(f"{LIBRARY_NAME} not found; looked at: {', '.join(tried)}")
 
 
-# Mixed precision (issue 5): Keras-style dtype policies, optimizer-step models, and tensor
-# I/O that handles bfloat16 (which onnxruntime's numpy bridge does not).
-from .bfloat16 import from_ortvalue, run, to_ortvalue  # noqa: E402
-from .mixed_precision import (  # noqa: E402
-    InPlaceOptimizer,
-    Policy,
-    optimizer_model,
-    optimizer_names,
-    optimizer_state,
-)
+def __getattr__(name: str):
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
 
-__all__ += ["Policy", "optimizer_model", "optimizer_names", "optimizer_state",
-            "InPlaceOptimizer", "to_ortvalue", "from_ortvalue", "run"]
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later reads skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))

@@ -42,7 +42,7 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from . import bench, bench_adam  # noqa: F401 - bench_adam registers the "adam" target
+    from . import bench
 
     return bench.main(args.rest)
 

@@ -22,6 +22,9 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .onnx_defs import BFLOAT16, bfloat16_dtype, is_bfloat16, numpy_dtype
+from .onnx_defs import tensor_type as onnx_elem_type
+
 __all__ = [
     "BFLOAT16",
     "bfloat16_dtype",
@@ -33,60 +36,6 @@ __all__ = [
     "empty_ortvalue",
     "run",
 ]
-
-BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
-
-
-def bfloat16_dtype() -> np.dtype:
-    """``np.dtype(ml_dtypes.bfloat16)``."""
-    try:
-        import ml_dtypes
-    except ImportError as exc:  # pragma: no cover - onnx >= 1.16 depends on ml_dtypes
-        raise ImportError("bfloat16 tensors need the ml_dtypes package "
-                          "(pip install ml_dtypes)") from exc
-    return np.dtype(ml_dtypes.bfloat16)
-
-
-def is_bfloat16(dtype: Any) -> bool:
-    """True for ``ml_dtypes.bfloat16`` (as a dtype, type or the string ``"bfloat16"``)
-    and for ONNX's ``TensorProto.BFLOAT16`` (16)."""
-    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
-        return int(dtype) == BFLOAT16
-    if isinstance(dtype, str):
-        return dtype == "bfloat16"
-    try:
-        return np.dtype(dtype).name == "bfloat16"
-    except TypeError:
-        return False
-
-
-def numpy_dtype(dtype: Any) -> np.dtype:
-    """A numpy dtype for a numpy dtype, a dtype name (``"bfloat16"`` included), an ONNX
-    ``TensorProto`` enum or an ORT type string such as ``"tensor(bfloat16)"``."""
-    if isinstance(dtype, str) and dtype.startswith("tensor(") and dtype.endswith(")"):
-        dtype = dtype[len("tensor("):-1]
-        if dtype == "float":
-            dtype = "float32"
-        elif dtype == "double":
-            dtype = "float64"
-    if is_bfloat16(dtype):
-        return bfloat16_dtype()
-    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
-        from onnx import helper
-
-        return np.dtype(helper.tensor_dtype_to_np_dtype(int(dtype)))
-    return np.dtype(dtype)
-
-
-def onnx_elem_type(dtype: Any) -> int:
-    """ONNX ``TensorProto`` element type of a numpy dtype (bfloat16 included)."""
-    if is_bfloat16(dtype):
-        return BFLOAT16
-    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
-        return int(dtype)
-    from onnx import helper
-
-    return int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
 
 
 def to_ortvalue(array: Any, dtype: Any = None):

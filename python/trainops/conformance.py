@@ -22,6 +22,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .onnx_defs import IR_VERSION, TRAINING_DOMAIN
+
 __all__ = [
     "DOMAIN",
     "Case",
@@ -35,10 +37,10 @@ __all__ = [
     "versions",
 ]
 
-DOMAIN = "ai.onnx.preview.training"
+DOMAIN = TRAINING_DOMAIN
 DEFAULT_RTOL = 1e-3  # onnx's node test cases' defaults
 DEFAULT_ATOL = 1e-7
-MAX_IR_VERSION = 8  # newer models are lowered to this (onnxruntime 1.17 loads <= 9)
+MAX_IR_VERSION = IR_VERSION  # newer models are lowered to this (onnxruntime 1.17 loads <= 9)
 
 GRADIENT_DETAIL = "needs the graph's backward pass, which a custom-op library cannot build"
 

@@ -34,7 +34,9 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
-from .bfloat16 import numpy_dtype, onnx_elem_type, to_ortvalue
+from .bfloat16 import to_ortvalue
+from .onnx_defs import (IR_VERSION, TRAINING_DOMAIN, TRAINOPS_DOMAIN, numpy_dtype, opset_imports,
+                        tensor_type)
 
 __all__ = [
     "Policy",
@@ -44,11 +46,6 @@ __all__ = [
     "optimizer_state",
     "InPlaceOptimizer",
 ]
-
-TRAINING_DOMAIN = "ai.onnx.preview.training"
-TRAINOPS_DOMAIN = "com.trainops"
-IR_VERSION = 8
-ONNX_OPSET = 17
 
 ADAM_ATTRIBUTES = ("alpha", "beta", "epsilon", "norm_coefficient", "norm_coefficient_post")
 
@@ -268,8 +265,8 @@ def optimizer_model(
     if growth_interval is None:
         growth_interval = KERAS_GROWTH_INTERVAL
 
-    var_t = onnx_elem_type(policy.variable_dtype)
-    comp_t = onnx_elem_type(policy.compute_dtype)
+    var_t = tensor_type(policy.variable_dtype)
+    comp_t = tensor_type(policy.compute_dtype)
     lr_t = TensorProto.DOUBLE if policy.variable_dtype == "float64" else TensorProto.FLOAT
     names = [n for n, _ in params]
     shapes = dict(params)
@@ -341,7 +338,7 @@ def optimizer_model(
     graph = helper.make_graph(nodes, f"{policy.name}_adam_step",
                               [vi(n) for n in in_names], [vi(n) for n in out_names],
                               initializer=initializers)
-    opsets = [helper.make_opsetid(d, ONNX_OPSET if d == "" else 1) for d in sorted(domains)]
+    opsets = opset_imports(sorted(domains))
     model = helper.make_model(graph, opset_imports=opsets, producer_name="trainops",
                               doc_string=f"one Adam step under the {policy.name!r} policy")
     model.ir_version = IR_VERSION

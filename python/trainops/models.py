@@ -20,6 +20,9 @@ from typing import Any, Optional, Union
 
 import numpy as np
 
+from .onnx_defs import (IR_VERSION, ONNX_OPSET, TRAINING_DOMAIN, TRAINOPS_DOMAIN, opset_imports,
+                        tensor_type)
+
 __all__ = [
     "TRAINING_DOMAIN",
     "IR_VERSION",
@@ -38,22 +41,8 @@ __all__ = [
     "momentum_feeds",
 ]
 
-TRAINING_DOMAIN = "ai.onnx.preview.training"
-IR_VERSION = 8
-ONNX_OPSET = 17
 
 Shape = Optional[Sequence[Union[int, str, None]]]  # typing forms: Python 3.9 evaluates this at import
-
-
-def tensor_type(dtype: Any) -> int:
-    """ONNX ``TensorProto`` data type for a numpy dtype (or an ONNX enum passed through)."""
-    from onnx import helper
-
-    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, bool):
-        return int(dtype)
-    if np.dtype(dtype).name == "bfloat16":  # ml_dtypes' bfloat16: onnx < 1.17 does not map it
-        return int(helper.TensorProto.BFLOAT16)
-    return int(helper.np_dtype_to_tensor_dtype(np.dtype(dtype)))
 
 
 def adam_names(n: int) -> tuple[list[str], list[str]]:
@@ -93,9 +82,7 @@ def node_model(
         [vi(*i) for i in inputs],
         [vi(*o) for o in outputs],
     )
-    opsets = [helper.make_opsetid("", ONNX_OPSET)]
-    if domain:
-        opsets.append(helper.make_opsetid(domain, 1))
+    opsets = opset_imports(["", domain] if domain else [""])
     model = helper.make_model(graph, opset_imports=opsets, producer_name="trainops")
     model.ir_version = IR_VERSION
     return model
@@ -238,7 +225,7 @@ def philox_model(shape: Sequence[int] | None = None, *, state_shape: Shape = (6,
     outputs = [("output", np.uint32, None)]
     if state_out:
         outputs.append(("state_out", np.uint32, state_shape))
-    return node_model("Philox", inputs, outputs, domain="com.trainops", **attrs)
+    return node_model("Philox", inputs, outputs, domain=TRAINOPS_DOMAIN, **attrs)
 
 
 def _optimizer_model(op: str, groups: str, n_or_shapes: int | Sequence[Shape], dtype: Any,
@@ -313,7 +300,6 @@ def momentum_feeds(r: Any, t: Any, xs: Sequence[np.ndarray], gs: Sequence[np.nda
 
 # --- mixed precision (com.trainops): MixedPrecisionAdam, DynamicLossScale, AllFinite ------
 
-TRAINOPS_DOMAIN = "com.trainops"
 
 
 def mixed_precision_adam_names(n: int, copy: bool = False) -> tuple[list[str], list[str]]:

@@ -27,13 +27,17 @@ from typing import Any, Optional
 
 import numpy as np
 
-from .bench import TARGETS, Case, Peer, _ort_session, target
+from ..onnx_defs import IR_VERSION, opset_imports
+from .harness import Case, Peer, Target, ort_session
+from .yardsticks import memory_ceiling_model
+
+__all__ = ["TARGET", "build", "decomposed_model", "identity_model", "tensor_sizes", "plot"]
 
 BYTES_PER_PARAM = 28  # reads x, g, v, h; writes x, v, h (float32)
 ALPHA, BETA, EPS = 0.9, 0.999, 1e-6
 
 
-def _arguments(p: argparse.ArgumentParser) -> None:
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, nargs="+", default=[1, 2], metavar="N",
                    help="intra_op_num_threads for onnxruntime and torch (default: 1 2)")
     p.add_argument("--tensors", type=int, default=1, metavar="K",
@@ -68,8 +72,6 @@ def decomposed_model(sizes: list[int]):
     the rate input ``r`` (the bias correction is a scalar, not per-element work)."""
     from onnx import TensorProto, helper
 
-    from .models import IR_VERSION
-
     f = TensorProto.FLOAT
     consts = {"alpha": ALPHA, "one_minus_alpha": 1 - ALPHA, "beta": BETA,
               "one_minus_beta": 1 - BETA, "eps": EPS}
@@ -96,7 +98,7 @@ def decomposed_model(sizes: list[int]):
             helper.make_node("Sub", [x, t("step")], [f"X_{i}_new"]),
         ]
     graph = helper.make_graph(nodes, "adam_decomposed", inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = helper.make_model(graph, opset_imports=opset_imports([""]))
     model.ir_version = IR_VERSION
     return model
 
@@ -104,8 +106,6 @@ def decomposed_model(sizes: list[int]):
 def identity_model(sizes: list[int]):
     """A one-node-per-output Identity model with Adam's inputs and outputs."""
     from onnx import TensorProto, helper
-
-    from .models import IR_VERSION
 
     f = TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info("R", f, []),
@@ -117,7 +117,7 @@ def identity_model(sizes: list[int]):
             outputs.append(helper.make_tensor_value_info(f"{p}_{i}_new", f, [n]))
             nodes.append(helper.make_node("Identity", [f"{p}_{i}"], [f"{p}_{i}_new"]))
     model = helper.make_model(helper.make_graph(nodes, "identity", inputs, outputs),
-                              opset_imports=[helper.make_opsetid("", 17)])
+                              opset_imports=opset_imports([""]))
     model.ir_version = IR_VERSION
     return model
 
@@ -203,12 +203,9 @@ def _torch_peers(sizes: list[int], threads: int) -> tuple[list[Peer], list[str]]
     return peers, []
 
 
-@target("adam", "Adam in onnxruntime against the memory ceiling, decomposed ONNX, numpy, torch",
-        _arguments, default_sizes=("1e4", "1e6", "16e6", "64e6"))
-def adam_case(n: int, args: argparse.Namespace) -> Case:
+def build(n: int, args: argparse.Namespace) -> Case:
     """Peers updating ``n`` float32 parameters (``--sizes`` are parameter counts here)."""
-    from .models import adam_model
-    from onnx import helper
+    from ..models import adam_model
 
     sizes = tensor_sizes(n, getattr(args, "tensors", 1))
     op = getattr(args, "op", "adam")
@@ -227,30 +224,27 @@ def adam_case(n: int, args: argparse.Namespace) -> Case:
              f"spinning {'on' if spin else 'off'}"]
     shapes = [(s,) for s in sizes]
     g_dtype = grad if mixed else None
-    ceiling = adam_model(shapes, g_dtype=g_dtype)
-    ceiling.graph.node[0].op_type = "MemoryCeiling"
-    ceiling.graph.node[0].domain = "com.trainops.bench"
-    ceiling.opset_import.append(helper.make_opsetid("com.trainops.bench", 1))
+    ceiling = memory_ceiling_model(shapes, g_dtype=g_dtype)
     for threads in args.threads:
-        sess = _ort_session(adam_model(shapes, g_dtype=g_dtype), threads, library, spin)
+        sess = ort_session(adam_model(shapes, g_dtype=g_dtype), threads, library, spin)
         io, keep = _bound(sess, state, True, scalars)
         peers.append(Peer("trainops Adam, IOBinding in place", lambda s=sess, b=io: s.run_with_iobinding(b),
                           threads, "X/V/H outputs bound to their inputs", keep=keep))
         feeds = dict(scalars, **{f"{p}_{i}": st[p] for i, st in enumerate(state, 1) for p in "XGVH"})
         peers.append(Peer("trainops Adam, run()", lambda s=sess, f=feeds: s.run(None, f), threads,
                           "onnxruntime allocates the outputs"))
-        csess = _ort_session(ceiling, threads, library, spin)
+        csess = ort_session(ceiling, threads, library, spin)
         cio, ckeep = _bound(csess, state, True, scalars)
         peers.append(Peer("memory ceiling (MemoryCeiling op)", lambda s=csess, b=cio: s.run_with_iobinding(b),
                           threads, "x += g, v += g, h += g in place: Adam's traffic", keep=ckeep))
         if mixed:  # the other peers take float32 gradients only
             continue
-        dsess = _ort_session(decomposed_model(sizes), threads, library, spin)
+        dsess = ort_session(decomposed_model(sizes), threads, library, spin)
         dio, dkeep = _bound(dsess, state, False, {"r": r})
         peers.append(Peer("decomposed ONNX Adam", lambda s=dsess, b=dio: s.run_with_iobinding(b), threads,
                           "12 standard ops per tensor, preallocated outputs", keep=dkeep))
     if n <= 100_000 and not mixed:
-        isess = _ort_session(identity_model(sizes), 1, library, spin)
+        isess = ort_session(identity_model(sizes), 1, library, spin)
         iio, ikeep = _bound(isess, state, False, scalars)
         peers.append(Peer("Identity model, same inputs", lambda s=isess, b=iio: s.run_with_iobinding(b), 1,
                           "the cost of an onnxruntime call with Adam's inputs", keep=ikeep))
@@ -271,7 +265,7 @@ def adam_case(n: int, args: argparse.Namespace) -> Case:
 def _other_optimizer_case(op: str, n: int, sizes: list[int], args: argparse.Namespace) -> Case:
     """Adagrad or Momentum in place and through run() (20 bytes per parameter: reads x, g and
     h or v; writes x and h or v), for a row next to Adam's."""
-    from .models import adagrad_model, momentum_model
+    from ..models import adagrad_model, momentum_model
 
     shapes = [(s,) for s in sizes]
     if op == "adagrad":
@@ -284,7 +278,7 @@ def _other_optimizer_case(op: str, n: int, sizes: list[int], args: argparse.Name
     spin, library = bool(getattr(args, "ort_spin", False)), getattr(args, "library", None)
     peers = []
     for threads in args.threads:
-        sess = _ort_session(model, threads, library, spin)
+        sess = ort_session(model, threads, library, spin)
         io, keep = _bound(sess, state, True, scalars, groups, rewrites)
         peers.append(Peer(f"trainops {op}, IOBinding in place", lambda s=sess, b=io: s.run_with_iobinding(b),
                           threads, "outputs bound to their inputs", keep=keep))
@@ -330,4 +324,6 @@ def _after(results: list[Any], args: argparse.Namespace) -> None:
             print("--plot needs matplotlib (pip install matplotlib): no plot written")
 
 
-TARGETS["adam"].after = _after
+TARGET = Target("adam",
+                "Adam in onnxruntime against the memory ceiling, decomposed ONNX, numpy, torch",
+                build, add_arguments, ("1e4", "1e6", "16e6", "64e6"), _after)
