@@ -38,6 +38,8 @@ from typing import Any, Optional
 
 import numpy as np
 
+from .onnx_defs import IR_VERSION, TRAINOPS_DOMAIN, opset_imports, tensor_type
+
 __all__ = [
     "DOMAIN",
     "RANDOM_OPS",
@@ -52,7 +54,7 @@ __all__ = [
     "dropout_model",
 ]
 
-DOMAIN = "com.trainops"
+DOMAIN = TRAINOPS_DOMAIN
 RANDOM_OPS = ("RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Dropout")
 STATE_INPUT = "trainops_rng_state_{index}"
 STATE_OUTPUT = "trainops_rng_state_{index}_out"
@@ -245,6 +247,13 @@ def make_reproducible(model: Any, seed: int) -> Any:
                     np.array(a.get("ratio", 0.5), np.float32), ratio_name))
                 ins = [ratio_name]
             ins = ins + [""] * (2 - len(ins))
+            if ins[0] and ins[0] in types and types[ins[0]].tensor_type.elem_type != _FLOAT:
+                # PhiloxDropout's ratio is float: ONNX Runtime cannot type an op with two
+                # inputs of undeclared type (README, PhiloxDropout).
+                cast = fresh(f"{name}_ratio_float")
+                new_nodes.append(helper.make_node("Cast", [ins[0]], [cast], to=_FLOAT,
+                                                  name=f"{name}_ratio_cast"))
+                ins[0] = cast
             outs = [node.output[0], node.output[1] if len(node.output) > 1 else "", st_out]
             new_nodes.append(helper.make_node("PhiloxDropout", [data] + ins + [st_in], outs,
                                               domain=DOMAIN, name=name))
@@ -265,7 +274,7 @@ def make_reproducible(model: Any, seed: int) -> Any:
                 fresh_types[vi.name].type.tensor_type.elem_type:
             vi.type.tensor_type.elem_type = fresh_types[vi.name].type.tensor_type.elem_type
     if not any(o.domain == DOMAIN for o in out.opset_import):
-        out.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+        out.opset_import.extend(opset_imports([DOMAIN]))
     if out.ir_version < 4:  # inputs with initializer defaults
         out.ir_version = 4
     return out
@@ -277,7 +286,6 @@ def make_reproducible(model: Any, seed: int) -> Any:
 
 def _dist_model(op: str, shape: Optional[Sequence[int]], dtype: Any, state_out: bool,
                 dynamic: bool, attrs: dict[str, Any], output_shape: Any = None):
-    from .bfloat16 import onnx_elem_type
     from .models import node_model
 
     state_shape = None if dynamic else (6,)
@@ -288,8 +296,8 @@ def _dist_model(op: str, shape: Optional[Sequence[int]], dtype: Any, state_out: 
     else:
         attrs["shape"] = [int(d) for d in shape]
     if dtype is not None:
-        attrs["dtype"] = onnx_elem_type(dtype)
-    out_type = onnx_elem_type(np.float32 if dtype is None else dtype)
+        attrs["dtype"] = tensor_type(dtype)
+    out_type = tensor_type(np.float32 if dtype is None else dtype)
     outputs = [("output", out_type, output_shape)]
     if state_out:
         outputs.append(("state_out", np.uint32, state_shape))
@@ -323,15 +331,12 @@ def dropout_model(dtype: Any = np.float32, *, ratio: Any = np.float32,
     ``state_out``). ``shape``: data's declared shape (None: unknown rank)."""
     from onnx import helper
 
-    from .bfloat16 import onnx_elem_type
-    from .models import IR_VERSION, ONNX_OPSET
-
-    elem = onnx_elem_type(dtype)
+    elem = tensor_type(dtype)
     vi = helper.make_tensor_value_info
     inputs = [vi("data", elem, shape)]
     names = ["data"]
     if ratio is not None:
-        inputs.append(vi("ratio", onnx_elem_type(ratio), []))
+        inputs.append(vi("ratio", tensor_type(ratio), []))
         names.append("ratio")
     else:
         names.append("")
@@ -352,8 +357,7 @@ def dropout_model(dtype: Any = np.float32, *, ratio: Any = np.float32,
         out_names.pop()
     node = helper.make_node("PhiloxDropout", names, out_names, domain=DOMAIN, name="dropout")
     graph = helper.make_graph([node], "philox_dropout", inputs, outputs)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET),
-                                                   helper.make_opsetid(DOMAIN, 1)],
+    model = helper.make_model(graph, opset_imports=opset_imports(["", DOMAIN]),
                               producer_name="trainops")
     model.ir_version = IR_VERSION
     return model

@@ -59,10 +59,12 @@ pub struct PhiloxNormal;
 /// (or, as unknowns, from the length of the `shape` input); `state_out` like `state`.
 fn infer_dist(ctx: &mut ShapeInfer<'_>) -> Result<()> {
     let dtype = match ctx.attr_i64(c"dtype").unwrap_or(1) {
+        1 => DType::Float,
         11 => DType::Double,
         10 => DType::Float16,
         16 => DType::BFloat16,
-        _ => DType::Float,
+        // Left to kernel creation, which names the attribute in its error.
+        _ => return Ok(()),
     };
     let dims: Option<Vec<Option<i64>>> = match ctx.attr_i64s(c"shape") {
         Some(d) => Some(d.into_iter().map(Some).collect()),
