@@ -14,6 +14,23 @@ M128 = (1 << 128) - 1
 FLOAT, FLOAT16, DOUBLE, BFLOAT16 = 1, 10, 11, 16
 
 
+def typed_outputs_supported() -> bool:
+    """Whether the installed onnxruntime can give PhiloxUniform/PhiloxNormal an output type
+    other than float: 1.19+ types a custom op's output from its inference callback; 1.17 and
+    1.18 take the first registered kernel's type (README, PhiloxUniform)."""
+    import onnxruntime as ort
+
+    return tuple(int(p) for p in ort.__version__.split(".")[:2]) >= (1, 19)
+
+
+def skip_unless_typed(elem: int) -> None:
+    if elem != FLOAT and not typed_outputs_supported():
+        import onnxruntime as ort
+
+        pytest.skip(f"onnxruntime {ort.__version__} gives PhiloxUniform/PhiloxNormal float outputs "
+                    "only (non-float outputs need onnxruntime 1.19+)")
+
+
 def counter(state) -> int:
     s = [int(w) for w in np.asarray(state).ravel()]
     return s[0] | s[1] << 32 | s[2] << 64 | s[3] << 96

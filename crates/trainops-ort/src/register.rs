@@ -22,15 +22,16 @@ pub fn domains() -> Vec<(&'static CStr, Vec<&'static dyn OpSpec>)> {
         ),
         (
             c"com.trainops",
-            vec![
+            [
                 &ops::philox::Philox as &'static dyn OpSpec,
-                &ops::random::PhiloxUniform,
-                &ops::random::PhiloxNormal,
                 &ops::random::PhiloxDropout,
                 &ops::mixed::MixedPrecisionAdam,
                 &ops::mixed::DynamicLossScale,
                 &ops::mixed::AllFinite,
-            ],
+            ]
+            .into_iter()
+            .chain(ops::random::DIST_OPS.iter().map(|op| *op as &'static dyn OpSpec))
+            .collect(),
         ),
         (c"com.trainops.bench", vec![&ops::ceiling::MemoryCeiling as &'static dyn OpSpec]),
     ]

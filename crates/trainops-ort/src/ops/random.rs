@@ -24,7 +24,6 @@ use crate::ffi::pool::OrtPool;
 use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature, Tensor};
 
 static DIST_INPUTS: [Formal; 2] = [Formal::One(Some(DType::Uint32)), Formal::Optional(Some(DType::Int64))];
-static DIST_OUTPUTS: [Formal; 2] = [Formal::One(None), Formal::Optional(Some(DType::Uint32))];
 
 /// The output types the distributions produce, by TensorProto number.
 fn dtype_attr(info: &KernelInfo<'_>, op: &'static str) -> Result<DType> {
@@ -50,10 +49,52 @@ enum Dist {
     Normal { mean: f32, scale: f32 },
 }
 
-/// `com.trainops::PhiloxUniform` (since version 1).
-pub struct PhiloxUniform;
-/// `com.trainops::PhiloxNormal` (since version 1).
-pub struct PhiloxNormal;
+/// Which op: the attributes it reads.
+#[derive(Clone, Copy)]
+enum Kind {
+    Uniform,
+    Normal,
+}
+
+/// `PhiloxUniform` or `PhiloxNormal` for one output type.
+///
+/// Each op is registered once per output type, under the same name: ONNX Runtime then makes
+/// one schema whose output may be any of the four types and picks the kernel by the node's
+/// output type, which the inference callback sets from the `dtype` attribute. (An output of
+/// undeclared type is no way out: ONNX Runtime 1.17 types it like an input, and 1.31 accepts
+/// it only with an inference callback.)
+pub struct DistOp {
+    signature: &'static Signature,
+    kind: Kind,
+    dtype: DType,
+}
+
+macro_rules! dist_ops {
+    ($($op:ident, $sig:ident, $name:literal, $kind:ident, $dtype:ident;)*) => {$(
+        static $sig: Signature = Signature {
+            name: $name,
+            inputs: &DIST_INPUTS,
+            outputs: &[Formal::One(Some(DType::$dtype)), Formal::Optional(Some(DType::Uint32))],
+        };
+        #[doc = concat!("`com.trainops::", stringify!($kind), "` with ", stringify!($dtype), " output.")]
+        pub static $op: DistOp = DistOp { signature: &$sig, kind: Kind::$kind, dtype: DType::$dtype };
+    )*};
+}
+
+dist_ops! {
+    UNIFORM_F32, UNIFORM_F32_SIG, c"PhiloxUniform", Uniform, Float;
+    UNIFORM_F64, UNIFORM_F64_SIG, c"PhiloxUniform", Uniform, Double;
+    UNIFORM_F16, UNIFORM_F16_SIG, c"PhiloxUniform", Uniform, Float16;
+    UNIFORM_BF16, UNIFORM_BF16_SIG, c"PhiloxUniform", Uniform, BFloat16;
+    NORMAL_F32, NORMAL_F32_SIG, c"PhiloxNormal", Normal, Float;
+    NORMAL_F64, NORMAL_F64_SIG, c"PhiloxNormal", Normal, Double;
+    NORMAL_F16, NORMAL_F16_SIG, c"PhiloxNormal", Normal, Float16;
+    NORMAL_BF16, NORMAL_BF16_SIG, c"PhiloxNormal", Normal, BFloat16;
+}
+
+/// Every registration of the two ops, for the catalogue.
+pub static DIST_OPS: [&DistOp; 8] =
+    [&UNIFORM_F32, &UNIFORM_F64, &UNIFORM_F16, &UNIFORM_BF16, &NORMAL_F32, &NORMAL_F64, &NORMAL_F16, &NORMAL_BF16];
 
 /// Output 0's type from the `dtype` attribute and its dimensions from the `shape` attribute
 /// (or, as unknowns, from the length of the `shape` input); `state_out` like `state`.
@@ -82,36 +123,27 @@ fn infer_dist(ctx: &mut ShapeInfer<'_>) -> Result<()> {
     Ok(())
 }
 
-impl OpSpec for PhiloxUniform {
+impl OpSpec for DistOp {
     fn signature(&self) -> &'static Signature {
-        static SIGNATURE: Signature =
-            Signature { name: c"PhiloxUniform", inputs: &DIST_INPUTS, outputs: &DIST_OUTPUTS };
-        &SIGNATURE
+        self.signature
     }
 
     fn create(&self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
-        let dist = Dist::Uniform { low: info.f32_or("low", 0.0)?, high: info.f32_or("high", 1.0)? };
-        DistKernel::boxed(info, "PhiloxUniform", dist)
-    }
-
-    fn infers_output_types(&self) -> bool {
-        true
-    }
-
-    fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
-        infer_dist(ctx)
-    }
-}
-
-impl OpSpec for PhiloxNormal {
-    fn signature(&self) -> &'static Signature {
-        static SIGNATURE: Signature = Signature { name: c"PhiloxNormal", inputs: &DIST_INPUTS, outputs: &DIST_OUTPUTS };
-        &SIGNATURE
-    }
-
-    fn create(&self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
-        let dist = Dist::Normal { mean: info.f32_or("mean", 0.0)?, scale: info.f32_or("scale", 1.0)? };
-        DistKernel::boxed(info, "PhiloxNormal", dist)
+        let op = self.op();
+        let dist = match self.kind {
+            Kind::Uniform => Dist::Uniform { low: info.f32_or("low", 0.0)?, high: info.f32_or("high", 1.0)? },
+            Kind::Normal => Dist::Normal { mean: info.f32_or("mean", 0.0)?, scale: info.f32_or("scale", 1.0)? },
+        };
+        let dtype = dtype_attr(info, op)?;
+        if dtype != self.dtype {
+            let what = format!("{} does not match the output's type {}", dtype.name(), self.dtype.name());
+            return Err(Error::Attribute { op, name: "dtype", what });
+        }
+        let shape = info.i64s_opt("shape")?;
+        if let Some(dims) = &shape {
+            output_numel_for(op, dims, super::philox::Source::Attribute)?;
+        }
+        Ok(Box::new(DistKernel { op, shape, dtype, dist }))
     }
 
     fn infers_output_types(&self) -> bool {
@@ -129,17 +161,6 @@ struct DistKernel {
     shape: Option<Vec<i64>>,
     dtype: DType,
     dist: Dist,
-}
-
-impl DistKernel {
-    fn boxed(info: &KernelInfo<'_>, op: &'static str, dist: Dist) -> Result<Box<dyn Kernel>> {
-        let dtype = dtype_attr(info, op)?;
-        let shape = info.i64s_opt("shape")?;
-        if let Some(dims) = &shape {
-            output_numel_for(op, dims, super::philox::Source::Attribute)?;
-        }
-        Ok(Box::new(DistKernel { op, shape, dtype, dist }))
-    }
 }
 
 /// Checks an output buffer: type, element count, alignment.
