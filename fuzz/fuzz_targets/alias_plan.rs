@@ -1,4 +1,4 @@
-//! `ffi::alias::plan` on arbitrary byte ranges: it never panics; when it plans, the
+//! The alias plan (`trainops::fuzzing::plan`) on arbitrary byte ranges: it never panics; when it plans, the
 //! non-empty outputs are pairwise disjoint, an output is computed in place only in exactly
 //! its own input's buffer (and that input is not copied), and every other overlap between
 //! an output and an input makes that input a snapshot; when it refuses, two non-empty
@@ -9,7 +9,7 @@ use core::ops::Range;
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
-use trainops::ffi::alias::{plan, OutputRegion};
+use trainops::fuzzing::{plan, OutputRegion};
 
 #[derive(Debug, Arbitrary)]
 struct Region {

@@ -6,7 +6,7 @@
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
-use trainops_kernels::philox::{self, advance, blocks_for, counter_of, fill_with, reference, with_counter};
+use trainops_kernels::random::philox::{self, advance, blocks_for, counter_of, fill_with, reference, with_counter};
 use trainops_kernels::{Parallelism, Sequential};
 
 #[derive(Debug, Arbitrary)]

@@ -1,5 +1,5 @@
 //! The checks a node's inputs meet before any buffer is touched, on arbitrary arities,
-//! element types, shapes and attributes: the optimizers' `Layout` (arity, output count,
+//! element types, shapes and attributes: the optimizers' `Layout`s (the library's own, through `trainops::fuzzing`) (arity, output count,
 //! names, `check_group`), `broadcastable` / `same_shape` (against a reference and against
 //! the kernels' own broadcasting), the element count of a shape, `DType`, and Philox's
 //! output-size check. None may panic, and each must agree with arithmetic done here.
@@ -7,32 +7,14 @@
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
-use trainops::ffi::context::numel;
-use trainops::ffi::DType;
-use trainops::fuzzing::philox_output_numel;
-use trainops::ops::common::{broadcastable, same_shape, Sig};
-use trainops::ops::optimizer::Layout;
+use trainops::fuzzing::{broadcastable, layouts, numel, philox_output_numel, same_shape, DType, InputInfo, Layout};
 use trainops_kernels::broadcast::broadcast_to;
 
-/// The optimizers' layouts (MixedPrecisionAdam's and MemoryCeiling's are private; their
-/// shapes are rebuilt here).
-static MIXED: Layout = Layout {
-    op: "MixedPrecisionAdam",
-    scalars: &["R", "T", "loss_scale"],
-    groups: &["X", "G", "V", "H"],
-    rewrites: &[0, 2, 3],
-    flags: &["finite"],
-    weights: &[DType::Float],
-    ..Layout::ONNX
-};
-
+/// One of the registered optimizer-shaped ops' layouts (Adam, Adagrad, Momentum,
+/// MixedPrecisionAdam, MemoryCeiling), as the library itself uses them.
 fn layout(pick: u8) -> &'static Layout {
-    match pick % 4 {
-        0 => &trainops::ops::adam::LAYOUT,
-        1 => &trainops::ops::adagrad::LAYOUT,
-        2 => &trainops::ops::momentum::LAYOUT,
-        _ => &MIXED,
-    }
+    let all = layouts();
+    all[usize::from(pick) % all.len()]
 }
 
 /// A dimension: mostly small, sometimes negative (unknown or bad) or huge.
@@ -122,7 +104,7 @@ fuzz_target!(|case: Case| {
             }
             // One tensor group with arbitrary types and shapes.
             let x_shape = case.group.first().map(|g| dims(&g.shape)).unwrap_or_default();
-            let sigs: Vec<Sig> = (0..k)
+            let sigs: Vec<InputInfo> = (0..k)
                 .map(|g| {
                     let d = case.group.get(g);
                     let dtype = match d {
@@ -133,7 +115,7 @@ fuzz_target!(|case: Case| {
                         Some(d) if !d.like_x => dims(&d.shape),
                         _ => x_shape.clone(),
                     };
-                    Sig { dtype, shape }
+                    InputInfo { dtype, shape }
                 })
                 .collect();
             let i = usize::from(case.outputs) % n;

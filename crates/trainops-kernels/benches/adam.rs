@@ -1,6 +1,6 @@
 //! Adam kernel throughput, in bytes moved per second (28 per float32 parameter: reads x, g,
 //! v, h; writes x, v, h), in place: every SIMD level on one thread, the detected level on a
-//! 2-thread rayon pool, and the memory ceiling (`ceiling::touch`, the same traffic with no
+//! 2-thread rayon pool, and the memory ceiling (`ceiling::MemoryCeiling`, the same traffic with no
 //! arithmetic) on one thread and two. 1e4 parameters stay in L1/L2, 1e6 in L2/L3, 16e6 do not.
 //!
 //! `cargo bench -p trainops-kernels --bench adam` (about a minute on 2 cores).
@@ -9,8 +9,9 @@ use std::hint::black_box;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use trainops_kernels::adam::{step_with, AdamAttrs, AdamCoeffs, AdamTensor};
-use trainops_kernels::ceiling::touch;
+use trainops_kernels::ceiling::MemoryCeiling;
+use trainops_kernels::optim::adam::{Adam, AdamAttrs, AdamCoeffs};
+use trainops_kernels::optim::Optimizer;
 use trainops_kernels::simd::{available_levels, detected};
 use trainops_kernels::{InOut, Parallelism, RayonPool, Sequential};
 
@@ -35,12 +36,11 @@ fn adam(c: &mut Criterion) {
         for (name, level, par) in runs {
             group.bench_function(BenchmarkId::from_parameter(name), |b| {
                 b.iter(|| {
-                    let t =
-                        AdamTensor::new(InOut::in_place(&mut x), &g, InOut::in_place(&mut v), InOut::in_place(&mut h))
-                            .expect("equal lengths");
+                    let streams = [InOut::in_place(&mut x), InOut::in_place(&mut v), InOut::in_place(&mut h)];
+                    let t = Adam::param(streams, &g).expect("equal lengths");
                     match level {
-                        Some(l) => step_with(l, &coeffs, vec![t], par),
-                        None => touch(vec![t], par),
+                        Some(l) => Adam::step_with(l, &coeffs, vec![t], par),
+                        None => MemoryCeiling::step(&(), vec![t], par),
                     }
                     black_box(&x);
                 })

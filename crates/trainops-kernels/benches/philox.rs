@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use rayon::prelude::*;
-use trainops_kernels::philox::{available_levels, detected, fill_with};
+use trainops_kernels::random::philox::{available_levels, detected, fill_with};
 use trainops_kernels::{RayonPool, Sequential};
 
 /// Output sizes in bytes.

@@ -1,22 +1,23 @@
 //! Training-operator numerics on plain slices, with no knowledge of ONNX Runtime.
 //!
-//! Every operator has a plain scalar reference (`reference` modules), written straight from
+//! - [`optim`]: the optimizer family (Adam, Adagrad, Momentum) behind one contract,
+//!   [`optim::Optimizer`]; [`ceiling`]: the benchmarks' memory yardstick on the same contract.
+//! - [`random`]: Philox4x32-10 random bits.
+//! - [`loss_scale`]: mixed precision (loss-scale rule, finiteness, 16-bit copies).
+//! - [`simd`] picks the instruction set once; [`parallel`] cuts work into chunks run on a
+//!   caller-supplied [`Parallelism`]; [`stream`]'s [`InOut`] keeps in-place updates from ever
+//!   becoming overlapping references; [`elem`] loads and stores the element types.
+//!
+//! Every kernel has a plain scalar reference (`reference` modules), written straight from
 //! the specification and used only by tests, and a fast path that the runtime layer calls.
-//! Fast paths take their memory through [`InOut`] streams, so that an output bound to its own
-//! input's buffer (in-place update) never becomes two overlapping Rust references, and run
-//! their work through a caller-supplied [`Parallelism`], so that the host decides the threads.
 
-pub mod adagrad;
-pub mod adam;
 pub mod broadcast;
 pub mod ceiling;
 pub mod elem;
 mod error;
 pub mod loss_scale;
-pub mod mixed;
-pub mod momentum;
+pub mod optim;
 pub mod parallel;
-pub mod philox;
 pub mod random;
 pub mod simd;
 pub mod stream;

@@ -4,6 +4,12 @@
 
 use std::sync::Mutex;
 
+/// Elements per task when a node's work is spread over threads (every chunked kernel: the
+/// optimizers, the finiteness check and casts, Philox's output words).
+pub const CHUNK: usize = 1 << 15;
+/// Below this many elements in a whole node, everything runs on the calling thread.
+pub const SERIAL_BELOW: usize = 1 << 16;
+
 /// Runs `f(0) .. f(tasks - 1)`, each exactly once, possibly concurrently, and returns when
 /// all have finished.
 pub trait Parallelism: Sync {

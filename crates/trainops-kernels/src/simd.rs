@@ -1,5 +1,11 @@
 //! Which instruction set a kernel runs with: detected once per process and cached, or
 //! forced by tests so that every level the CPU has is checked against the scalar reference.
+//!
+//! The one dispatch idiom (after pulp): a [`Level`] is turned into an [`Isa`], whose SIMD
+//! variants carry a zero-sized token ([`Avx2`], [`Avx512`]) that only this module can make,
+//! and only after detection found the feature. Every SIMD kernel takes its token as first
+//! argument, so holding one is the proof its `// SAFETY:` line cites; dispatch is a `match`
+//! on the `Isa`, naming each kernel (`adam_f32_avx512`, `philox_avx2`, ...) where grep finds it.
 
 use std::sync::OnceLock;
 
@@ -27,6 +33,37 @@ impl Level {
             Level::Avx2 | Level::Avx512 => false,
         }
     }
+
+    /// The level with its proof of availability, `None` when this CPU cannot run it.
+    pub fn isa(self) -> Option<Isa> {
+        if !self.is_available() {
+            return None;
+        }
+        Some(match self {
+            Level::Scalar => Isa::Scalar,
+            Level::Avx2 => Isa::Avx2(Avx2(())),
+            Level::Avx512 => Isa::Avx512(Avx512(())),
+        })
+    }
+}
+
+/// Proof that the CPU has AVX2: only [`Level::isa`] makes one, after detection.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx2(());
+
+/// Proof that the CPU has AVX-512F: only [`Level::isa`] makes one, after detection.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx512(());
+
+/// An available level, with its token.
+#[derive(Debug, Clone, Copy)]
+pub enum Isa {
+    /// Portable code.
+    Scalar,
+    /// AVX2 is available.
+    Avx2(Avx2),
+    /// AVX-512F is available.
+    Avx512(Avx512),
 }
 
 /// Every level this CPU can run, narrowest first; always starts with [`Level::Scalar`].

@@ -24,3 +24,30 @@ pub fn uniform(seed: u64) -> impl FnMut() -> f64 {
         (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
     }
 }
+
+/// Raw bits of a stored element, for exact comparisons of every type (NaN payloads and
+/// signed zeros included).
+pub trait Bits: Copy {
+    /// The bits, zero-extended.
+    fn bits(self) -> u64;
+}
+impl Bits for f32 {
+    fn bits(self) -> u64 {
+        u64::from(self.to_bits())
+    }
+}
+impl Bits for f64 {
+    fn bits(self) -> u64 {
+        self.to_bits()
+    }
+}
+impl Bits for half::f16 {
+    fn bits(self) -> u64 {
+        u64::from(self.to_bits())
+    }
+}
+impl Bits for half::bf16 {
+    fn bits(self) -> u64 {
+        u64::from(self.to_bits())
+    }
+}

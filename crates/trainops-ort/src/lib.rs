@@ -2,7 +2,8 @@
 //!
 //! Load it into any ONNX Runtime from 1.17 with `register_custom_ops_library` (Python),
 //! `RegisterCustomOpsLibrary_V2` (C/C++) or `SessionBuilder::with_operator_library` (Rust's
-//! `ort`). It exports one symbol, [`RegisterCustomOps`], which registers:
+//! `ort`). It exports one symbol, [`RegisterCustomOps`], which registers the op catalogue
+//! (module `ops`):
 //!
 //! - `ai.onnx.preview.training::Adam`, `Adagrad` and `Momentum` (v1), ONNX's own operators.
 //! - `com.trainops::Philox` (v1), DirectML's Philox4x32-10 random generator, and
@@ -10,26 +11,46 @@
 //! - `com.trainops::MixedPrecisionAdam`, `DynamicLossScale`, `AllFinite` (v1): mixed precision.
 //! - `com.trainops.bench::MemoryCeiling` (v1): Adam's memory traffic, for benchmarks.
 //!
-//! All arithmetic lives in `trainops-kernels`; this crate checks nodes, plans memory and is
-//! the only code that calls ONNX Runtime's C API (module `ffi`).
+//! All arithmetic lives in `trainops-kernels`; `ops` checks nodes and plans memory; `ffi` is
+//! the only code that calls ONNX Runtime's C API. Both are private: what the fuzz targets
+//! and their regression tests need is exported through [`fuzzing`].
 
-pub mod error;
-pub mod ffi;
-pub mod ops;
-mod register;
+mod error;
+mod ffi;
+mod ops;
 
-pub use register::RegisterCustomOps;
+/// The library's entry point: registers every trainops domain on `options`.
+///
+/// # Safety
+/// Called by ONNX Runtime with its `OrtApiBase` and a valid `OrtSessionOptions`.
+#[no_mangle]
+pub unsafe extern "C" fn RegisterCustomOps(
+    options: *mut ort_sys::OrtSessionOptions,
+    api_base: *const ort_sys::OrtApiBase,
+) -> ort_sys::OrtStatusPtr {
+    // SAFETY: the runtime's own arguments, passed on unchanged.
+    unsafe { ffi::register::register_custom_ops(options, api_base, ops::catalogue) }
+}
 
 /// Entry points for the fuzz targets (`fuzz/`) and their regression tests: the checks that
 /// run before any buffer is touched, without an ONNX Runtime. Not a stable API.
 #[doc(hidden)]
 pub mod fuzzing {
-    use crate::error::Result;
-    use crate::ops::philox::{output_numel, Source};
+    pub use crate::error::{Error, Result};
+    pub use crate::ffi::alias::{plan, AliasPlan, OutputRegion};
+    pub use crate::ffi::context::numel;
+    pub use crate::ffi::DType;
+    pub use crate::ops::optim::layout::{broadcastable, same_shape, InputInfo, Layout};
+    pub use crate::ops::random::state::{output_numel, ShapeFrom};
+
+    /// The layouts of every optimizer-shaped op, as registered.
+    pub fn layouts() -> [&'static Layout; 5] {
+        crate::ops::optim::layouts()
+    }
 
     /// Philox's check of requested output dimensions (from the `shape` attribute when
     /// `attribute`, else from the `shape` input): the element count, or the error.
     pub fn philox_output_numel(dims: &[i64], attribute: bool) -> Result<usize> {
-        output_numel(dims, if attribute { Source::Attribute } else { Source::Input })
+        output_numel("Philox", dims, if attribute { ShapeFrom::Attribute } else { ShapeFrom::Input })
     }
 }

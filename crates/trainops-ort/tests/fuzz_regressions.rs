@@ -1,8 +1,6 @@
 //! What the fuzz targets (`fuzz/`, run by `scripts/fuzz`) found, kept as ordinary tests.
 
-use trainops::ffi::alias::{plan, OutputRegion};
-use trainops::ffi::context::numel;
-use trainops::fuzzing::philox_output_numel;
+use trainops::fuzzing::{numel, philox_output_numel, plan, OutputRegion};
 
 /// A zero dimension makes the element count 0 wherever it stands; the count once depended
 /// on the order (`[2^62, 2^62, 0]` overflowed first and was refused, `[0, 2^62, 2^62]` was 0).

@@ -9,13 +9,12 @@
 
 use half::{bf16, f16};
 
+use super::philox::{self, Level};
 use crate::parallel::{for_each_item, Parallelism, Sequential, Splittable};
-use crate::philox::{self, Level};
 
-/// Elements per threaded task (a multiple of [`SUB`], so every task starts on a block).
-pub const CHUNK: usize = 1 << 15;
-/// Below this many elements, everything runs on the calling thread.
-pub const SERIAL_BELOW: usize = 1 << 16;
+/// Elements per threaded task (the kernels' shared chunk, a multiple of [`SUB`], so every
+/// task starts on a block), and the length below which everything runs on the calling thread.
+pub use crate::parallel::{CHUNK, SERIAL_BELOW};
 /// Elements per word buffer (at most four words each: 16 KiB).
 pub const SUB: usize = 1024;
 const BUF_WORDS: usize = 4 * SUB;

@@ -8,9 +8,10 @@
 //! `(x & 0x7FFFFF) >= ceil(ratio * 2^23)` ([`keep_from`]), which the SIMD loops use.
 
 use super::draw::{f32_of, for_each_sub, split, Words};
+use super::philox::{self, reference as philox_ref, Level};
 use super::uniform::Half;
 use crate::parallel::Splittable;
-use crate::philox::{self, reference as philox_ref, Level};
+use crate::simd::Isa;
 use crate::stream::Access;
 use crate::{InOut, KernelError, Parallelism};
 use half::{bf16, f16};
@@ -136,23 +137,24 @@ pub fn fill_with(
     par: &dyn Parallelism,
 ) -> Result<[u32; 6], KernelError> {
     check_mask(&data, mask.as_deref())?;
+    let isa = level.isa().unwrap_or_else(|| panic!("dropout: {level:?} is not available on this CPU"));
     let from = keep_from(ratio);
     let scale32 = 1.0f32 / (1.0f32 - ratio as f32);
     Ok(match data {
         Data::F32(d) => split(state, Work { data: d, mask }, Words::One, par, |s, w| {
-            piece(level, s, w, from, |words, d| drop_f32(level, words, d, from, scale32))
+            piece(level, s, w, from, |words, d| drop_f32(isa, words, d, from, scale32))
         }),
         Data::F64(d) => {
             let scale = 1.0 / (1.0 - ratio);
             split(state, Work { data: d, mask }, Words::One, par, |s, w| {
-                piece(level, s, w, from, |words, d| drop_f64(level, words, d, from, scale))
+                piece(level, s, w, from, |words, d| drop_f64(isa, words, d, from, scale))
             })
         }
         Data::F16(d) => {
-            split(state, Work { data: d, mask }, Words::One, par, |s, w| half_piece(level, s, w, from, scale32))
+            split(state, Work { data: d, mask }, Words::One, par, |s, w| half_piece(level, isa, s, w, from, scale32))
         }
         Data::BF16(d) => {
-            split(state, Work { data: d, mask }, Words::One, par, |s, w| half_piece(level, s, w, from, scale32))
+            split(state, Work { data: d, mask }, Words::One, par, |s, w| half_piece(level, isa, s, w, from, scale32))
         }
     })
 }
@@ -178,7 +180,7 @@ fn piece<T: Copy + Send + Sync>(
 }
 
 /// A 16-bit piece: widened to float32 (exact), dropped out in float32, rounded once.
-fn half_piece<H: Half>(level: Level, state: &[u32; 6], work: Work<'_, H>, from: u32, scale: f32) {
+fn half_piece<H: Half>(level: Level, isa: Isa, state: &[u32; 6], work: Work<'_, H>, from: u32, scale: f32) {
     let mut tmp = [0f32; super::draw::SUB];
     piece(level, state, work, from, |words, mut d| {
         let n = d.len();
@@ -186,12 +188,12 @@ fn half_piece<H: Half>(level: Level, state: &[u32; 6], work: Work<'_, H>, from: 
         match d.access() {
             Access::InPlace(buf) => {
                 H::load(buf, t);
-                drop_f32(level, words, InOut::in_place(t), from, scale);
+                drop_f32(isa, words, InOut::in_place(t), from, scale);
                 H::store(t, buf);
             }
             Access::Split(src, dst) => {
                 H::load(src, t);
-                drop_f32(level, words, InOut::in_place(t), from, scale);
+                drop_f32(isa, words, InOut::in_place(t), from, scale);
                 H::store(t, dst);
             }
         }
@@ -204,31 +206,31 @@ fn mask_into(words: &[u32], mask: &mut [bool], from: u32) {
     }
 }
 
-fn drop_f32(level: Level, words: &[u32], data: InOut<'_, f32>, from: u32, scale: f32) {
-    match level {
-        Level::Scalar => dropout_f32_scalar(words, data, from, scale),
+fn drop_f32(isa: Isa, words: &[u32], data: InOut<'_, f32>, from: u32, scale: f32) {
+    match isa {
+        Isa::Scalar => dropout_f32_scalar(words, data, from, scale),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `for_each_sub` made these words at `level`, so the CPU has AVX2.
-        Level::Avx2 => unsafe { super::x86::dropout_f32_avx2(words, data, from, scale) },
+        // SAFETY: the token proves the CPU has AVX2.
+        Isa::Avx2(token) => unsafe { super::x86::dropout_f32_avx2(token, words, data, from, scale) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, AVX-512F.
-        Level::Avx512 => unsafe { super::x86::dropout_f32_avx512(words, data, from, scale) },
+        // SAFETY: the token proves the CPU has AVX-512F.
+        Isa::Avx512(token) => unsafe { super::x86::dropout_f32_avx512(token, words, data, from, scale) },
         #[cfg(not(target_arch = "x86_64"))]
-        Level::Avx2 | Level::Avx512 => unreachable!("SIMD levels are never available off x86_64"),
+        Isa::Avx2(_) | Isa::Avx512(_) => unreachable!("SIMD levels are never available off x86_64"),
     }
 }
 
-fn drop_f64(level: Level, words: &[u32], data: InOut<'_, f64>, from: u32, scale: f64) {
-    match level {
-        Level::Scalar => dropout_f64_scalar(words, data, from, scale),
+fn drop_f64(isa: Isa, words: &[u32], data: InOut<'_, f64>, from: u32, scale: f64) {
+    match isa {
+        Isa::Scalar => dropout_f64_scalar(words, data, from, scale),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `for_each_sub` made these words at `level`, so the CPU has AVX2.
-        Level::Avx2 => unsafe { super::x86::dropout_f64_avx2(words, data, from, scale) },
+        // SAFETY: the token proves the CPU has AVX2.
+        Isa::Avx2(token) => unsafe { super::x86::dropout_f64_avx2(token, words, data, from, scale) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, AVX-512F.
-        Level::Avx512 => unsafe { super::x86::dropout_f64_avx512(words, data, from, scale) },
+        // SAFETY: the token proves the CPU has AVX-512F.
+        Isa::Avx512(token) => unsafe { super::x86::dropout_f64_avx512(token, words, data, from, scale) },
         #[cfg(not(target_arch = "x86_64"))]
-        Level::Avx2 | Level::Avx512 => unreachable!("SIMD levels are never available off x86_64"),
+        Isa::Avx2(_) | Isa::Avx512(_) => unreachable!("SIMD levels are never available off x86_64"),
     }
 }
 

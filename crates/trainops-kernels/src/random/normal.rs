@@ -9,8 +9,8 @@
 use core::f64::consts::PI;
 
 use super::draw::{f32_of, f64_of, for_each_sub, split, Output, Piece, Words, SUB};
+use super::philox::{self, reference as philox_ref, Level};
 use super::uniform::Half;
-use crate::philox::{self, reference as philox_ref, Level};
 use crate::Parallelism;
 
 /// `BoxMullerFloat` on words `x0, x1`: `(z0, z1)` in float32.

@@ -5,9 +5,9 @@
 use half::{bf16, f16};
 
 use super::draw::{bf16_of, f16_of, f32_of, f64_of, Output, CHUNK, SERIAL_BELOW, SUB};
+use super::philox::{available_levels, reference as philox_ref};
 use super::{dropout, normal, uniform};
 use crate::parallel::{RayonPool, Sequential};
-use crate::philox::{available_levels, reference as philox_ref};
 use crate::test_util::{stream, uniform as lcg};
 use crate::{InOut, Parallelism};
 

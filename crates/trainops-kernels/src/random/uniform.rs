@@ -10,7 +10,8 @@ use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use super::draw::{bf16_of, f16_of, f32_of, f64_of, for_each_sub, split, Output, Piece, Words, SUB};
-use crate::philox::{self, reference as philox_ref, Level};
+use super::philox::{self, reference as philox_ref, Level};
+use crate::simd::Isa;
 use crate::Parallelism;
 
 /// Which bits of a word make a 16-bit or 32-bit uniform, as a float32 mantissa:
@@ -59,21 +60,26 @@ pub fn fill_with(
     out: Output<'_>,
     par: &dyn Parallelism,
 ) -> [u32; 6] {
+    let isa = level.isa().unwrap_or_else(|| panic!("uniform: {level:?} is not available on this CPU"));
     let words = words_kind(&out);
     let range = high - low;
     match out {
         Output::F32(o) => split(state, Piece(o), words, par, |s, p| {
             for_each_sub(level, s, p.0.len(), words, |w, start, n| {
-                convert_f32(level, w, &mut p.0[start..start + n], F32_BITS, range, low);
+                convert_f32(isa, w, &mut p.0[start..start + n], F32_BITS, range, low);
             });
         }),
-        Output::F16(o) => split(state, Piece(o), words, par, |s, p| half_piece(level, s, p.0, F16_BITS, range, low)),
-        Output::BF16(o) => split(state, Piece(o), words, par, |s, p| half_piece(level, s, p.0, BF16_BITS, range, low)),
+        Output::F16(o) => {
+            split(state, Piece(o), words, par, |s, p| half_piece(level, isa, s, p.0, F16_BITS, range, low))
+        }
+        Output::BF16(o) => {
+            split(state, Piece(o), words, par, |s, p| half_piece(level, isa, s, p.0, BF16_BITS, range, low))
+        }
         Output::F64(o) => {
             let (low, range) = (f64::from(low), f64::from(high) - f64::from(low));
             split(state, Piece(o), words, par, |s, p| {
                 for_each_sub(level, s, p.0.len(), words, |w, start, n| {
-                    convert_f64(level, w, &mut p.0[start..start + n], range, low);
+                    convert_f64(isa, w, &mut p.0[start..start + n], range, low);
                 });
             })
         }
@@ -81,10 +87,10 @@ pub fn fill_with(
 }
 
 /// A 16-bit output through a float32 buffer, rounded once at the end.
-fn half_piece<H: Half>(level: Level, state: &[u32; 6], out: &mut [H], bits: Bits, range: f32, low: f32) {
+fn half_piece<H: Half>(level: Level, isa: Isa, state: &[u32; 6], out: &mut [H], bits: Bits, range: f32, low: f32) {
     let mut tmp = [0f32; SUB];
     for_each_sub(level, state, out.len(), Words::One, |w, start, n| {
-        convert_f32(level, w, &mut tmp[..n], bits, range, low);
+        convert_f32(isa, w, &mut tmp[..n], bits, range, low);
         H::store(&tmp[..n], &mut out[start..start + n]);
     });
 }
@@ -116,34 +122,34 @@ impl Half for bf16 {
 }
 
 /// `out[i] = u(words[i]) * range + low` in float32.
-pub(crate) fn convert_f32(level: Level, words: &[u32], out: &mut [f32], bits: Bits, range: f32, low: f32) {
+pub(crate) fn convert_f32(isa: Isa, words: &[u32], out: &mut [f32], bits: Bits, range: f32, low: f32) {
     debug_assert_eq!(words.len(), out.len());
-    match level {
-        Level::Scalar => convert_f32_scalar(words, out, bits, range, low),
+    match isa {
+        Isa::Scalar => convert_f32_scalar(words, out, bits, range, low),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `for_each_sub` made these words at `level`, so the CPU has AVX2.
-        Level::Avx2 => unsafe { super::x86::uniform_f32_avx2(words, out, bits, range, low) },
+        // SAFETY: the token proves the CPU has AVX2.
+        Isa::Avx2(token) => unsafe { super::x86::uniform_f32_avx2(token, words, out, bits, range, low) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, AVX-512F.
-        Level::Avx512 => unsafe { super::x86::uniform_f32_avx512(words, out, bits, range, low) },
+        // SAFETY: the token proves the CPU has AVX-512F.
+        Isa::Avx512(token) => unsafe { super::x86::uniform_f32_avx512(token, words, out, bits, range, low) },
         #[cfg(not(target_arch = "x86_64"))]
-        Level::Avx2 | Level::Avx512 => unreachable!("SIMD levels are never available off x86_64"),
+        Isa::Avx2(_) | Isa::Avx512(_) => unreachable!("SIMD levels are never available off x86_64"),
     }
 }
 
 /// `out[i] = f64(words[2i], words[2i+1]) * range + low` in float64.
-pub(crate) fn convert_f64(level: Level, words: &[u32], out: &mut [f64], range: f64, low: f64) {
+pub(crate) fn convert_f64(isa: Isa, words: &[u32], out: &mut [f64], range: f64, low: f64) {
     debug_assert_eq!(words.len(), 2 * out.len());
-    match level {
-        Level::Scalar => convert_f64_scalar(words, out, range, low),
+    match isa {
+        Isa::Scalar => convert_f64_scalar(words, out, range, low),
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: `for_each_sub` made these words at `level`, so the CPU has AVX2.
-        Level::Avx2 => unsafe { super::x86::uniform_f64_avx2(words, out, range, low) },
+        // SAFETY: the token proves the CPU has AVX2.
+        Isa::Avx2(token) => unsafe { super::x86::uniform_f64_avx2(token, words, out, range, low) },
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: as above, AVX-512F.
-        Level::Avx512 => unsafe { super::x86::uniform_f64_avx512(words, out, range, low) },
+        // SAFETY: the token proves the CPU has AVX-512F.
+        Isa::Avx512(token) => unsafe { super::x86::uniform_f64_avx512(token, words, out, range, low) },
         #[cfg(not(target_arch = "x86_64"))]
-        Level::Avx2 | Level::Avx512 => unreachable!("SIMD levels are never available off x86_64"),
+        Isa::Avx2(_) | Isa::Avx512(_) => unreachable!("SIMD levels are never available off x86_64"),
     }
 }
 

@@ -1,16 +1,18 @@
 //! The x86_64 conversion loops: the same IEEE operations as the portable loops (a multiply,
 //! then an add, never fused; integer masks and compares), so every lane gives the portable
-//! loop's bits. Each loop does whole vectors and leaves its tail to the portable loop.
+//! loop's bits. Each loop does whole vectors and leaves its tail to the portable loop; each
+//! takes its ISA token (`crate::simd`) as the proof its callers' `// SAFETY:` lines cite.
 
 use std::arch::x86_64::*;
 
 use super::dropout::{dropout_f32_scalar, dropout_f64_scalar, MANTISSA};
 use super::uniform::{convert_f32_scalar, convert_f64_scalar, Bits};
+use crate::simd::{Avx2, Avx512};
 use crate::InOut;
 
 /// [`convert_f32_scalar`] with AVX2, 8 elements a step.
 #[target_feature(enable = "avx2")]
-pub(super) fn uniform_f32_avx2(words: &[u32], out: &mut [f32], bits: Bits, range: f32, low: f32) {
+pub(super) fn uniform_f32_avx2(_: Avx2, words: &[u32], out: &mut [f32], bits: Bits, range: f32, low: f32) {
     let n = out.len().min(words.len());
     let (mask, exp) = (_mm256_set1_epi32(bits.mask as i32), _mm256_set1_epi32(0x3F80_0000));
     let shift = _mm_cvtsi32_si128(bits.shift as i32);
@@ -33,7 +35,7 @@ pub(super) fn uniform_f32_avx2(words: &[u32], out: &mut [f32], bits: Bits, range
 
 /// [`convert_f32_scalar`] with AVX-512F, 16 elements a step.
 #[target_feature(enable = "avx512f")]
-pub(super) fn uniform_f32_avx512(words: &[u32], out: &mut [f32], bits: Bits, range: f32, low: f32) {
+pub(super) fn uniform_f32_avx512(_: Avx512, words: &[u32], out: &mut [f32], bits: Bits, range: f32, low: f32) {
     let n = out.len().min(words.len());
     let (mask, exp) = (_mm512_set1_epi32(bits.mask as i32), _mm512_set1_epi32(0x3F80_0000));
     let shift = _mm_cvtsi32_si128(bits.shift as i32);
@@ -56,7 +58,7 @@ pub(super) fn uniform_f32_avx512(words: &[u32], out: &mut [f32], bits: Bits, ran
 
 /// [`convert_f64_scalar`] with AVX2, 4 elements (8 words) a step.
 #[target_feature(enable = "avx2")]
-pub(super) fn uniform_f64_avx2(words: &[u32], out: &mut [f64], range: f64, low: f64) {
+pub(super) fn uniform_f64_avx2(_: Avx2, words: &[u32], out: &mut [f64], range: f64, low: f64) {
     let n = out.len().min(words.len() / 2);
     let (mask, exp) = (_mm256_set1_epi64x(0x000F_FFFF_FFFF_FFFF), _mm256_set1_epi64x(0x3FF0_0000_0000_0000));
     let (one, r, l) = (_mm256_set1_pd(1.0), _mm256_set1_pd(range), _mm256_set1_pd(low));
@@ -76,7 +78,7 @@ pub(super) fn uniform_f64_avx2(words: &[u32], out: &mut [f64], range: f64, low: 
 
 /// [`convert_f64_scalar`] with AVX-512F, 8 elements (16 words) a step.
 #[target_feature(enable = "avx512f")]
-pub(super) fn uniform_f64_avx512(words: &[u32], out: &mut [f64], range: f64, low: f64) {
+pub(super) fn uniform_f64_avx512(_: Avx512, words: &[u32], out: &mut [f64], range: f64, low: f64) {
     let n = out.len().min(words.len() / 2);
     let (mask, exp) = (_mm512_set1_epi64(0x000F_FFFF_FFFF_FFFF), _mm512_set1_epi64(0x3FF0_0000_0000_0000));
     let (one, r, l) = (_mm512_set1_pd(1.0), _mm512_set1_pd(range), _mm512_set1_pd(low));
@@ -95,7 +97,7 @@ pub(super) fn uniform_f64_avx512(words: &[u32], out: &mut [f64], range: f64, low
 
 /// [`dropout_f32_scalar`] with AVX2, 8 elements a step; `keep_from` is at most 2^23.
 #[target_feature(enable = "avx2")]
-pub(super) fn dropout_f32_avx2(words: &[u32], mut data: InOut<'_, f32>, keep_from: u32, scale: f32) {
+pub(super) fn dropout_f32_avx2(_: Avx2, words: &[u32], mut data: InOut<'_, f32>, keep_from: u32, scale: f32) {
     let n = data.len().min(words.len());
     let (src, dst) = data.as_ptrs();
     let (mask, below) = (_mm256_set1_epi32(MANTISSA as i32), _mm256_set1_epi32(keep_from as i32 - 1));
@@ -121,7 +123,7 @@ pub(super) fn dropout_f32_avx2(words: &[u32], mut data: InOut<'_, f32>, keep_fro
 
 /// [`dropout_f32_scalar`] with AVX-512F, 16 elements a step.
 #[target_feature(enable = "avx512f")]
-pub(super) fn dropout_f32_avx512(words: &[u32], mut data: InOut<'_, f32>, keep_from: u32, scale: f32) {
+pub(super) fn dropout_f32_avx512(_: Avx512, words: &[u32], mut data: InOut<'_, f32>, keep_from: u32, scale: f32) {
     let n = data.len().min(words.len());
     let (src, dst) = data.as_ptrs();
     let (mask, from) = (_mm512_set1_epi32(MANTISSA as i32), _mm512_set1_epi32(keep_from as i32));
@@ -145,7 +147,7 @@ pub(super) fn dropout_f32_avx512(words: &[u32], mut data: InOut<'_, f32>, keep_f
 
 /// [`dropout_f64_scalar`] with AVX2, 4 elements a step.
 #[target_feature(enable = "avx2")]
-pub(super) fn dropout_f64_avx2(words: &[u32], mut data: InOut<'_, f64>, keep_from: u32, scale: f64) {
+pub(super) fn dropout_f64_avx2(_: Avx2, words: &[u32], mut data: InOut<'_, f64>, keep_from: u32, scale: f64) {
     let n = data.len().min(words.len());
     let (src, dst) = data.as_ptrs();
     let (mask, below) = (_mm_set1_epi32(MANTISSA as i32), _mm_set1_epi32(keep_from as i32 - 1));
@@ -169,7 +171,7 @@ pub(super) fn dropout_f64_avx2(words: &[u32], mut data: InOut<'_, f64>, keep_fro
 
 /// [`dropout_f64_scalar`] with AVX-512F, 8 elements a step.
 #[target_feature(enable = "avx512f")]
-pub(super) fn dropout_f64_avx512(words: &[u32], mut data: InOut<'_, f64>, keep_from: u32, scale: f64) {
+pub(super) fn dropout_f64_avx512(_: Avx512, words: &[u32], mut data: InOut<'_, f64>, keep_from: u32, scale: f64) {
     let n = data.len().min(words.len());
     let (src, dst) = data.as_ptrs();
     let (mask, from) = (_mm256_set1_epi32(MANTISSA as i32), _mm256_set1_epi32(keep_from as i32));

@@ -1,5 +1,7 @@
 //! The runtime's API table, statuses, and the panic boundary.
 
+use core::ffi::{c_char, c_int};
+use std::any::Any;
 use std::ffi::{CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -60,7 +62,7 @@ pub fn new_status(api: &sys::OrtApi, code: sys::OrtErrorCode, msg: &str) -> sys:
 }
 
 /// The message of a caught panic payload.
-pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+pub fn panic_message(payload: &(dyn Any + Send)) -> String {
     if let Some(s) = payload.downcast_ref::<&str>() {
         (*s).to_owned()
     } else if let Some(s) = payload.downcast_ref::<String>() {
@@ -70,12 +72,76 @@ pub fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     }
 }
 
-/// Runs `f` so that neither an error nor a panic escapes: both become an error status.
-/// Every `extern` entry point of the library goes through here.
-pub fn guard(api: Api, op: &'static str, f: impl FnOnce() -> Result<()>) -> sys::OrtStatusPtr {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(Ok(())) => sys::OrtStatusPtr::default(),
-        Ok(Err(e)) => api.status(&e),
-        Err(payload) => api.status(&Error::Panic { op, message: panic_message(&*payload) }),
+/// Runs `f`, catching a panic as its payload: the library's only `catch_unwind`. Every
+/// `extern` entry point goes through [`boundary`] (or [`guard`]), which use it; the thread
+/// pool's task trampoline uses it directly, to re-raise the panic on the kernel's thread.
+pub fn catch<T>(f: impl FnOnce() -> T) -> std::result::Result<T, Box<dyn Any + Send>> {
+    catch_unwind(AssertUnwindSafe(f))
+}
+
+/// What an `extern` entry point returns when its body panicked (after rustls-ffi's
+/// `PanicOrDefault`): a harmless value chosen by the return type, or an error status.
+pub trait Fallback {
+    /// The value for a panic, described by `error` (an [`Error::Panic`]).
+    fn fallback(api: Option<Api>, error: &Error) -> Self;
+}
+
+impl Fallback for sys::OrtStatusPtr {
+    /// An error status naming the panic, when there is an API to make one with.
+    fn fallback(api: Option<Api>, error: &Error) -> Self {
+        api.map_or_else(sys::OrtStatusPtr::default, |api| api.status(error))
     }
+}
+
+impl Fallback for () {
+    fn fallback(_: Option<Api>, _: &Error) -> Self {}
+}
+
+impl Fallback for usize {
+    /// No inputs or outputs.
+    fn fallback(_: Option<Api>, _: &Error) -> Self {
+        0
+    }
+}
+
+impl Fallback for c_int {
+    /// A minimum arity or start version of 1.
+    fn fallback(_: Option<Api>, _: &Error) -> Self {
+        1
+    }
+}
+
+impl Fallback for *const c_char {
+    /// A name that is never registered.
+    fn fallback(_: Option<Api>, _: &Error) -> Self {
+        c"trainops".as_ptr()
+    }
+}
+
+impl Fallback for sys::ONNXTensorElementDataType {
+    /// Any type (the kernel checks types when it runs).
+    fn fallback(_: Option<Api>, _: &Error) -> Self {
+        sys::ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED
+    }
+}
+
+impl Fallback for sys::OrtCustomOpInputOutputCharacteristic {
+    /// Required.
+    fn fallback(_: Option<Api>, _: &Error) -> Self {
+        sys::OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED
+    }
+}
+
+/// The panic boundary: runs the body of an `extern` entry point so that no panic unwinds
+/// into the runtime (which would abort the host process); a panic gives `T`'s [`Fallback`].
+pub fn boundary<T: Fallback>(api: Option<Api>, op: &'static str, f: impl FnOnce() -> T) -> T {
+    catch(f).unwrap_or_else(|payload| T::fallback(api, &Error::Panic { op, message: panic_message(&*payload) }))
+}
+
+/// [`boundary`] for a fallible body: an error, like a panic, becomes an error status.
+pub fn guard(api: Api, op: &'static str, f: impl FnOnce() -> Result<()>) -> sys::OrtStatusPtr {
+    boundary(Some(api), op, || match f() {
+        Ok(()) => sys::OrtStatusPtr::default(),
+        Err(e) => api.status(&e),
+    })
 }

@@ -8,7 +8,7 @@ use std::ffi::CStr;
 
 use ort_sys as sys;
 
-use super::api::{guard, new_status, panic_message, API_VERSION};
+use super::api::{boundary, guard, API_VERSION};
 use super::{Api, Context, KernelInfo, ShapeInfer};
 use crate::error::Result;
 use crate::ffi::tensor::DType;
@@ -43,7 +43,7 @@ pub struct Signature {
 /// An op as registered with ONNX Runtime.
 pub trait OpSpec: Sync + 'static {
     /// The op's name and formal inputs and outputs.
-    fn signature(&self) -> &'static Signature;
+    fn signature(&self) -> &Signature;
     /// The op's name in its domain.
     fn name(&self) -> &'static CStr {
         self.signature().name
@@ -61,7 +61,7 @@ pub trait OpSpec: Sync + 'static {
         1
     }
     /// Creates the kernel of one node (reads and checks its attributes).
-    fn create(&self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>>;
+    fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>>;
     /// Sets output shapes at model load, best effort: ONNX Runtime ignores an error here (the
     /// kernel reports it when it runs), and ops with an optional input get no inference at all
     /// (ONNX Runtime 1.17 crashes building the context of a node whose optional input is "").
@@ -113,10 +113,10 @@ unsafe fn spec_of(op: *const sys::OrtCustomOp) -> &'static dyn OpSpec {
     unsafe { (*(op as *const OpDescriptor)).spec }
 }
 
-/// Runs an infallible callback, giving `fallback` if it panics (these callbacks cannot return
-/// a status, so a panic, which would abort the host, is turned into a harmless value).
-fn quiet<T>(fallback: T, f: impl FnOnce() -> T) -> T {
-    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or(fallback)
+/// Runs an infallible callback of the descriptor through the panic [`boundary`]: these
+/// callbacks cannot return a status, so a panic gives the return type's harmless fallback.
+fn quiet<T: super::api::Fallback>(f: impl FnOnce() -> T) -> T {
+    boundary(None, "trainops", f)
 }
 
 fn formal_at(list: &'static [Formal], index: usize) -> Option<Formal> {
@@ -165,7 +165,7 @@ fn variadic_min(list: &'static [Formal]) -> c_int {
 
 unsafe extern "system" fn get_name(op: *const sys::OrtCustomOp) -> *const c_char {
     // SAFETY: the runtime passes back the pointer we registered.
-    quiet(c"trainops".as_ptr(), || unsafe { spec_of(op) }.name().as_ptr())
+    quiet(|| unsafe { spec_of(op) }.name().as_ptr())
 }
 
 unsafe extern "system" fn get_ep(_op: *const sys::OrtCustomOp) -> *const c_char {
@@ -173,53 +173,49 @@ unsafe extern "system" fn get_ep(_op: *const sys::OrtCustomOp) -> *const c_char 
 }
 
 unsafe extern "system" fn input_type(op: *const sys::OrtCustomOp, i: usize) -> sys::ONNXTensorElementDataType {
-    let undefined = sys::ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
     // SAFETY: the runtime passes back the pointer we registered.
-    quiet(undefined, || type_of(formal_at(unsafe { spec_of(op) }.inputs(), i)))
+    quiet(|| type_of(formal_at(unsafe { spec_of(op) }.inputs(), i)))
 }
 
 unsafe extern "system" fn input_count(op: *const sys::OrtCustomOp) -> usize {
     // SAFETY: the runtime passes back the pointer we registered.
-    quiet(0, || unsafe { spec_of(op) }.inputs().len())
+    quiet(|| unsafe { spec_of(op) }.inputs().len())
 }
 
 unsafe extern "system" fn output_type(op: *const sys::OrtCustomOp, i: usize) -> sys::ONNXTensorElementDataType {
-    let undefined = sys::ONNXTensorElementDataType::ONNX_TENSOR_ELEMENT_DATA_TYPE_UNDEFINED;
     // SAFETY: the runtime passes back the pointer we registered.
-    quiet(undefined, || type_of(formal_at(unsafe { spec_of(op) }.outputs(), i)))
+    quiet(|| type_of(formal_at(unsafe { spec_of(op) }.outputs(), i)))
 }
 
 unsafe extern "system" fn output_count(op: *const sys::OrtCustomOp) -> usize {
     // SAFETY: the runtime passes back the pointer we registered.
-    quiet(0, || unsafe { spec_of(op) }.outputs().len())
+    quiet(|| unsafe { spec_of(op) }.outputs().len())
 }
 
 unsafe extern "system" fn input_characteristic(
     op: *const sys::OrtCustomOp,
     i: usize,
 ) -> sys::OrtCustomOpInputOutputCharacteristic {
-    let required = sys::OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
     // SAFETY: the runtime passes back the pointer we registered.
-    quiet(required, || characteristic(formal_at(unsafe { spec_of(op) }.inputs(), i)))
+    quiet(|| characteristic(formal_at(unsafe { spec_of(op) }.inputs(), i)))
 }
 
 unsafe extern "system" fn output_characteristic(
     op: *const sys::OrtCustomOp,
     i: usize,
 ) -> sys::OrtCustomOpInputOutputCharacteristic {
-    let required = sys::OrtCustomOpInputOutputCharacteristic::INPUT_OUTPUT_REQUIRED;
     // SAFETY: the runtime passes back the pointer we registered.
-    quiet(required, || characteristic(formal_at(unsafe { spec_of(op) }.outputs(), i)))
+    quiet(|| characteristic(formal_at(unsafe { spec_of(op) }.outputs(), i)))
 }
 
 unsafe extern "system" fn input_min_arity(op: *const sys::OrtCustomOp) -> c_int {
     // SAFETY: the runtime passes back the pointer we registered.
-    quiet(1, || variadic_min(unsafe { spec_of(op) }.inputs()))
+    quiet(|| variadic_min(unsafe { spec_of(op) }.inputs()))
 }
 
 unsafe extern "system" fn output_min_arity(op: *const sys::OrtCustomOp) -> c_int {
     // SAFETY: the runtime passes back the pointer we registered.
-    quiet(1, || variadic_min(unsafe { spec_of(op) }.outputs()))
+    quiet(|| variadic_min(unsafe { spec_of(op) }.outputs()))
 }
 
 unsafe extern "system" fn heterogeneous(_op: *const sys::OrtCustomOp) -> c_int {
@@ -228,7 +224,7 @@ unsafe extern "system" fn heterogeneous(_op: *const sys::OrtCustomOp) -> c_int {
 
 unsafe extern "system" fn start_version(op: *const sys::OrtCustomOp) -> c_int {
     // SAFETY: the runtime passes back the pointer we registered.
-    quiet(1, || unsafe { spec_of(op) }.since_version())
+    quiet(|| unsafe { spec_of(op) }.since_version())
 }
 
 unsafe extern "system" fn end_version(_op: *const sys::OrtCustomOp) -> c_int {
@@ -278,14 +274,14 @@ unsafe extern "system" fn destroy_kernel(kernel: *mut c_void) {
     // SAFETY: the runtime destroys each kernel it created exactly once.
     let boxed = unsafe { Box::from_raw(kernel as *mut KernelBox) };
     // A panicking destructor must not unwind into the runtime.
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || drop(boxed)));
+    boundary(Some(boxed.api), boxed.op, move || drop(boxed));
 }
 
 unsafe extern "system" fn infer_shape(
     op: *const sys::OrtCustomOp,
     ctx: *mut sys::OrtShapeInferContext,
 ) -> sys::OrtStatusPtr {
-    let Some(api) = crate::register::api() else {
+    let Some(api) = super::register::api() else {
         return sys::OrtStatusPtr::default();
     };
     // SAFETY: the runtime passes back the pointer we registered.
@@ -295,11 +291,11 @@ unsafe extern "system" fn infer_shape(
     // releases it: an error status fails nothing and leaks (one per node load, seen with
     // valgrind). Inference is best effort; the kernel makes the same checks when it runs and
     // reports them then. So errors and panics end here, and the answer is always "ok".
-    let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+    boundary(Some(api), name, || {
         // SAFETY: `ctx` is valid for this call.
         let mut ctx = unsafe { ShapeInfer::new(api, name, ctx, sure_outputs(spec.outputs())) };
-        spec.infer(&mut ctx)
-    }));
+        let _ = spec.infer(&mut ctx);
+    });
     sys::OrtStatusPtr::default()
 }
 
@@ -348,20 +344,4 @@ impl OpDescriptor {
     pub fn as_raw(&'static self) -> *const sys::OrtCustomOp {
         &self.base
     }
-}
-
-/// Used by `RegisterCustomOps` when the runtime is too old for [`API_VERSION`].
-pub fn too_old_status(api_v1: &sys::OrtApi, version: &str) -> sys::OrtStatusPtr {
-    new_status(
-        api_v1,
-        sys::OrtErrorCode::ORT_FAIL,
-        &format!(
-            "trainops needs ONNX Runtime 1.17 or newer (C API version {API_VERSION}); this process runs ONNX Runtime {version}"
-        ),
-    )
-}
-
-/// Message of a panic caught outside any op.
-pub fn registration_panic(payload: &(dyn std::any::Any + Send)) -> String {
-    format!("trainops: internal error while registering ops: {}", panic_message(payload))
 }

@@ -3,11 +3,12 @@
 
 use core::ffi::c_void;
 use std::any::Any;
-use std::panic::{catch_unwind, resume_unwind, AssertUnwindSafe};
+use std::panic::resume_unwind;
 use std::sync::Mutex;
 
 use trainops_kernels::Parallelism;
 
+use super::api::catch;
 use super::Context;
 
 /// ONNX Runtime's `KernelContext_ParallelFor` for the current call.
@@ -34,7 +35,9 @@ struct Job<'f> {
 unsafe extern "C" fn run_one(data: *mut c_void, index: usize) {
     // SAFETY: `data` is the `Job` that `run` keeps alive until ParallelFor returns.
     let job = unsafe { &*(data as *const Job<'_>) };
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(|| (job.f)(index))) {
+    // Not the entry boundary: the panic is kept and re-raised on the kernel's thread, where
+    // the kernel's own boundary turns it into an error status.
+    if let Err(payload) = catch(|| (job.f)(index)) {
         let mut slot = job.panic.lock().unwrap_or_else(|p| p.into_inner());
         slot.get_or_insert(payload);
     }

@@ -12,9 +12,8 @@
 
 pub mod reference;
 
-use crate::adam::{CHUNK, SERIAL_BELOW};
-use crate::parallel::{run_chunked, Splittable};
-use crate::{Compute, Element, InOut, KernelError, Parallelism};
+use super::Optimizer;
+use crate::{Compute, Element};
 
 /// The operator's attributes, with ONNX's defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -69,60 +68,34 @@ pub fn update<C: Compute>(c: &AdagradCoeffs<C>, x: C, g: C, h: C) -> (C, C) {
     (x, h)
 }
 
-/// One tensor of an Adagrad node: weights, gradient (already broadcast to the weights'
-/// shape) and accumulated squared gradient.
-pub struct AdagradTensor<'a, X, G> {
-    /// Weights `X`, rewritten as `X_new`.
-    pub x: InOut<'a, X>,
-    /// Gradient `G`, one element per weight.
-    pub g: &'a [G],
-    /// Accumulated squared gradient `H`, rewritten as `H_new`.
-    pub h: InOut<'a, X>,
-}
+/// Adagrad, as the family's [`Optimizer`]: streams `X, H`.
+#[derive(Debug, Clone, Copy)]
+pub struct Adagrad;
 
-impl<'a, X: Element, G: Element> AdagradTensor<'a, X, G> {
-    /// Checks that all three buffers have the weights' length.
-    pub fn new(x: InOut<'a, X>, g: &'a [G], h: InOut<'a, X>) -> Result<Self, KernelError> {
-        let n = x.len();
-        for (what, got) in [("G", g.len()), ("H", h.len())] {
-            if got != n {
-                return Err(KernelError::LengthMismatch { what, got, expected: n });
-            }
-        }
-        Ok(Self { x, g, h })
-    }
-}
+impl Optimizer<2> for Adagrad {
+    type Attrs = AdagradAttrs;
+    type Coeffs<C: Compute> = AdagradCoeffs<C>;
+    const STREAMS: [&'static str; 2] = ["X", "H"];
 
-impl<X: Element, G: Element> Splittable for AdagradTensor<'_, X, G> {
-    fn len(&self) -> usize {
-        self.x.len()
+    fn coeffs<C: Compute>(attrs: &AdagradAttrs, r: f64, t: i64) -> AdagradCoeffs<C> {
+        AdagradCoeffs::new(attrs, adjusted_rate(r, t, attrs.decay_factor))
     }
 
-    fn split_at(self, mid: usize) -> (Self, Self) {
-        let (x0, x1) = self.x.split_at(mid);
-        let (g0, g1) = self.g.split_at(mid);
-        let (h0, h1) = self.h.split_at(mid);
-        (Self { x: x0, g: g0, h: h0 }, Self { x: x1, g: g1, h: h1 })
+    #[inline(always)]
+    fn update<C: Compute>(c: &AdagradCoeffs<C>, [x, h]: [C; 2], g: C) -> [C; 2] {
+        let (x, h) = update(c, x, g, h);
+        [x, h]
     }
-}
 
-/// One Adagrad step over every tensor of a node, split into chunks like Adam's
-/// ([`CHUNK`], [`SERIAL_BELOW`]). Each element's result does not depend on how the work is
-/// split, so the output is bitwise identical for any `par`.
-pub fn step<X, G>(c: &AdagradCoeffs<X::C>, tensors: Vec<AdagradTensor<'_, X, G>>, par: &dyn Parallelism)
-where
-    X: Element,
-    G: Element<C = X::C>,
-{
-    run_chunked(tensors, par, CHUNK, SERIAL_BELOW, |t| chunk(c, t));
-}
-
-/// The kernel over one chunk (every element type: 16-bit ones compute in `f32`).
-fn chunk<X: Element, G: Element<C = X::C>>(c: &AdagradCoeffs<X::C>, mut t: AdagradTensor<'_, X, G>) {
-    for i in 0..t.len() {
-        let (x, h) = update(c, t.x.get(i).load(), t.g[i].load(), t.h.get(i).load());
-        t.x.set(i, X::store(x));
-        t.h.set(i, X::store(h));
+    fn reference<X: Element, G: Element<C = X::C>>(
+        attrs: &AdagradAttrs,
+        r: f64,
+        t: i64,
+        [x, h]: [&[X]; 2],
+        g: &[G],
+    ) -> [Vec<X>; 2] {
+        let (x, h) = reference::adagrad(attrs, r, t, x, g, h);
+        [x, h]
     }
 }
 

@@ -3,8 +3,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use crate::adam::{CHUNK, SERIAL_BELOW};
-use crate::{run_chunked, Compute, Element, Parallelism, Splittable};
+use crate::parallel::{run_chunked, Splittable, CHUNK, SERIAL_BELOW};
+use crate::{Compute, Element, Parallelism};
 
 /// A read-only piece of one tensor.
 struct Piece<'a, G>(&'a [G]);

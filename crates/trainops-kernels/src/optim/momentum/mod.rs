@@ -12,9 +12,8 @@
 
 pub mod reference;
 
-use crate::adam::{CHUNK, SERIAL_BELOW};
-use crate::parallel::{run_chunked, Splittable};
-use crate::{Compute, Element, InOut, KernelError, Parallelism};
+use super::Optimizer;
+use crate::{Compute, Element};
 
 /// Which momentum update rule (ONNX's `mode` attribute).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,66 +94,37 @@ pub fn update<C: Compute, const NESTEROV: bool>(c: &MomentumCoeffs<C>, x: C, g: 
     (x, v)
 }
 
-/// One tensor of a Momentum node: weights, gradient (already broadcast to the weights'
-/// shape) and momentum.
-pub struct MomentumTensor<'a, X, G> {
-    /// Weights `X`, rewritten as `X_new`.
-    pub x: InOut<'a, X>,
-    /// Gradient `G`, one element per weight.
-    pub g: &'a [G],
-    /// Momentum `V`, rewritten as `V_new`.
-    pub v: InOut<'a, X>,
-}
+/// Momentum, as the family's [`Optimizer`]: streams `X, V`.
+#[derive(Debug, Clone, Copy)]
+pub struct Momentum;
 
-impl<'a, X: Element, G: Element> MomentumTensor<'a, X, G> {
-    /// Checks that all three buffers have the weights' length.
-    pub fn new(x: InOut<'a, X>, g: &'a [G], v: InOut<'a, X>) -> Result<Self, KernelError> {
-        let n = x.len();
-        for (what, got) in [("G", g.len()), ("V", v.len())] {
-            if got != n {
-                return Err(KernelError::LengthMismatch { what, got, expected: n });
-            }
-        }
-        Ok(Self { x, g, v })
-    }
-}
+impl Optimizer<2> for Momentum {
+    type Attrs = MomentumAttrs;
+    type Coeffs<C: Compute> = MomentumCoeffs<C>;
+    const STREAMS: [&'static str; 2] = ["X", "V"];
 
-impl<X: Element, G: Element> Splittable for MomentumTensor<'_, X, G> {
-    fn len(&self) -> usize {
-        self.x.len()
+    fn coeffs<C: Compute>(attrs: &MomentumAttrs, r: f64, t: i64) -> MomentumCoeffs<C> {
+        MomentumCoeffs::new(attrs, r, t)
     }
 
-    fn split_at(self, mid: usize) -> (Self, Self) {
-        let (x0, x1) = self.x.split_at(mid);
-        let (g0, g1) = self.g.split_at(mid);
-        let (v0, v1) = self.v.split_at(mid);
-        (Self { x: x0, g: g0, v: v0 }, Self { x: x1, g: g1, v: v1 })
+    #[inline(always)]
+    fn update<C: Compute>(c: &MomentumCoeffs<C>, [x, v]: [C; 2], g: C) -> [C; 2] {
+        let (x, v) = match c.mode {
+            MomentumMode::Standard => update::<C, false>(c, x, g, v),
+            MomentumMode::Nesterov => update::<C, true>(c, x, g, v),
+        };
+        [x, v]
     }
-}
 
-/// One Momentum step over every tensor of a node, split into chunks like Adam's
-/// ([`CHUNK`], [`SERIAL_BELOW`]). Each element's result does not depend on how the work is
-/// split, so the output is bitwise identical for any `par`.
-pub fn step<X, G>(c: &MomentumCoeffs<X::C>, tensors: Vec<MomentumTensor<'_, X, G>>, par: &dyn Parallelism)
-where
-    X: Element,
-    G: Element<C = X::C>,
-{
-    match c.mode {
-        MomentumMode::Standard => run_chunked(tensors, par, CHUNK, SERIAL_BELOW, |t| chunk::<X, G, false>(c, t)),
-        MomentumMode::Nesterov => run_chunked(tensors, par, CHUNK, SERIAL_BELOW, |t| chunk::<X, G, true>(c, t)),
-    }
-}
-
-/// The kernel over one chunk (every element type: 16-bit ones compute in `f32`).
-fn chunk<X: Element, G: Element<C = X::C>, const NESTEROV: bool>(
-    c: &MomentumCoeffs<X::C>,
-    mut t: MomentumTensor<'_, X, G>,
-) {
-    for i in 0..t.len() {
-        let (x, v) = update::<_, NESTEROV>(c, t.x.get(i).load(), t.g[i].load(), t.v.get(i).load());
-        t.x.set(i, X::store(x));
-        t.v.set(i, X::store(v));
+    fn reference<X: Element, G: Element<C = X::C>>(
+        attrs: &MomentumAttrs,
+        r: f64,
+        t: i64,
+        [x, v]: [&[X]; 2],
+        g: &[G],
+    ) -> [Vec<X>; 2] {
+        let (x, v) = reference::momentum(attrs, r, t, x, g, v);
+        [x, v]
     }
 }
 

@@ -19,6 +19,7 @@
 use std::arch::x86_64::*;
 
 use super::{round_keys, words, M0, M1, ROUNDS};
+use crate::simd::{Avx2, Avx512};
 
 /// `shuffle_epi32` immediate that copies the high half of each 64-bit lane into its low half.
 /// A shuffle rather than a 32-bit shift: on Intel cores 512-bit shifts share port 0 with the
@@ -38,7 +39,7 @@ const BATCH_256: usize = 4 * SETS_256;
 
 /// Fills `out` with the blocks of counters `counter, counter + 1, ..` under `key`.
 #[target_feature(enable = "avx512f")]
-pub(super) fn fill_avx512(counter: u128, key: [u32; 2], out: &mut [u32]) {
+pub(super) fn philox_avx512(_: Avx512, counter: u128, key: [u32; 2], out: &mut [u32]) {
     let mut keys = [(_mm512_setzero_si512(), _mm512_setzero_si512()); ROUNDS];
     for (k, [k0, k1]) in keys.iter_mut().zip(round_keys(key)) {
         *k = (_mm512_set1_epi32(k0 as i32), _mm512_set1_epi32(k1 as i32));
@@ -135,7 +136,7 @@ fn batch512(counter: u128, keys: &[(__m512i, __m512i); ROUNDS], dst: &mut [u32; 
 
 /// Fills `out` with the blocks of counters `counter, counter + 1, ..` under `key`.
 #[target_feature(enable = "avx2")]
-pub(super) fn fill_avx2(counter: u128, key: [u32; 2], out: &mut [u32]) {
+pub(super) fn philox_avx2(_: Avx2, counter: u128, key: [u32; 2], out: &mut [u32]) {
     let mut keys = [(_mm256_setzero_si256(), _mm256_setzero_si256()); ROUNDS];
     for (k, [k0, k1]) in keys.iter_mut().zip(round_keys(key)) {
         *k = (_mm256_set1_epi32(k0 as i32), _mm256_set1_epi32(k1 as i32));

@@ -1,5 +1,5 @@
 //! Distributions from Philox's stream (`com.trainops`, since version 1), with Philox's state
-//! and shape handling (`super::philox`):
+//! and shape handling ([`super::state`]):
 //!
 //! - `PhiloxUniform(state, shape?) -> (output, state_out?)`, attributes `shape`, `dtype`,
 //!   `low`, `high`;
@@ -17,11 +17,11 @@ use trainops_kernels::random::draw::Output;
 use trainops_kernels::random::{dropout, normal, uniform};
 use trainops_kernels::InOut;
 
-use super::common::{required, scalar_float};
-use super::philox::{dims_for, output_numel_for, read_state_for};
+use super::state::{self, OutputShape, Outputs};
 use crate::error::{Error, Result};
 use crate::ffi::pool::OrtPool;
 use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature, Tensor};
+use crate::ops::io;
 
 static DIST_INPUTS: [Formal; 2] = [Formal::One(Some(DType::Uint32)), Formal::Optional(Some(DType::Int64))];
 
@@ -98,7 +98,7 @@ pub static DIST_OPS: [&DistOp; 8] =
 
 /// Output 0's type from the `dtype` attribute and its dimensions from the `shape` attribute
 /// (or, as unknowns, from the length of the `shape` input); `state_out` like `state`.
-fn infer_dist(ctx: &mut ShapeInfer<'_>) -> Result<()> {
+fn infer_dist(op: &'static str, ctx: &mut ShapeInfer<'_>) -> Result<()> {
     let dtype = match ctx.attr_i64(c"dtype").unwrap_or(1) {
         1 => DType::Float,
         11 => DType::Double,
@@ -115,20 +115,15 @@ fn infer_dist(ctx: &mut ShapeInfer<'_>) -> Result<()> {
         },
     };
     ctx.set_output(0, dtype, dims.as_deref())?;
-    if let Some((DType::Uint32, shape)) = ctx.input(0) {
-        if !shape.is_empty() {
-            ctx.output_like_input(1, 0)?;
-        }
-    }
-    Ok(())
+    state::infer(op, ctx)
 }
 
 impl OpSpec for DistOp {
-    fn signature(&self) -> &'static Signature {
+    fn signature(&self) -> &Signature {
         self.signature
     }
 
-    fn create(&self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
+    fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
         let op = self.op();
         let dist = match self.kind {
             Kind::Uniform => Dist::Uniform { low: info.f32_or("low", 0.0)?, high: info.f32_or("high", 1.0)? },
@@ -139,11 +134,7 @@ impl OpSpec for DistOp {
             let what = format!("{} does not match the output's type {}", dtype.name(), self.dtype.name());
             return Err(Error::Attribute { op, name: "dtype", what });
         }
-        let shape = info.i64s_opt("shape")?;
-        if let Some(dims) = &shape {
-            output_numel_for(op, dims, super::philox::Source::Attribute)?;
-        }
-        Ok(Box::new(DistKernel { op, shape, dtype, dist }))
+        Ok(Box::new(DistKernel { op, shape: OutputShape::from_node(op, info)?, dtype, dist }))
     }
 
     fn infers_output_types(&self) -> bool {
@@ -151,26 +142,16 @@ impl OpSpec for DistOp {
     }
 
     fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
-        infer_dist(ctx)
+        infer_dist(self.op(), ctx)
     }
 }
 
 /// The kernel of one PhiloxUniform or PhiloxNormal node.
 struct DistKernel {
     op: &'static str,
-    shape: Option<Vec<i64>>,
+    shape: OutputShape,
     dtype: DType,
     dist: Dist,
-}
-
-/// Checks an output buffer: type, element count, alignment.
-fn check_output(op: &'static str, index: usize, name: &str, t: &Tensor, dtype: DType, want: usize) -> Result<()> {
-    if t.dtype != dtype || t.numel != want || !t.aligned() {
-        let got = format!("a {} buffer of {} elements", t.dtype.name(), t.numel);
-        let expected = format!("an aligned {} buffer of {want} elements", dtype.name());
-        return Err(Error::Output { op, index, name: name.into(), expected, got });
-    }
-    Ok(())
 }
 
 /// Outputs bound to overlapping memory have no defined result.
@@ -189,17 +170,10 @@ fn disjoint(op: &'static str, named: &[(&str, &Tensor)]) -> Result<()> {
 impl Kernel for DistKernel {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
         let op = self.op;
-        let state_t = required(ctx, op, 0, "state")?;
-        let state = read_state_for(op, 0, &state_t)?;
-        let (dims, from) = dims_for(op, &self.shape, ctx)?;
-        let count = output_numel_for(op, &dims, from)?;
-        let out = ctx.output(0, &dims)?;
-        let state_out = if ctx.output_count()? > 1 { ctx.output_opt(1, &state_t.shape)? } else { None };
-        check_output(op, 0, "output", &out, self.dtype, count)?;
-        if let Some(s) = &state_out {
-            check_output(op, 1, "state_out", s, DType::Uint32, 6)?;
-            disjoint(op, &[("output 0 (output)", &out), ("output 1 (state_out)", s)])?;
-        }
+        let (state, state_t) = state::read_state(ctx, op)?;
+        let (dims, _) = self.shape.dims(ctx)?;
+        let outputs = Outputs::new(ctx, op, self.dtype, &dims, &state_t)?;
+        let out = &outputs.output;
         // SAFETY: the output's type, size and alignment are checked; the state was copied
         // out, so no other view of any buffer is alive; output and state_out do not overlap.
         let output = unsafe {
@@ -215,11 +189,7 @@ impl Kernel for DistKernel {
             Dist::Uniform { low, high } => uniform::fill(&state, low, high, output, &pool),
             Dist::Normal { mean, scale } => normal::fill(&state, mean, scale, output, &pool),
         };
-        if let Some(s) = state_out {
-            // SAFETY: six aligned uint32 elements, checked above; the output's slice is no
-            // longer used, and the two buffers do not overlap.
-            unsafe { s.slice_mut::<u32>() }.copy_from_slice(&next);
-        }
+        outputs.write_state(&next);
         Ok(())
     }
 }
@@ -240,13 +210,13 @@ static DROPOUT_OUTPUTS: [Formal; 3] =
     [Formal::One(None), Formal::Optional(Some(DType::Bool)), Formal::Optional(Some(DType::Uint32))];
 
 impl OpSpec for PhiloxDropout {
-    fn signature(&self) -> &'static Signature {
+    fn signature(&self) -> &Signature {
         static SIGNATURE: Signature =
             Signature { name: c"PhiloxDropout", inputs: &DROPOUT_INPUTS, outputs: &DROPOUT_OUTPUTS };
         &SIGNATURE
     }
 
-    fn create(&self, _info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
+    fn create(&'static self, _info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
         Ok(Box::new(DropoutKernel))
     }
 }
@@ -265,7 +235,7 @@ fn optional_input(ctx: &Context<'_>, index: usize) -> Result<Option<Tensor>> {
 impl Kernel for DropoutKernel {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
         let op = DROPOUT;
-        let data = required(ctx, op, 0, "data")?;
+        let data = io::required(ctx, op, 0, "data")?;
         if !matches!(data.dtype, DType::Float | DType::Double | DType::Float16 | DType::BFloat16) {
             let expected = "a tensor(float), tensor(double), tensor(float16) or tensor(bfloat16)";
             return Err(Error::input(op, 0, "data", expected, data.dtype.name()));
@@ -274,7 +244,7 @@ impl Kernel for DropoutKernel {
             return Err(Error::input(op, 0, "data", "an aligned buffer", "a misaligned one"));
         }
         let ratio = match optional_input(ctx, 1)? {
-            Some(_) => scalar_float(ctx, op, 1, "ratio")?,
+            Some(_) => io::scalar_float(ctx, op, 1, "ratio")?,
             None => 0.5,
         };
         let training = match optional_input(ctx, 2)? {
@@ -284,23 +254,20 @@ impl Kernel for DropoutKernel {
             })?,
             None => false,
         };
-        let state_t = required(ctx, op, 3, "state")?;
-        let state = read_state_for(op, 3, &state_t)?;
+        let state_t = io::exact(ctx, op, 3, "state", &[DType::Uint32], 6, " [c0, c1, c2, c3, k0, k1]")?;
+        // SAFETY: six aligned uint32 elements, checked; copied out before any output view.
+        let state: [u32; 6] = unsafe { state_t.slice::<u32>() }.try_into().expect("six words");
         if training && !(0.0..1.0).contains(&ratio) {
             return Err(Error::input(op, 1, "ratio", "a value in [0, 1) in training mode", format!("{ratio}")));
         }
-        let outputs = ctx.output_count()?;
-        let out = ctx.output(0, &data.shape)?;
-        let mask = if outputs > 1 { ctx.output_opt(1, &data.shape)? } else { None };
-        let state_out = if outputs > 2 { ctx.output_opt(2, &state_t.shape)? } else { None };
-        check_output(op, 0, "output", &out, data.dtype, data.numel)?;
+        let out = io::output(ctx, op, 0, "output", data.dtype, &data.shape)?;
+        let mask = io::optional_output(ctx, op, 1, "mask", DType::Bool, &data.shape)?;
+        let state_out = io::optional_output(ctx, op, 2, "state_out", DType::Uint32, &state_t.shape)?;
         let mut named = vec![("output 0 (output)", &out)];
         if let Some(m) = &mask {
-            check_output(op, 1, "mask", m, DType::Bool, data.numel)?;
             named.push(("output 1 (mask)", m));
         }
         if let Some(s) = &state_out {
-            check_output(op, 2, "state_out", s, DType::Uint32, 6)?;
             named.push(("output 2 (state_out)", s));
         }
         disjoint(op, &named)?;

@@ -1,40 +1,22 @@
-//! `RegisterCustomOps`: one domain object per domain, made once per process and added to
-//! every `SessionOptions` that loads the library (the runtime keeps pointers to the domains
-//! and their ops for as long as any session lives, so they are never freed).
+//! Registration: one domain object per domain of the op catalogue, made once per process and
+//! added to every `SessionOptions` that loads the library (the runtime keeps pointers to the
+//! domains and their ops for as long as any session lives, so they are never freed).
 
 use std::ffi::CStr;
 use std::sync::{Mutex, OnceLock};
 
 use ort_sys as sys;
 
+use super::api::{boundary, new_status, API_VERSION};
+use super::{Api, OpDescriptor, OpSpec};
 use crate::error::{Error, Result};
-use crate::ffi::api::API_VERSION;
-use crate::ffi::op::{registration_panic, too_old_status};
-use crate::ffi::{Api, OpDescriptor, OpSpec};
-use crate::ops;
 
-/// Every op the library registers, by domain.
-pub fn domains() -> Vec<(&'static CStr, Vec<&'static dyn OpSpec>)> {
-    vec![
-        (
-            c"ai.onnx.preview.training",
-            vec![&ops::adam::Adam as &'static dyn OpSpec, &ops::adagrad::Adagrad, &ops::momentum::Momentum],
-        ),
-        (
-            c"com.trainops",
-            [
-                &ops::philox::Philox as &'static dyn OpSpec,
-                &ops::random::PhiloxDropout,
-                &ops::mixed::MixedPrecisionAdam,
-                &ops::mixed::DynamicLossScale,
-                &ops::mixed::AllFinite,
-            ]
-            .into_iter()
-            .chain(ops::random::DIST_OPS.iter().map(|op| *op as &'static dyn OpSpec))
-            .collect(),
-        ),
-        (c"com.trainops.bench", vec![&ops::ceiling::MemoryCeiling as &'static dyn OpSpec]),
-    ]
+/// One custom-op domain of the catalogue: its name and its ops.
+pub struct Domain {
+    /// The domain's name, e.g. `ai.onnx.preview.training`.
+    pub name: &'static CStr,
+    /// Its ops.
+    pub ops: Vec<&'static dyn OpSpec>,
 }
 
 struct Domains(Vec<*mut sys::OrtCustomOpDomain>);
@@ -46,21 +28,21 @@ unsafe impl Send for Domains {}
 static API: OnceLock<Api> = OnceLock::new();
 static DOMAINS: Mutex<Option<Domains>> = Mutex::new(None);
 
-/// The API table of the runtime that loaded the library, once `RegisterCustomOps` ran.
+/// The API table of the runtime that loaded the library, once registration ran.
 pub fn api() -> Option<Api> {
     API.get().copied()
 }
 
-fn create_domains(api: Api) -> Result<Domains> {
+fn create_domains(api: Api, catalogue: Vec<Domain>) -> Result<Domains> {
     let raw = api.raw();
     let mut made = Vec::new();
-    for (name, specs) in domains() {
+    for Domain { name, ops } in catalogue {
         let mut domain: *mut sys::OrtCustomOpDomain = core::ptr::null_mut();
         // SAFETY: a valid NUL-terminated name and out pointer.
         api.check("trainops", "CreateCustomOpDomain", unsafe {
             (raw.CreateCustomOpDomain)(name.as_ptr(), &mut domain)
         })?;
-        for spec in specs {
+        for spec in ops {
             let op = OpDescriptor::leak(spec);
             // SAFETY: `domain` was just created; `op` is leaked, so it outlives the domain.
             api.check("trainops", "CustomOpDomain_Add", unsafe { (raw.CustomOpDomain_Add)(domain, op.as_raw()) })?;
@@ -70,11 +52,11 @@ fn create_domains(api: Api) -> Result<Domains> {
     Ok(Domains(made))
 }
 
-fn register(options: *mut sys::OrtSessionOptions, api: Api) -> Result<()> {
+fn add_domains(options: *mut sys::OrtSessionOptions, api: Api, catalogue: fn() -> Vec<Domain>) -> Result<()> {
     let _ = API.set(api);
     let mut guard = DOMAINS.lock().unwrap_or_else(|p| p.into_inner());
     if guard.is_none() {
-        *guard = Some(create_domains(api)?);
+        *guard = Some(create_domains(api, catalogue())?);
     }
     let domains = guard.as_ref().map(|d| d.0.clone()).unwrap_or_default();
     drop(guard);
@@ -85,25 +67,27 @@ fn register(options: *mut sys::OrtSessionOptions, api: Api) -> Result<()> {
     Ok(())
 }
 
-/// The library's entry point: registers every trainops domain on `options`.
+/// The body of `RegisterCustomOps`: registers every domain of `catalogue` (called once per
+/// process) on `options`, inside the panic boundary.
 ///
 /// Returns an error status (never aborts) when the runtime is older than 1.17, when an
 /// argument is null, or when the runtime refuses a domain (for instance when the library is
 /// registered twice on one `SessionOptions`).
 ///
 /// # Safety
-/// Called by ONNX Runtime with its `OrtApiBase` and a valid `OrtSessionOptions`.
-#[no_mangle]
-pub unsafe extern "C" fn RegisterCustomOps(
+/// `api_base` is null or the runtime's `OrtApiBase`; `options` is null or a valid
+/// `OrtSessionOptions` of that runtime.
+pub unsafe fn register_custom_ops(
     options: *mut sys::OrtSessionOptions,
     api_base: *const sys::OrtApiBase,
+    catalogue: fn() -> Vec<Domain>,
 ) -> sys::OrtStatusPtr {
     if api_base.is_null() {
         // No API to make an error status with; the runtime never passes null, so this only
         // happens when called by hand, wrongly: register nothing.
         return sys::OrtStatusPtr::default();
     }
-    let outcome = std::panic::catch_unwind(|| {
+    boundary(api(), "trainops", || {
         // SAFETY: the runtime passes its own OrtApiBase, valid for the process.
         let base = unsafe { &*api_base };
         // SAFETY: GetApi may be called with any version; it returns null when unsupported.
@@ -116,8 +100,11 @@ pub unsafe extern "C" fn RegisterCustomOps(
             if v1.is_null() {
                 return sys::OrtStatusPtr::default();
             }
+            let message = format!(
+                "trainops needs ONNX Runtime 1.17 or newer (C API version {API_VERSION}); this process runs ONNX Runtime {version}"
+            );
             // SAFETY: checked non-null above.
-            return too_old_status(unsafe { &*v1 }, &version);
+            return new_status(unsafe { &*v1 }, sys::OrtErrorCode::ORT_FAIL, &message);
         }
         // SAFETY: non-null table of at least API_VERSION, owned by the runtime.
         let api = unsafe { Api::from_raw(table) };
@@ -127,15 +114,9 @@ pub unsafe extern "C" fn RegisterCustomOps(
                 what: "RegisterCustomOps called with null SessionOptions".into(),
             });
         }
-        match register(options, api) {
+        match add_domains(options, api, catalogue) {
             Ok(()) => sys::OrtStatusPtr::default(),
             Err(e) => api.status(&e),
         }
-    });
-    outcome.unwrap_or_else(|payload| match api() {
-        Some(api) => {
-            crate::ffi::api::new_status(api.raw(), sys::OrtErrorCode::ORT_FAIL, &registration_panic(&*payload))
-        }
-        None => sys::OrtStatusPtr::default(),
     })
 }

@@ -14,6 +14,7 @@ pub mod reference;
 mod x86;
 
 use crate::parallel::for_each_item;
+use crate::simd::Isa;
 use crate::Parallelism;
 
 /// Multiplier of counter word 0.
@@ -27,11 +28,10 @@ pub const W1: u32 = 0xBB67_AE85;
 /// Rounds per block.
 pub const ROUNDS: usize = 10;
 
-/// Output words per task when a call's work is spread over threads (a multiple of 4, so
-/// every task starts on a block boundary).
-pub const CHUNK: usize = 1 << 15;
-/// Below this many output words, everything runs on the calling thread.
-pub const SERIAL_BELOW: usize = 1 << 16;
+/// Output words per task when a call's work is spread over threads (the kernels' shared
+/// [`crate::parallel::CHUNK`], a multiple of 4, so every task starts on a block boundary),
+/// and the output length below which everything runs on the calling thread.
+pub use crate::parallel::{CHUNK, SERIAL_BELOW};
 
 const _: () = assert!(CHUNK.is_multiple_of(4));
 
@@ -74,43 +74,34 @@ pub fn fill(state: &[u32; 6], out: &mut [u32], par: &dyn Parallelism) -> [u32; 6
 ///
 /// When `level` is not available on this CPU (see [`Level::is_available`]).
 pub fn fill_with(level: Level, state: &[u32; 6], out: &mut [u32], par: &dyn Parallelism) -> [u32; 6] {
-    let kernel = Kernel::new(level).unwrap_or_else(|| panic!("philox: {level:?} is not available on this CPU"));
+    let isa = level.isa().unwrap_or_else(|| panic!("philox: {level:?} is not available on this CPU"));
     let (counter, key) = (counter_of(state), [state[4], state[5]]);
     if out.len() < SERIAL_BELOW {
-        kernel.run(counter, key, out);
+        run(isa, counter, key, out);
     } else {
         let items: Vec<(u128, &mut [u32])> = out
             .chunks_mut(CHUNK)
             .enumerate()
             .map(|(i, chunk)| (counter.wrapping_add(blocks_for(i * CHUNK)), chunk))
             .collect();
-        for_each_item(par, items, |(counter, chunk)| kernel.run(counter, key, chunk));
+        for_each_item(par, items, |(counter, chunk)| run(isa, counter, key, chunk));
     }
     advance(state, blocks_for(out.len()))
 }
 
-/// A level checked to be available; only [`Kernel::new`] makes one.
-#[derive(Debug, Clone, Copy)]
-struct Kernel(Level);
-
-impl Kernel {
-    fn new(level: Level) -> Option<Self> {
-        level.is_available().then_some(Self(level))
-    }
-
-    /// Fills `out` with the blocks of counters `counter, counter + 1, ..` under `key`.
-    fn run(self, counter: u128, key: [u32; 2], out: &mut [u32]) {
-        match self.0 {
-            Level::Scalar => fill_scalar(counter, key, out),
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Kernel::new` checked that the CPU has AVX2.
-            Level::Avx2 => unsafe { x86::fill_avx2(counter, key, out) },
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: `Kernel::new` checked that the CPU has AVX-512F.
-            Level::Avx512 => unsafe { x86::fill_avx512(counter, key, out) },
-            #[cfg(not(target_arch = "x86_64"))]
-            Level::Avx2 | Level::Avx512 => unreachable!("SIMD levels are never available off x86_64"),
-        }
+/// Fills `out` with the blocks of counters `counter, counter + 1, ..` under `key`, with the
+/// kernel of `isa`.
+fn run(isa: Isa, counter: u128, key: [u32; 2], out: &mut [u32]) {
+    match isa {
+        Isa::Scalar => philox_scalar(counter, key, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX2.
+        Isa::Avx2(token) => unsafe { x86::philox_avx2(token, counter, key, out) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX-512F.
+        Isa::Avx512(token) => unsafe { x86::philox_avx512(token, counter, key, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2(_) | Isa::Avx512(_) => unreachable!("SIMD levels are never available off x86_64"),
     }
 }
 
@@ -143,7 +134,7 @@ fn block(counter: [u32; 4], keys: &[[u32; 2]; ROUNDS]) -> [u32; 4] {
 }
 
 /// The portable kernel.
-fn fill_scalar(counter: u128, key: [u32; 2], out: &mut [u32]) {
+fn philox_scalar(counter: u128, key: [u32; 2], out: &mut [u32]) {
     let keys = round_keys(key);
     let mut counter = counter;
     for chunk in out.chunks_mut(4) {
