@@ -10,7 +10,7 @@ size runs in one process, interleaved, and is reported as a ratio to a baseline 
 - :mod:`.yardsticks`: peers with a target's memory traffic and no work (memset,
   ``com.trainops.bench::MemoryCeiling``);
 - one module per target, each defining ``TARGET`` (a :class:`Target`): :mod:`.adam`,
-  :mod:`.philox`.
+  :mod:`.philox`, :mod:`.distributions` (target ``random``).
 
 Adding a target is one module here that defines ``TARGET = Target(name, help, build,
 add_arguments, default_sizes, after)``, where ``build(nbytes, args)`` returns the
@@ -35,6 +35,7 @@ __all__ = [
 TARGETS: dict[str, str] = {
     "philox": "philox",
     "adam": "adam",
+    "random": "distributions",
 }
 
 
