@@ -2,7 +2,7 @@
 //! exact by construction) and the split of an output into pieces that each start at their
 //! own counter offset.
 //!
-//! A piece is generated a sub-chunk at a time: [`SUB`] elements' words go into a 16 KiB
+//! A piece is generated a sub-chunk at a time: [`SUB`] elements' words go into a 28 KiB
 //! buffer (L1-resident) with Philox's own kernel, then a conversion loop turns them into
 //! values. Pieces of [`CHUNK`] elements run as tasks of the caller's [`Parallelism`] once an
 //! output has [`SERIAL_BELOW`] elements.
@@ -12,14 +12,16 @@ use half::{bf16, f16};
 use super::philox::{self, Level};
 use crate::parallel::{for_each_item, Parallelism, Sequential, Splittable};
 
-/// Elements per threaded task (the kernels' shared chunk, a multiple of [`SUB`], so every
-/// task starts on a block), and the length below which everything runs on the calling thread.
+/// Elements per threaded task (the kernels' shared chunk, a multiple of 4, so every task
+/// starts on a block), and the length below which everything runs on the calling thread.
 pub use crate::parallel::{CHUNK, SERIAL_BELOW};
-/// Elements per word buffer (at most four words each: 16 KiB).
-pub const SUB: usize = 1024;
+/// Elements per word buffer (at most four words each: 28 KiB, L1-resident). A multiple of
+/// 224 words (Philox's AVX-512 batch of 56 blocks; 7 AVX2 batches of 8 blocks), so that a
+/// sub-chunk's words are whole batches and none is computed only to be thrown away.
+pub const SUB: usize = 1792;
 const BUF_WORDS: usize = 4 * SUB;
 
-const _: () = assert!(CHUNK.is_multiple_of(SUB) && SUB.is_multiple_of(4));
+const _: () = assert!(SUB.is_multiple_of(224) && CHUNK.is_multiple_of(4));
 
 /// `f32(x)`: uniform in `[0, 1)` from the low 23 bits.
 #[inline(always)]
