@@ -7,6 +7,10 @@
 //! Since `f32(x)` is `(x & 0x7FFFFF) / 2^23`, the comparison is the integer one
 //! `(x & 0x7FFFFF) >= ceil(ratio * 2^23)` ([`keep_from`]), which the SIMD loops use.
 
+use core::ops::Mul;
+
+use half::{bf16, f16};
+
 use super::draw::{f32_of, for_each_sub, split, Words};
 use super::philox::{self, reference as philox_ref, Level};
 use super::uniform::Half;
@@ -14,7 +18,6 @@ use crate::parallel::Splittable;
 use crate::simd::Isa;
 use crate::stream::Access;
 use crate::{InOut, KernelError, Parallelism};
-use half::{bf16, f16};
 
 /// The bits of a word that make its float32 uniform.
 pub const MANTISSA: u32 = 0x007F_FFFF;
@@ -208,7 +211,7 @@ fn mask_into(words: &[u32], mask: &mut [bool], from: u32) {
 
 fn drop_f32(isa: Isa, words: &[u32], data: InOut<'_, f32>, from: u32, scale: f32) {
     match isa {
-        Isa::Scalar => dropout_f32_scalar(words, data, from, scale),
+        Isa::Scalar => dropout_scalar(words, data, from, scale),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the token proves the CPU has AVX2.
         Isa::Avx2(token) => unsafe { super::x86::dropout_f32_avx2(token, words, data, from, scale) },
@@ -222,7 +225,7 @@ fn drop_f32(isa: Isa, words: &[u32], data: InOut<'_, f32>, from: u32, scale: f32
 
 fn drop_f64(isa: Isa, words: &[u32], data: InOut<'_, f64>, from: u32, scale: f64) {
     match isa {
-        Isa::Scalar => dropout_f64_scalar(words, data, from, scale),
+        Isa::Scalar => dropout_scalar(words, data, from, scale),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the token proves the CPU has AVX2.
         Isa::Avx2(token) => unsafe { super::x86::dropout_f64_avx2(token, words, data, from, scale) },
@@ -234,19 +237,15 @@ fn drop_f64(isa: Isa, words: &[u32], data: InOut<'_, f64>, from: u32, scale: f64
     }
 }
 
-/// The portable float32 loop (also the SIMD loops' tails).
-pub(crate) fn dropout_f32_scalar(words: &[u32], mut data: InOut<'_, f32>, from: u32, scale: f32) {
+/// The portable loop (also the SIMD loops' tails), for float32 and float64 alike.
+pub(crate) fn dropout_scalar<T: Copy + Mul<Output = T> + From<u8>>(
+    words: &[u32],
+    mut data: InOut<'_, T>,
+    from: u32,
+    scale: T,
+) {
     for (i, &x) in words.iter().enumerate().take(data.len()) {
-        let factor = if x & MANTISSA >= from { 1.0 } else { 0.0 };
-        let v = data.get(i) * scale * factor;
-        data.set(i, v);
-    }
-}
-
-/// The portable float64 loop (also the SIMD loops' tails).
-pub(crate) fn dropout_f64_scalar(words: &[u32], mut data: InOut<'_, f64>, from: u32, scale: f64) {
-    for (i, &x) in words.iter().enumerate().take(data.len()) {
-        let factor = if x & MANTISSA >= from { 1.0 } else { 0.0 };
+        let factor = T::from(u8::from(x & MANTISSA >= from));
         let v = data.get(i) * scale * factor;
         data.set(i, v);
     }

@@ -5,7 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::dropout::{dropout_f32_scalar, dropout_f64_scalar, MANTISSA};
+use super::dropout::{dropout_scalar, MANTISSA};
 use super::uniform::{convert_f32_scalar, convert_f64_scalar, Bits};
 use crate::simd::{Avx2, Avx512};
 use crate::InOut;
@@ -118,7 +118,7 @@ pub(super) fn dropout_f32_avx2(_: Avx2, words: &[u32], mut data: InOut<'_, f32>,
         i += 8;
     }
     let (_, tail) = data.split_at(i);
-    dropout_f32_scalar(&words[i..n], tail, keep_from, scale);
+    dropout_scalar(&words[i..n], tail, keep_from, scale);
 }
 
 /// [`dropout_f32_scalar`] with AVX-512F, 16 elements a step.
@@ -142,7 +142,7 @@ pub(super) fn dropout_f32_avx512(_: Avx512, words: &[u32], mut data: InOut<'_, f
         i += 16;
     }
     let (_, tail) = data.split_at(i);
-    dropout_f32_scalar(&words[i..n], tail, keep_from, scale);
+    dropout_scalar(&words[i..n], tail, keep_from, scale);
 }
 
 /// [`dropout_f64_scalar`] with AVX2, 4 elements a step.
@@ -166,7 +166,7 @@ pub(super) fn dropout_f64_avx2(_: Avx2, words: &[u32], mut data: InOut<'_, f64>,
         i += 4;
     }
     let (_, tail) = data.split_at(i);
-    dropout_f64_scalar(&words[i..n], tail, keep_from, scale);
+    dropout_scalar(&words[i..n], tail, keep_from, scale);
 }
 
 /// [`dropout_f64_scalar`] with AVX-512F, 8 elements a step.
@@ -191,5 +191,5 @@ pub(super) fn dropout_f64_avx512(_: Avx512, words: &[u32], mut data: InOut<'_, f
         i += 8;
     }
     let (_, tail) = data.split_at(i);
-    dropout_f64_scalar(&words[i..n], tail, keep_from, scale);
+    dropout_scalar(&words[i..n], tail, keep_from, scale);
 }
