@@ -28,7 +28,10 @@ into the Philox ops. The node at position ``i`` of ``graph.node`` gets
 ``node_key(seed, i)`` is output ``i`` of SplitMix64 seeded with ``seed``: a bijection of
 ``seed + (i + 1) * 0x9E3779B97F4A7C15`` (mod 2^64), so one model's nodes never share a key and
 their streams never overlap. Dropout keeps ONNX's semantics: ``ratio`` (default 0.5),
-``training_mode`` (default false: output = data, mask all true) and the optional ``mask``.
+``training_mode`` (default false: output = data, mask all true) and the optional ``mask``;
+a ratio that is not float32 is cast to float32 (``PhiloxDropout`` declares it float). A
+random node's own ``seed`` attribute is dropped. Nodes inside subgraphs (``If``, ``Loop``,
+``Scan`` bodies) are left as they are.
 """
 
 from __future__ import annotations
