@@ -189,3 +189,26 @@ def test_a_model_without_random_nodes_is_unchanged():
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
     assert make_reproducible(m, 1).SerializeToString() == m.SerializeToString()
+
+
+def test_a_double_ratio_is_cast_to_float(make_session):
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [64])
+    nodes = [
+        helper.make_node("Constant", [], ["ratio"],
+                         value=helper.make_tensor("r", TensorProto.DOUBLE, [], [0.25])),
+        helper.make_node("Constant", [], ["train"],
+                         value=helper.make_tensor("t", TensorProto.BOOL, [], [True])),
+        helper.make_node("Dropout", ["x", "ratio", "train"], ["y"], name="drop"),
+    ]
+    m = helper.make_model(helper.make_graph(nodes, "g", [x], [y]),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    rm = make_reproducible(m, SEED)
+    assert [n.op_type for n in rm.graph.node] == ["Constant", "Constant", "Cast", "PhiloxDropout"]
+    data = np.arange(1, 65, dtype=np.float32)
+    out = make_session(rm).run(None, {"x": data})[0]
+    want, _, _ = ref.dropout(state(node_key(SEED, 2)), data, 0.25)
+    assert same_bits(out, want)
