@@ -338,3 +338,15 @@ def test_dropout_errors(make_session):
     with pytest.raises(Exception) as excinfo:
         make_session(dropout_model(np.float32, ratio=np.float64))
     assert "ratio" in _message(excinfo)
+
+
+def test_an_optional_input_named_empty_does_not_crash(make_session):
+    """ONNX Runtime up to 1.23 dereferences null building an inference context for a node
+    whose optional input is "": the library installs no inference callback there."""
+    from trainops.models import node_model
+
+    model = node_model("PhiloxUniform", [("state", np.uint32, [6])], [("output", np.float32, [4])],
+                       domain="com.trainops", shape=[4])
+    model.graph.node[0].input.append("")
+    out = make_session(model).run(None, {"state": np.zeros(6, np.uint32)})[0]
+    assert same_bits(out, ref.uniform(np.zeros(6, np.uint32), 4)[0])

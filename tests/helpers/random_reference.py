@@ -16,11 +16,11 @@ FLOAT, FLOAT16, DOUBLE, BFLOAT16 = 1, 10, 11, 16
 
 def typed_outputs_supported() -> bool:
     """Whether the installed onnxruntime can give PhiloxUniform/PhiloxNormal an output type
-    other than float: 1.19+ types a custom op's output from its inference callback; 1.17 and
-    1.18 take the first registered kernel's type (README, PhiloxUniform)."""
+    other than float: the library sets it from an inference callback on onnxruntime 1.24+
+    only (older ones ignore the type or crash on a "" optional input; README, PhiloxUniform)."""
     import onnxruntime as ort
 
-    return tuple(int(p) for p in ort.__version__.split(".")[:2]) >= (1, 19)
+    return tuple(int(p) for p in ort.__version__.split(".")[:2]) >= (1, 24)
 
 
 def skip_unless_typed(elem: int) -> None:
@@ -28,7 +28,7 @@ def skip_unless_typed(elem: int) -> None:
         import onnxruntime as ort
 
         pytest.skip(f"onnxruntime {ort.__version__} gives PhiloxUniform/PhiloxNormal float outputs "
-                    "only (non-float outputs need onnxruntime 1.19+)")
+                    "only (non-float outputs need onnxruntime 1.24+)")
 
 
 def counter(state) -> int:
