@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from typing import Any, Mapping, Sequence
 
@@ -34,6 +35,7 @@ from .autodiff import GradientError, build_backward, infer
 from .autodiff.backward import default_opset, toposort
 from .autodiff.graph import Builder
 from .onnx_defs import TRAINING_DOMAIN, TRAINOPS_DOMAIN
+from .random import RANDOM_OPS, _seed_bits, make_reproducible
 
 __all__ = ["Trainer"]
 
@@ -74,9 +76,9 @@ def _to_fp16_graph(graph: onnx.GraphProto, params: list[str], data_inputs: list[
             if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == TensorProto.FLOAT:
                 a.t.CopyFrom(numpy_helper.from_array(
                     numpy_helper.to_array(a.t).astype(np.float16), a.t.name))
-    nodes = pre + list(graph.node)
-    del graph.node[:]
-    graph.node.extend(nodes)
+    # The casts go last so the model's nodes keep their positions (Philox node keys depend
+    # on them); the caller sorts the graph before inferring it.
+    graph.node.extend(pre)
     return copies
 
 
@@ -104,7 +106,17 @@ class Trainer:
       new parameters;
     - ``collective_timeout``: seconds a collective may take before
       :class:`trainops.distributed.CollectiveTimeout` (default 300, or
-      ``$TRAINOPS_COLLECTIVE_TIMEOUT``).
+      ``$TRAINOPS_COLLECTIVE_TIMEOUT``);
+    - ``seed``: the 64-bit seed of the random nodes. In the training graph every
+      ``Dropout`` runs in training mode (as PyTorch's ``model.train()``) as
+      ``com.trainops::PhiloxDropout``, and ``RandomUniform``/``RandomNormal`` become
+      ``PhiloxUniform``/``PhiloxNormal`` (:func:`trainops.random.make_reproducible`): the
+      node at position ``i`` of the model's ``graph.node`` draws from the key
+      ``trainops.random.node_key(seed, i)`` from counter 0, its state threaded through the
+      steps in place. The same seed gives bit-identical runs for any thread count. Without
+      ``seed`` a fresh one is drawn from the OS (as PyTorch does), kept as ``seed``; with
+      ``comm``, rank 0's. With ``comm``, rank ``r`` keys its nodes with
+      ``trainops.distributed.rank_seed(seed, r)`` instead of ``seed`` (rank 0: ``seed``).
 
     Every other graph input is data, fed to :meth:`step`.
     """
@@ -130,8 +142,7 @@ class Trainer:
             raise ValueError("policy 'mixed_float16' uses MixedPrecisionAdam: the optimizer "
                              f"must be Adam, got {self.optimizer.op_type}")
         if seed is not None:
-            raise NotImplementedError("seed= threads a Philox state through Dropout, which "
-                                      "waits for com.trainops::PhiloxDropout")
+            _seed_bits(seed)  # TypeError / ValueError for a seed that is not a 64-bit int
         self.shard_optimizer = bool(shard_optimizer)
         self._dist = None
         if comm is not None:
@@ -147,6 +158,13 @@ class Trainer:
         elif shard_optimizer:
             raise ValueError("shard_optimizer=True needs comm= (an mpi4py communicator)")
         self.threads = threads
+        if seed is None:  # as PyTorch: a fresh seed per run, kept so the run can be repeated
+            seed = secrets.randbits(64)
+            if self._dist is not None:  # every rank needs the same one: rank 0's
+                buf = np.array([seed], np.uint64)
+                self._dist.bcast_(buf, "the Bcast of the default seed")
+                seed = int(buf[0])
+        self.seed = int(seed)
         g = self._model.graph
         if loss not in {o for n in g.node for o in n.output} | {i.name for i in g.input}:
             raise ValueError(f"loss {loss!r} is not a tensor of the model")
@@ -172,8 +190,8 @@ class Trainer:
     def _backward(self):
         """The forward graph with the backward pass appended: (graph, nodes, gradient
         names in param order, inferred graph, param types, initial values, float16
-        copies, loss type)."""
-        src = self._model
+        copies, loss type). Random nodes become Philox ops (:meth:`_philox`)."""
+        src = self._training_source()
         opset = default_opset(src)
         inferred = infer(src).graph
         ptypes = {}
@@ -201,6 +219,8 @@ class Trainer:
             inferred_src = onnx.ModelProto()
             inferred_src.CopyFrom(src)
             inferred_src.graph.CopyFrom(g)
+            del inferred_src.graph.node[:]
+            inferred_src.graph.node.extend(toposort(list(g.node), {i.name for i in g.input}))
             for p, c in copies.items():
                 inferred_src.graph.input.append(helper.make_tensor_value_info(
                     c, TensorProto.FLOAT16, list(values[p].shape)))
@@ -218,8 +238,74 @@ class Trainer:
             if b.shape(loss) not in (None, []):
                 seed = b.op("Expand", [seed, b.op("Shape", [loss])])
         b, grads = build_backward(inferred, opset, loss, wrt, seed=seed, builder=b)
-        nodes = list(g.node) + list(b.nodes)
+        nodes = self._philox(src, g, inferred) + list(b.nodes)
         return g, nodes, grads, inferred, ptypes, values, copies, loss_t
+
+    def _training_source(self) -> onnx.ModelProto:
+        """The model with every Dropout of its main graph in training mode (as PyTorch's
+        ``model.train()``: ``training_mode`` a constant true) and with a mask output, which
+        its gradient uses. Node positions are kept (they give the Philox node keys)."""
+        m = onnx.ModelProto()
+        m.CopyFrom(self._model)
+        drops = [n for n in m.graph.node
+                 if n.op_type == "Dropout" and n.domain in ("", "ai.onnx")]
+        if not drops:
+            return m
+        if default_opset(m) < 12:
+            raise GradientError(f"Dropout before opset 12 (this model imports opset "
+                                f"{default_opset(m)}) has no training mode: export the model "
+                                "with opset 12 or later to train it")
+        on = f"{_P}/training_mode"
+        m.graph.initializer.append(numpy_helper.from_array(np.array(True), on))
+        for k, n in enumerate(drops):
+            ins = list(n.input) + [""] * (3 - len(n.input))
+            ins[2] = on
+            outs = list(n.output) + [""] * (2 - len(n.output))
+            if not outs[1]:
+                outs[1] = f"{_P}/dropout_mask/{k}"
+            del n.input[:], n.output[:]
+            n.input.extend(ins)
+            n.output.extend(outs)
+        return m
+
+    def _philox(self, src: onnx.ModelProto, g: onnx.GraphProto, inferred) -> list:
+        """The forward nodes of ``g`` with its random nodes (Dropout, RandomUniform,
+        RandomNormal) rewritten by :func:`trainops.random.make_reproducible` into the Philox
+        ops, keyed by ``seed`` (with ``comm``: by :func:`trainops.distributed.rank_seed`
+        of it and the rank). Each state becomes a graph input of ``g`` (fed from a buffer
+        the session updates in place); ``self._rng`` lists (state input, state output,
+        initial state)."""
+        self._rng = []
+        if not any(n.op_type in RANDOM_OPS and n.domain in ("", "ai.onnx") for n in g.node):
+            return list(g.node)
+        m = onnx.ModelProto()
+        m.CopyFrom(src)
+        m.graph.CopyFrom(g)
+        declared = {v.name for v in m.graph.value_info}
+        m.graph.value_info.extend(v for v in inferred.value_info if v.name not in declared)
+        key_seed = self.seed
+        if self._dist is not None:
+            from .distributed import rank_seed
+
+            key_seed = rank_seed(self.seed, self._dist.rank)
+        r = make_reproducible(m, key_seed)
+        had_in = {i.name for i in m.graph.input}
+        new_in = [i for i in r.graph.input if i.name not in had_in]
+        new_out = [o.name for o in r.graph.output if o.name not in {o.name for o in m.graph.output}]
+        inits = {i.name: i for i in r.graph.initializer}
+        for vi, out in zip(new_in, new_out):
+            self._rng.append((vi.name, out, numpy_helper.to_array(inits[vi.name])))
+        states = {vi.name for vi in new_in}
+        have = {i.name for i in g.initializer}
+        g.initializer.extend(i for i in r.graph.initializer
+                             if i.name not in have and i.name not in states)
+        g.input.extend(new_in)
+        # The Philox ops' outputs keep the types make_reproducible declares for them.
+        rewritten = {o for n in r.graph.node if n.domain == TRAINOPS_DOMAIN for o in n.output}
+        keep = [v for v in g.value_info if v.name not in rewritten]
+        del g.value_info[:]
+        g.value_info.extend(keep + [v for v in r.graph.value_info if v.name in rewritten])
+        return list(r.graph.node)
 
     def _build(self) -> None:
         src = self._model
@@ -268,6 +354,7 @@ class Trainer:
                 name=f"{_P}/{opt.op_type.lower()}", **opt.attributes()))
             outs = []
         self._aliases += [(p, new[p]) for p in ps] + list(zip(state_in, state_out))
+        self._aliases += [(i, o) for i, o, _ in self._rng]
 
         r_type = TensorProto.DOUBLE if any(ptypes[p] == TensorProto.DOUBLE for p in ps) \
             and not mixed else TensorProto.FLOAT
@@ -300,7 +387,7 @@ class Trainer:
         self._loss_out = loss_out
         domains = {o.domain: o.version for o in src.opset_import}
         domains[TRAINING_DOMAIN] = 1
-        if mixed:
+        if mixed or self._rng:
             domains[TRAINOPS_DOMAIN] = 1
         m = helper.make_model(g, opset_imports=[helper.make_opsetid(d, v) for d, v in domains.items()],
                               producer_name="trainops.Trainer")
@@ -352,11 +439,15 @@ class Trainer:
             seen.add(name)
             self._grad_outputs.append(name)
             g.output.append(helper.make_tensor_value_info(name, ptype, list(values[p].shape)))
+        for _, out, _ in self._rng:
+            g.output.append(helper.make_tensor_value_info(out, TensorProto.UINT32, [6]))
         available = {i.name for i in g.input} | {i.name for i in g.initializer}
         del g.node[:]
         g.node.extend(toposort(nodes, available))
-        m = helper.make_model(g, opset_imports=list(src.opset_import),
-                              producer_name="trainops.Trainer")
+        imports = list(src.opset_import)
+        if self._rng and not any(o.domain == TRAINOPS_DOMAIN for o in imports):
+            imports.append(helper.make_opsetid(TRAINOPS_DOMAIN, 1))
+        m = helper.make_model(g, opset_imports=imports, producer_name="trainops.Trainer")
         m.ir_version = src.ir_version
         self.gradient_model = m
 
@@ -412,12 +503,13 @@ class Trainer:
         # Every rank starts from rank 0's parameters, and all must have the same layout.
         import zlib
 
-        sig = [total, padded, zlib.crc32(self.gradient_model.SerializeToString())]
+        sig = [total, padded, zlib.crc32(self.gradient_model.SerializeToString()),
+               int(np.array(self.seed & (2**64 - 1), np.uint64).view(np.int64))]
         sigs = d.allgather_values(sig, "the model check (Allgather)")
         bad = [r for r in range(d.size) if list(sigs[r]) != list(sigs[0])]
         if bad:
             raise ValueError(f"rank {d.rank}: ranks {bad} built a different training model "
-                             "than rank 0 (model, params, optimizer or policy differ)")
+                             "than rank 0 (model, params, optimizer, policy or seed differ)")
         d.bcast_(self._flat_params, "the initial Bcast of the parameters")
         d.seconds = 0.0
         self._arrays: dict[str, np.ndarray] = {}
@@ -450,6 +542,12 @@ class Trainer:
         lv = val(self._loss_buf)
         keep.append(lv)
         gb.bind_ortvalue_output(self.loss_name, lv)
+        for name, out, initial in self._rng:  # this rank's Philox states, updated in place
+            self._arrays[name] = initial.copy()
+            sv = val(self._arrays[name])
+            keep.append(sv)
+            gb.bind_ortvalue_input(name, sv)
+            gb.bind_ortvalue_output(out, sv)
 
         # The optimizer session: this rank's slice (or all) of params, grads and state.
         lo = d.rank * shard if self.shard_optimizer else 0
@@ -570,6 +668,8 @@ class Trainer:
             put(f"{_P}/good_steps", np.array([0], np.int64))
             for p in ps:
                 put(f"{_P}/{p}/float16", self._initial[p].astype(np.float16))
+        for name, _, initial in self._rng:
+            put(name, initial)
         self.T = 1
         self.lr = float(self.optimizer.lr)
         self.skipped = 0
@@ -646,9 +746,16 @@ class Trainer:
 
     def export(self) -> onnx.ModelProto:
         """The original model (inference graph, loss included) with the trained weights:
-        no trainops op, so plain onnxruntime runs it."""
+        no trainops op, so plain onnxruntime runs it. Its Dropout nodes are plain ONNX
+        ``Dropout`` in inference mode (as PyTorch's ``model.eval()``): any
+        ``training_mode`` input is removed, so they pass their input through."""
         m = onnx.ModelProto()
         m.CopyFrom(self._model)
+        for n in m.graph.node:
+            if n.op_type == "Dropout" and n.domain in ("", "ai.onnx") and len(n.input) > 2:
+                ins = list(n.input[:2])
+                del n.input[:]
+                n.input.extend(ins)
         params = self.parameters()
         for init in m.graph.initializer:
             if init.name in params:
@@ -658,17 +765,20 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------------
     def save(self, path) -> None:
         """A checkpoint (``.npz``): the model, the weights, the optimizer state, the update
-        count, the learning rate and the loss scale. :meth:`load` resumes from it.
+        count, the learning rate, the loss scale, the seed and the Philox states of the
+        random nodes. :meth:`load` resumes from it, bit for bit.
 
         With ``comm`` (not sharded) every rank holds the whole state: rank 0 writing the
-        file is enough, and a one-process Trainer can resume from it. Checkpoints of a
+        file is enough, and a one-process Trainer can resume from it (the Philox states
+        saved are the writing rank's own: a one-process run resumed from rank 0's file
+        continues rank 0's streams, as rank 0 and one process share them). Checkpoints of a
         ``shard_optimizer`` trainer are not implemented yet."""
         if self.shard_optimizer:
             raise NotImplementedError("save() of a shard_optimizer trainer: each rank holds "
                                       "1/N of the optimizer state; not implemented yet")
         config = {"loss": self.loss_name, "optimizer": self.optimizer.to_dict(),
                   "params": self.param_names, "policy": self.policy, "T": self.T,
-                  "lr": self.lr, "skipped": self.skipped}
+                  "lr": self.lr, "skipped": self.skipped, "seed": self.seed}
         arrays = {f"value:{k}": v for k, v in self._arrays.items()}
         arrays["model"] = np.frombuffer(self._model.SerializeToString(), np.uint8)
         arrays["config"] = np.frombuffer(json.dumps(config).encode(), np.uint8)
@@ -685,7 +795,7 @@ class Trainer:
                  "skipped": config["skipped"]}
         return cls(model, config["loss"], _optim.from_dict(config["optimizer"]),
                    params=config["params"], policy=config["policy"], threads=threads,
-                   _state=state)
+                   seed=config.get("seed"), _state=state)
 
     def _restore(self, state) -> None:
         for name, arr in state["values"].items():
