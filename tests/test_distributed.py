@@ -123,6 +123,53 @@ def test_repeated_run_is_bit_identical(runs, opt, n):
                     z[f"shard{shard}_rep1_{what}"].tobytes()
 
 
+@pytest.fixture(scope="module")
+def dropout_runs(library_path, tmp_path_factory):
+    """[rank 0's npz, rank 1's] of the seeded Dropout MLP trained on 2 ranks (plain and
+    sharded, each twice)."""
+    out = tmp_path_factory.mktemp("dist_dropout")
+    p, _ = mpirun(2, [str(WORKER), str(out), "dropout"], library_path)
+    assert p.returncode == 0, f"mpirun -n 2 failed:\n{p.stdout}\n{p.stderr}"
+    return [dict(np.load(out / f"dropout_n2_rank{r}.npz")) for r in range(2)]
+
+
+def test_dropout_run_repeated_with_the_same_world_size_is_bit_identical(dropout_runs):
+    for z in dropout_runs:
+        for shard in (0, 1):
+            for what in ("losses", "params", "states"):
+                assert z[f"shard{shard}_rep0_{what}"].tobytes() == \
+                    z[f"shard{shard}_rep1_{what}"].tobytes(), (shard, what)
+
+
+def test_dropout_parameters_identical_on_every_rank_after_every_step(dropout_runs):
+    for shard in (0, 1):
+        a, b = (z[f"shard{shard}_rep0_params"] for z in dropout_runs)
+        assert a.tobytes() == b.tobytes()
+        assert len(a) == dist_worker.STEPS and np.isfinite(a).all()
+
+
+def test_dropout_ranks_draw_from_their_own_keys(dropout_runs):
+    """Rank r's Dropout state: key SplitMix64 output DROP_INDEX for the seed rank_seed(seed,
+    r) (the documented rules, written out here), counter advanced by the words of a step."""
+    seed, m = dist_worker.DROP_SEED, (1 << 64) - 1
+    per_step = dist_worker.B * dist_worker.SIZES[1] // 4  # words / 4 of one [B, 16] mask
+    keys = []
+    for r, z in enumerate(dropout_runs):
+        rs = seed if r == 0 else _splitmix64_finaliser((seed + r * 0xD1B54A32D192ED03) & m)
+        key = _splitmix64_finaliser((rs + (dist_worker.DROP_INDEX + 1) * 0x9E3779B97F4A7C15) & m)
+        keys.append(key)
+        states = z["shard0_rep0_states"]  # [step, node, 6]
+        assert states.shape == (dist_worker.STEPS, 1, 6)
+        for k in range(dist_worker.STEPS):
+            assert states[k, 0].tolist() == [(k + 1) * per_step, 0, 0, 0,
+                                             key & 0xFFFFFFFF, key >> 32]
+    assert keys[0] != keys[1]
+
+
+def test_dropout_default_seed_is_rank_0s_on_every_rank(dropout_runs):
+    assert int(dropout_runs[0]["default_seed"]) == int(dropout_runs[1]["default_seed"])
+
+
 @pytest.mark.parametrize("opt,n", CASES, ids=[f"{o}-{n}proc" for o, n in CASES])
 def test_sharded_optimizer_state_is_one_nth_per_rank(runs, opt, n):
     p = sum(int(np.prod(v.dims)) for v in mlp_model(sizes=dist_worker.SIZES).graph.initializer)

@@ -4,7 +4,8 @@ rank's shard of a fixed global batch and writes what it saw to <out>/<tag>_rank<
     mpirun -n N python dist_worker.py OUT SCENARIO [options]
 
 Scenarios: ``train`` (plain and sharded, each twice: per step the loss and the flat
-parameters), ``mismatch`` (rank 1 builds another model), ``hang`` (rank 1 stops itself with SIGSTOP at step 2; the others must raise
+parameters), ``dropout`` (the MLP with a Dropout, seeded, plain and sharded, each twice: per
+step the loss, the flat parameters and this rank's Philox state; and the default seed), ``mismatch`` (rank 1 builds another model), ``hang`` (rank 1 stops itself with SIGSTOP at step 2; the others must raise
 CollectiveTimeout), ``kill`` (rank 1 is killed with SIGKILL at step 2).
 """
 
@@ -41,16 +42,44 @@ def make_optimizer(name: str):
             "adagrad": optim.Adagrad(lr=0.1)}[name]
 
 
-def train(comm, shard: bool, opt: str, steps: int = STEPS, hook=None, timeout=None):
+DROP_RATIO = 0.4
+DROP_SEED = 2024
+
+
+def dropout_model():
+    """The test MLP with a Dropout (ratio DROP_RATIO) after its first Relu, at position
+    DROP_INDEX of graph.node."""
+    from onnx import helper, numpy_helper
+
+    m = mlp_model(sizes=SIZES)
+    g = m.graph
+    i = next(k for k, n in enumerate(g.node) if n.op_type == "Relu")
+    relu_out = g.node[i].output[0]
+    for n in g.node:
+        for j, name in enumerate(n.input):
+            if name == relu_out:
+                n.input[j] = "dropped"
+    g.node.insert(i + 1, helper.make_node("Dropout", [relu_out, "drop_ratio"], ["dropped"]))
+    g.initializer.append(numpy_helper.from_array(np.array(DROP_RATIO, np.float32), "drop_ratio"))
+    return m
+
+
+DROP_INDEX = 3  # MatMul, Add, Relu, Dropout
+
+
+def train(comm, shard: bool, opt: str, steps: int = STEPS, hook=None, timeout=None,
+          model=None, seed=None):
     n, r = comm.Get_size(), comm.Get_rank()
-    tr = Trainer(mlp_model(sizes=SIZES), "loss", make_optimizer(opt), threads=1, comm=comm,
-                 shard_optimizer=shard, collective_timeout=timeout)
-    losses, params = [], []
+    tr = Trainer(model or mlp_model(sizes=SIZES), "loss", make_optimizer(opt), threads=1,
+                 comm=comm, shard_optimizer=shard, collective_timeout=timeout, seed=seed)
+    losses, params, states = [], [], []
     for k, batch in enumerate(global_batches(n, steps)):
         if hook:
             hook(k)
         losses.append(tr.step({name: v[r * B:(r + 1) * B] for name, v in batch.items()}))
         params.append(np.concatenate([v.reshape(-1) for v in tr.parameters().values()]))
+        states.append([tr._arrays[name].copy() for name, _, _ in tr._rng])
+    tr.states = np.array(states, np.uint32)
     return tr, np.array(losses), np.array(params)
 
 
@@ -74,6 +103,20 @@ def main() -> int:
                 if not shard and rep == 0 and r == n - 1:
                     tr.save(out / f"ckpt_{opt}_n{n}.npz")  # the last rank's: all hold all
         np.savez(out / f"train_{opt}_n{n}_rank{r}.npz", **res)
+        return 0
+    if scenario == "dropout":
+        res = {}
+        for shard in (False, True):
+            for rep in (0, 1):
+                tr, losses, params = train(comm, shard, "adam", model=dropout_model(),
+                                           seed=DROP_SEED)
+                key = f"shard{int(shard)}_rep{rep}"
+                res[f"{key}_losses"] = losses
+                res[f"{key}_params"] = params
+                res[f"{key}_states"] = tr.states
+        unseeded = Trainer(dropout_model(), "loss", optim.Adam(), threads=1, comm=comm)
+        res["default_seed"] = np.array(unseeded.seed, np.uint64)
+        np.savez(out / f"dropout_n{n}_rank{r}.npz", **res)
         return 0
     if scenario == "mismatch":  # rank 1 builds another model: every rank refuses it
         sizes = SIZES if r != 1 else (8, 17, 16, 3)
