@@ -21,7 +21,10 @@ SplitMix64 mix of ``seed`` and ``r`` with the stream constant :data:`RANK_STREAM
 counter starting at 0. :func:`philox_state` is the 6-word state ``[c0, c1, c2, c3, k0,
 k1]`` of ``com.trainops::Philox`` for (seed, rank, counter), laid out as
 ``trainops.random.state(rank_seed(seed, rank), counter)``. Runs repeated with the same
-world size therefore draw the same numbers on every rank.
+world size therefore draw the same numbers on every rank. ``Trainer(..., seed=, comm=)``
+keys the random node at position ``i`` of the model (Dropout as ``PhiloxDropout``) with
+``trainops.random.node_key(rank_seed(seed, rank), i)``: each rank its own masks, rank 0 the
+one-process run's.
 """
 
 from __future__ import annotations
