@@ -9,53 +9,25 @@ from __future__ import annotations
 import numpy as np
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from helpers.checks import same_bits
 from helpers.random_reference import f32_of, make_state, words
 from helpers.references import momentum_step
+from test_trainer import H, N, data, mlp_model, numpy_loss_and_grads
 from trainops import optim
 from trainops.autodiff import GradientError
-from trainops.onnx_defs import IR_VERSION, ONNX_OPSET
 from trainops.trainer import Trainer
 
-D, H, C, N = 5, 8, 3, 16
 RATIO = 0.3
+SCALE = float(np.float32(1) / (np.float32(1) - np.float32(RATIO)))  # PhiloxDropout's float32
 DROP = 3  # the Dropout's position in graph.node
 PARAMS = ["w1", "b1", "w2", "b2"]
 
 
-def dropout_mlp(seed=0, training_mode=False, opset=ONNX_OPSET):
-    """x -> MatMul w1 -> Add b1 -> Relu -> Dropout(ratio 0.3) -> Gemm w2 b2 -> mean
-    softmax cross-entropy. ``training_mode``: the Dropout has a constant true training_mode
-    input (as a PyTorch export in training mode)."""
-    rng = np.random.default_rng(seed)
-    drop_in = ["a", "ratio"] + (["on"] if training_mode else [])
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
-             helper.make_node("Add", ["h", "b1"], ["h1"]),
-             helper.make_node("Relu", ["h1"], ["a"]),
-             helper.make_node("Dropout", drop_in, ["d"], name="drop"),
-             helper.make_node("Gemm", ["d", "w2", "b2"], ["logits"], transB=1),
-             helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "t"], ["loss"])]
-    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.5).astype(np.float32), n)
-             for n, s in [("w1", (D, H)), ("b1", (H,)), ("w2", (C, H)), ("b2", (C,))]]
-    inits.append(numpy_helper.from_array(np.array(RATIO, np.float32), "ratio"))
-    if training_mode:
-        inits.append(numpy_helper.from_array(np.array(True), "on"))
-    g = helper.make_graph(nodes, "dropout_mlp", [
-        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", D]),
-        helper.make_tensor_value_info("t", TensorProto.INT64, ["N"])],
-        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, []),
-         helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", C])], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
-    m.ir_version = IR_VERSION
-    return m
-
-
-def data(seed=1, n=N):
-    rng = np.random.default_rng(seed)
-    x = rng.standard_normal((n, D)).astype(np.float32)
-    return {"x": x, "t": rng.integers(0, C, n).astype(np.int64)}
+def dropout_mlp(training_mode=False, opset=None):
+    kw = {} if opset is None else {"opset": opset}
+    return mlp_model(dropout=RATIO, training_mode=training_mode, **kw)
 
 
 def trainer(seed, threads=1, model=None, **kw):
@@ -83,29 +55,6 @@ def contract_mask(seed: int, step: int, n: int = N) -> np.ndarray:
     return (u >= float(np.float32(RATIO))).reshape(n, H)
 
 
-def numpy_loss_and_grads(p, feeds, keep, training=True):
-    """float64 forward and backprop of dropout_mlp with a fixed keep mask (``training``
-    False: Dropout is the identity)."""
-    x = feeds["x"].astype(np.float64)
-    t = feeds["t"]
-    w1, b1, w2, b2 = (p[k].astype(np.float64) for k in PARAMS)
-    scale = float(np.float32(1) / (np.float32(1) - np.float32(RATIO))) if training else 1.0
-    h = x @ w1 + b1
-    a = np.maximum(h, 0)
-    d = a * scale * keep
-    z = d @ w2.T + b2
-    z = z - z.max(1, keepdims=True)
-    sm = np.exp(z) / np.exp(z).sum(1, keepdims=True)
-    n = len(t)
-    loss = -np.mean(np.log(sm[np.arange(n), t]))
-    dz = sm.copy()
-    dz[np.arange(n), t] -= 1
-    dz /= n
-    dd = dz @ w2
-    dh = dd * keep * scale * (h > 0)
-    return loss, {"w2": dz.T @ d, "b2": dz.sum(0), "w1": x.T @ dh, "b1": dh.sum(0)}
-
-
 def test_steps_match_numpy_backprop_with_the_contract_masks(library_path):
     pytest.importorskip("randomgen")
     seed = 1234
@@ -118,7 +67,7 @@ def test_steps_match_numpy_backprop_with_the_contract_masks(library_path):
     for step in range(3):
         keep = contract_mask(seed, step)
         assert 0.5 < keep.mean() < 0.9
-        ref_loss, grads = numpy_loss_and_grads(p, feeds, keep)
+        ref_loss, grads = numpy_loss_and_grads(p, feeds, keep, SCALE)
         assert tr.step(feeds) == pytest.approx(ref_loss, rel=1e-5)
         got = tr.parameters()
         st = tr.optimizer_state()
@@ -196,12 +145,12 @@ def test_export_is_plain_dropout_in_inference_mode(library_path):
     exported = tr.export()
     assert {n.domain for n in exported.graph.node} == {""}
     drop, = [n for n in exported.graph.node if n.op_type == "Dropout"]
-    assert list(drop.input) == ["a", "ratio"]
+    assert list(drop.input) == ["a0", "ratio"]
     sess = ort.InferenceSession(exported.SerializeToString(), providers=["CPUExecutionProvider"])
     feeds = data(seed=9)
     loss, logits = sess.run(["loss", "logits"], feeds)
     assert same_bits(logits, sess.run(["logits"], feeds)[0])
-    ref_loss, _ = numpy_loss_and_grads(tr.parameters(), feeds, 1.0, training=False)
+    ref_loss, _ = numpy_loss_and_grads(tr.parameters(), feeds)  # Dropout: identity
     assert float(loss) == pytest.approx(ref_loss, rel=1e-5)
 
 
@@ -226,3 +175,23 @@ def test_bad_seeds_and_old_dropout_are_clear_errors(library_path):
     del old.graph.node[3].input[1:]
     with pytest.raises(GradientError, match="Dropout before opset 12"):
         trainer(1, model=old)
+
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_default_params_leave_the_ratio_alone(library_path, policy):
+    """A Dropout's ratio initializer is a setting, not a weight (as in PyTorch). Trained on
+    request it gets a zero gradient (under mixed_float16 as a float16 copy, cast to float
+    for PhiloxDropout)."""
+    tr = Trainer(dropout_mlp(), "loss", optim.Adam(lr=0.01), threads=1, seed=2, policy=policy)
+    assert tr.param_names == PARAMS
+    explicit = Trainer(dropout_mlp(), "loss", optim.Adam(lr=0.01), params=PARAMS + ["ratio"],
+                       threads=1, seed=2, policy=policy)
+    for s in range(2):
+        loss, loss_explicit = tr.step(data(seed=s)), explicit.step(data(seed=s))
+        if policy == "float32":
+            assert loss == loss_explicit
+    assert explicit.parameters()["ratio"] == np.float32(RATIO)
+    if policy == "float32":
+        assert same_bits([explicit.parameters()[k] for k in PARAMS],
+                         list(tr.parameters().values()))

@@ -86,7 +86,8 @@ class Trainer:
     """Trains ``model`` (an ``onnx.ModelProto`` or path) whose scalar float output
     ``loss`` is minimised, in ONNX Runtime.
 
-    - ``params``: the initializers to train (default: every float initializer);
+    - ``params``: the initializers to train (default: every float initializer but those
+      that only serve as a Dropout's ratio);
     - ``optimizer``: :class:`trainops.optim.Adam` (default ``Adam()``), ``Adagrad`` or
       ``Momentum``;
     - ``policy``: ``"float32"`` (or ``"float64"`` for a float64 model), or
@@ -169,7 +170,12 @@ class Trainer:
         if loss not in {o for n in g.node for o in n.output} | {i.name for i in g.input}:
             raise ValueError(f"loss {loss!r} is not a tensor of the model")
         float_inits = _float_initializers(g)
-        self.param_names = list(float_inits if params is None else params)
+        if params is None:  # a Dropout's ratio is a setting, not a weight (as in PyTorch)
+            ratios = {n.input[1] for n in g.node if n.op_type == "Dropout" and len(n.input) > 1}
+            other = {i for n in g.node for k, i in enumerate(n.input)
+                     if not (n.op_type == "Dropout" and k == 1)}
+            params = [p for p in float_inits if p not in ratios or p in other]
+        self.param_names = list(params)
         missing = [p for p in self.param_names if p not in float_inits]
         if missing:
             raise ValueError(f"params {missing} are not float initializers of the model")
@@ -281,8 +287,11 @@ class Trainer:
         m = onnx.ModelProto()
         m.CopyFrom(src)
         m.graph.CopyFrom(g)
-        declared = {v.name for v in m.graph.value_info}
-        m.graph.value_info.extend(v for v in inferred.value_info if v.name not in declared)
+        # Types for make_reproducible: the inferred ones, and those of inputs g lacks yet
+        # (parameters, float16 copies).
+        declared = {v.name for v in list(m.graph.value_info) + list(m.graph.input)}
+        m.graph.value_info.extend(v for v in list(inferred.input) + list(inferred.value_info)
+                                  if v.name not in declared)
         key_seed = self.seed
         if self._dist is not None:
             from .distributed import rank_seed
