@@ -93,13 +93,17 @@ def test_state_is_a_graph_input_updated_in_place(library_path):
         assert [int(w) for w in buf] == [step * N * H // 4, 0, 0, 0] + [int(w) for w in initial[4:]]
 
 
-def run(seed, threads, steps=4):
+BIG = 8200  # rows: a [BIG, H] Dropout has more than 2**16 elements, so it runs threaded
+
+
+def run(seed, threads, steps=3):
     tr = trainer(seed, threads=threads, optimizer=optim.Adam(lr=0.02))
-    losses = [tr.step(data(seed=s)) for s in range(steps)]
+    losses = [tr.step(data(seed=s, n=BIG)) for s in range(steps)]
     return losses, list(tr.parameters().values())
 
 
 def test_same_seed_is_bit_identical_for_any_thread_count(library_path):
+    assert BIG * H > 1 << 16  # trainops-kernels' SERIAL_BELOW
     l1, p1 = run(5, threads=1)
     l2, p2 = run(5, threads=2)
     assert l1 == l2
@@ -195,3 +199,31 @@ def test_default_params_leave_the_ratio_alone(library_path, policy):
     if policy == "float32":
         assert same_bits([explicit.parameters()[k] for k in PARAMS],
                          list(tr.parameters().values()))
+
+
+def test_random_normal_nodes_are_threaded_too(library_path):
+    """RandomNormal (noise on the logits, node 5) becomes PhiloxNormal with its own key and
+    state beside the Dropout's (node 3); both advance every step and repeat with the seed."""
+    def noisy():
+        m = dropout_mlp()
+        g = m.graph
+        g.node[4].output[0] = "clean_logits"
+        g.node.insert(5, helper.make_node("RandomNormal", [], ["noise"], shape=[N, 3],
+                                          scale=0.1))
+        g.node.insert(6, helper.make_node("Add", ["clean_logits", "noise"], ["logits"]))
+        return m
+
+    runs = []
+    for _ in range(2):
+        tr = trainer(8, model=noisy())
+        assert "PhiloxNormal" in {n.op_type for n in tr.training_model.graph.node}
+        losses = [tr.step(data(seed=s)) for s in range(2)]
+        states = {name: tr._arrays[name].copy() for name, _, _ in tr._rng}
+        runs.append((losses, states))
+    assert runs[0][0] == runs[1][0]
+    # Counter after 2 steps, by key: Dropout N*H words a step, the normal 2*ceil(N*3/2).
+    words_per_step = {DROP: N * H, 5: 2 * -(-(N * 3) // 2)}
+    want = {splitmix64_key(8, i): 2 * -(-w // 4) for i, w in words_per_step.items()}
+    got = {int(s[4]) | int(s[5]) << 32: int(s[0]) for s in runs[0][1].values()}
+    assert got == want
+    assert all(same_bits(runs[0][1][k], runs[1][1][k]) for k in runs[0][1])
