@@ -130,7 +130,9 @@ def dropout_runs(library_path, tmp_path_factory):
     out = tmp_path_factory.mktemp("dist_dropout")
     p, _ = mpirun(2, [str(WORKER), str(out), "dropout"], library_path)
     assert p.returncode == 0, f"mpirun -n 2 failed:\n{p.stdout}\n{p.stderr}"
-    return [dict(np.load(out / f"dropout_n2_rank{r}.npz")) for r in range(2)]
+    runs = [dict(np.load(out / f"dropout_n2_rank{r}.npz")) for r in range(2)]
+    runs[0]["checkpoint"] = out / "dropout_ckpt_rank0.npz"
+    return runs
 
 
 def test_dropout_run_repeated_with_the_same_world_size_is_bit_identical(dropout_runs):
@@ -168,6 +170,26 @@ def test_dropout_ranks_draw_from_their_own_keys(dropout_runs):
 
 def test_dropout_default_seed_is_rank_0s_on_every_rank(dropout_runs):
     assert int(dropout_runs[0]["default_seed"]) == int(dropout_runs[1]["default_seed"])
+
+
+def test_rank_0s_dropout_checkpoint_resumes_its_streams_in_one_process(dropout_runs):
+    """Rank 0's file holds rank 0's Philox state, which a one-process run continues: its
+    next step draws from where rank 0 stopped, on the one-process key of the seed."""
+    tr = Trainer.load(dropout_runs[0]["checkpoint"], threads=1)
+    assert tr.seed == dist_worker.DROP_SEED
+    (name, _, _), = tr._rng
+    final = dropout_runs[0]["shard0_rep0_states"][-1, 0]
+    assert tr._arrays[name].tolist() == final.tolist()
+    batch = dist_worker.global_batches(1, steps=1, seed=99)[0]
+    tr.step(batch)
+    assert tr._arrays[name].tolist() == [int(final[0]) + dist_worker.B * dist_worker.SIZES[1]
+                                         // 4] + final[1:].tolist()
+
+
+def test_ranks_given_different_seeds_are_refused(library_path):
+    p, _ = mpirun(2, [str(WORKER), "/tmp", "mismatch", "seed"], library_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert p.stdout.count("were given another seed than rank 0") == 2, p.stdout
 
 
 @pytest.mark.parametrize("opt,n", CASES, ids=[f"{o}-{n}proc" for o, n in CASES])

@@ -512,13 +512,20 @@ class Trainer:
         # Every rank starts from rank 0's parameters, and all must have the same layout.
         import zlib
 
-        sig = [total, padded, zlib.crc32(self.gradient_model.SerializeToString()),
-               int(np.array(self.seed & (2**64 - 1), np.uint64).view(np.int64))]
+        # The seed counts only where there are random nodes (0 stands for none).
+        seed = int(np.array(self.seed & (2**64 - 1), np.uint64).view(np.int64)) \
+            if self._rng else 0
+        sig = [total, padded, zlib.crc32(self.gradient_model.SerializeToString()), seed]
         sigs = d.allgather_values(sig, "the model check (Allgather)")
-        bad = [r for r in range(d.size) if list(sigs[r]) != list(sigs[0])]
+        bad = [r for r in range(d.size) if list(sigs[r][:3]) != list(sigs[0][:3])]
         if bad:
             raise ValueError(f"rank {d.rank}: ranks {bad} built a different training model "
-                             "than rank 0 (model, params, optimizer, policy or seed differ)")
+                             "than rank 0 (model, params, optimizer or policy differ)")
+        bad = [r for r in range(d.size) if sigs[r][3] != sigs[0][3]]
+        if bad:
+            raise ValueError(f"rank {d.rank}: ranks {bad} were given another seed than rank "
+                             "0; give every rank the same seed= (the Trainer partitions the "
+                             "random streams by rank itself)")
         d.bcast_(self._flat_params, "the initial Bcast of the parameters")
         d.seconds = 0.0
         self._arrays: dict[str, np.ndarray] = {}

@@ -5,7 +5,7 @@ rank's shard of a fixed global batch and writes what it saw to <out>/<tag>_rank<
 
 Scenarios: ``train`` (plain and sharded, each twice: per step the loss and the flat
 parameters), ``dropout`` (the MLP with a Dropout, seeded, plain and sharded, each twice: per
-step the loss, the flat parameters and this rank's Philox state; and the default seed), ``mismatch`` (rank 1 builds another model), ``hang`` (rank 1 stops itself with SIGSTOP at step 2; the others must raise
+step the loss, the flat parameters and this rank's Philox state; and the default seed), ``mismatch [seed]`` (rank 1 builds another model, or is given another seed), ``hang`` (rank 1 stops itself with SIGSTOP at step 2; the others must raise
 CollectiveTimeout), ``kill`` (rank 1 is killed with SIGKILL at step 2).
 """
 
@@ -114,6 +114,8 @@ def main() -> int:
                 res[f"{key}_losses"] = losses
                 res[f"{key}_params"] = params
                 res[f"{key}_states"] = tr.states
+                if not shard and rep == 0 and r == 0:
+                    tr.save(out / "dropout_ckpt_rank0.npz")
         unseeded = Trainer(dropout_model(), "loss", optim.Adam(), threads=1, comm=comm)
         res["default_seed"] = np.array(unseeded.seed, np.uint64)
         np.savez(out / f"dropout_n{n}_rank{r}.npz", **res)
@@ -121,7 +123,11 @@ def main() -> int:
     if scenario == "mismatch":  # rank 1 builds another model: every rank refuses it
         sizes = SIZES if r != 1 else (8, 17, 16, 3)
         try:
-            Trainer(mlp_model(sizes=sizes), "loss", optim.Adam(), threads=1, comm=comm)
+            if sys.argv[3:] == ["seed"]:  # the same Dropout model, rank 1 another seed
+                Trainer(dropout_model(), "loss", optim.Adam(), threads=1, comm=comm,
+                        seed=DROP_SEED + (r == 1))
+            else:
+                Trainer(mlp_model(sizes=sizes), "loss", optim.Adam(), threads=1, comm=comm)
         except ValueError as exc:
             print(f"ValueError: {exc}", flush=True)
             return 0
