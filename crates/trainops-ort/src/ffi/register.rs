@@ -28,6 +28,12 @@ unsafe impl Send for Domains {}
 static API: OnceLock<Api> = OnceLock::new();
 static DOMAINS: Mutex<Option<Domains>> = Mutex::new(None);
 
+/// Records the runtime's API table (the plugin EP's entry, which does not go through
+/// [`register_custom_ops`]).
+pub fn set_api(api: Api) {
+    let _ = API.set(api);
+}
+
 /// The API table of the runtime that loaded the library, once registration ran.
 pub fn api() -> Option<Api> {
     API.get().copied()
