@@ -35,9 +35,10 @@ _LAZY = {
     "expand_gradients": "autodiff",
     "GradientError": "autodiff",
     "Trainer": "trainer",
+    "configure": "device",
 }
 # Submodules that read as attributes without an explicit import (``trainops.optim.Adam``).
-_LAZY_MODULES = ("optim", "autodiff")
+_LAZY_MODULES = ("optim", "autodiff", "device")
 
 __all__ = ["get_library_path", "LIBRARY_NAME", *_LAZY, *_LAZY_MODULES]
 
