@@ -189,7 +189,7 @@ def test_cpu_only_process_never_loads_libcuda(library_path):
     code = f"""
 import os, numpy as np, onnxruntime as ort
 os.environ.pop("TRAINOPS_FAKE_DEVICE", None)
-os.environ.pop("TRAINOPS_CUDA_EP", None)
+os.environ.pop("TRAINOPS_CUDA", None)
 import sys; sys.path.insert(0, {os.path.join(os.path.dirname(__file__), '..', 'python')!r})
 from trainops import device as td
 so = ort.SessionOptions()
@@ -197,8 +197,25 @@ where = td.configure(so, device="auto", library={library_path!r})
 maps = open("/proc/self/maps").read()
 print(where, "libcuda" in maps)
 """
-    env = {k: v for k, v in os.environ.items() if k not in ("TRAINOPS_FAKE_DEVICE", "TRAINOPS_CUDA_EP")}
+    env = {k: v for k, v in os.environ.items() if k not in ("TRAINOPS_FAKE_DEVICE", "TRAINOPS_CUDA")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     where, loaded = out.stdout.split()
-    assert where == "cpu"  # no device without a GPU (or without TRAINOPS_CUDA_EP)
+    assert where == "cpu"  # no device without a GPU (or without TRAINOPS_CUDA)
     assert loaded == "False", "libcuda.so was loaded by a CPU-only process"
+
+
+def test_cuda_registration_leaves_cpu_sessions_alone(library_path):
+    """With TRAINOPS_CUDA=1 the custom-op library also registers the CUDA kernels for
+    CUDAExecutionProvider (door 3); a CPU session still runs the CPU kernels, and registering
+    the plugin EP then probes the driver only if the process asked for CUDA."""
+    code = f"""
+import numpy as np, onnxruntime as ort, base64, sys
+sys.path.insert(0, {os.path.join(os.path.dirname(__file__), 'runtime_range')!r})
+from old_runtime_check import check_supported
+problems = check_supported({library_path!r})
+print("ok" if not problems else problems)
+"""
+    env = {k: v for k, v in os.environ.items() if k != "TRAINOPS_FAKE_DEVICE"}
+    env["TRAINOPS_CUDA"] = "1"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.strip().splitlines()[-1] == "ok", out.stdout + out.stderr

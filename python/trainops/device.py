@@ -108,7 +108,7 @@ def configure(session_options, device: str = "auto", library: str | None = None,
             why = (
                 f"onnxruntime {_ort().__version__} has no plugin execution providers (1.24 or newer needed)"
                 if not plugin_ep_supported()
-                else f"{EP_NAME} offers {len(offered)} device(s) (no GPU, no CUDA driver, or TRAINOPS_CUDA_EP unset)"
+                else f"{EP_NAME} offers {len(offered)} device(s) (no GPU, no CUDA driver, or TRAINOPS_CUDA unset)"
             )
             raise RuntimeError(f"device='cuda': {why}")
     session_options.register_custom_ops_library(path)

@@ -28,7 +28,7 @@ pub unsafe extern "C" fn RegisterCustomOps(
     api_base: *const ort_sys::OrtApiBase,
 ) -> ort_sys::OrtStatusPtr {
     // SAFETY: the runtime's own arguments, passed on unchanged.
-    unsafe { ffi::register::register_custom_ops(options, api_base, ops::catalogue) }
+    unsafe { ffi::register::register_custom_ops(options, api_base, ops::catalogue, ops::device_support) }
 }
 
 /// The plugin execution provider's entry point (ONNX Runtime 1.24 and newer, through

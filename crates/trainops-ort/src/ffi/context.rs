@@ -81,6 +81,15 @@ impl Context<'_> {
         self.ctx
     }
 
+    /// The CUDA execution provider's compute stream for this call (`cudaStream_t`; null on
+    /// other providers).
+    pub fn gpu_stream(&self) -> Result<*mut core::ffi::c_void> {
+        let mut stream: *mut core::ffi::c_void = core::ptr::null_mut();
+        // SAFETY: valid context for this call; `stream` is a valid out pointer.
+        let s = unsafe { (self.api.raw().KernelContext_GetGPUComputeStream)(self.ctx, &mut stream) };
+        self.api.check(self.op, "KernelContext_GetGPUComputeStream", s).map(|()| stream)
+    }
+
     /// Number of inputs of the node.
     pub fn input_count(&self) -> Result<usize> {
         let mut n = 0;

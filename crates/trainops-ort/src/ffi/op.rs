@@ -68,6 +68,12 @@ pub trait OpSpec: Sync + 'static {
     fn infer(&self, _ctx: &mut ShapeInfer<'_>) -> Result<()> {
         Ok(())
     }
+    /// How a node of this op runs on a CUDA device: the kernel of `trainops_cuda::PTX` and its
+    /// per-call coefficients, or `None` when the op has no CUDA kernel (its nodes then stay on
+    /// the CPU). Reads the node's attributes as [`OpSpec::create`] does.
+    fn device_step(&'static self, _info: &KernelInfo<'_>) -> Result<Option<super::ep::cuda::DeviceStep>> {
+        Ok(None)
+    }
     /// The op name as `&str`, for messages.
     fn op(&self) -> &'static str {
         self.name().to_str().unwrap_or("trainops op")

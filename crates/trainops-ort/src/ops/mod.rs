@@ -42,13 +42,14 @@ pub fn catalogue() -> Vec<Domain> {
 /// listed types, and leaves any other node, and every op not listed, on its CPU kernel.
 pub fn device_support(domain: &CStr, op: &CStr) -> Option<DeviceSupport> {
     const SCALARS: &[usize] = &[0, 1];
-    let support = |host_inputs, types| Some(DeviceSupport { host_inputs, types });
+    let support = |host_inputs, types, cuda| Some(DeviceSupport { host_inputs, types, cuda });
     match (domain.to_bytes(), op.to_bytes()) {
-        (b"ai.onnx.preview.training", b"Adam" | b"Adagrad" | b"Momentum") => support(SCALARS, &[DType::Float]),
-        (b"com.trainops", b"MixedPrecisionAdam") => support(SCALARS, &[DType::Float, DType::Float16]),
-        (b"com.trainops", b"AllFinite") => support(&[], &[DType::Float, DType::Float16]),
-        (b"com.trainops", b"DynamicLossScale") => support(&[], &[DType::Float, DType::Int64, DType::Bool]),
-        (b"com.trainops", b"Philox") => support(&[1], &[DType::Uint32]),
+        (b"ai.onnx.preview.training", b"Adam" | b"Adagrad" | b"Momentum") => support(SCALARS, &[DType::Float], true),
+        // PTX kernels exist (trainops-cuda) but are not wired to these ops yet: fake mode only.
+        (b"com.trainops", b"MixedPrecisionAdam") => support(SCALARS, &[DType::Float, DType::Float16], false),
+        (b"com.trainops", b"AllFinite") => support(&[], &[DType::Float, DType::Float16], false),
+        (b"com.trainops", b"DynamicLossScale") => support(&[], &[DType::Float, DType::Int64, DType::Bool], false),
+        (b"com.trainops", b"Philox") => support(&[1], &[DType::Uint32], false),
         _ => None,
     }
 }

@@ -362,7 +362,7 @@ fn domains(p: &'static Plugin) -> std::result::Result<&'static [*mut sys::OrtCus
                 .map_err(|e| e.to_string())?;
             for spec in domain.ops {
                 let mut descriptors = vec![OpDescriptor::leak(spec)];
-                if let Some(support) = (p.table)(domain.name, spec.name()) {
+                if let Some(support) = p.device_support(domain.name, spec.name()) {
                     let placement =
                         Placement::Device { ep: EP_NAME, host_inputs: support.host_inputs, kernel: kernels };
                     descriptors.push(OpDescriptor::leak_placed(spec, placement));
@@ -466,7 +466,7 @@ fn claims(p: &Plugin, node: *const Opaque) -> crate::error::Result<Option<bool>>
     if !ours {
         return Ok(None);
     }
-    let Some(support) = (p.table)(domain, op) else { return Ok(Some(false)) };
+    let Some(support) = p.device_support(domain, op) else { return Ok(Some(false)) };
     let mut n = 0usize;
     // SAFETY: as above.
     check(p.api, "Node_GetNumInputs", unsafe { (p.ext.node_get_num_inputs)(node, &mut n) })?;

@@ -309,17 +309,22 @@ unsafe extern "system" fn copy_tensors(
     })
 }
 
-/// Device kernels of CUDA mode: not wired to the PTX kernels yet, so a claimed node would
-/// fail; CUDA mode is opt-in (`TRAINOPS_CUDA_EP=1`) until it is.
+/// Device kernels of CUDA mode: the op's CUDA kernel, launched on the default stream and
+/// synchronised (the plugin EP is not stream aware).
 struct CudaKernels;
 
 impl DeviceKernels for CudaKernels {
-    fn create(&self, spec: &'static dyn OpSpec, _info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
-        Err(Error::Runtime {
-            op: spec.op(),
-            call: "TrainopsExecutionProvider",
-            message: "the CUDA kernels are not wired into the plugin EP in this build".into(),
-        })
+    fn create(&self, spec: &'static dyn OpSpec, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
+        match spec.device_step(info)? {
+            Some(step) => {
+                Ok(Box::new(super::cuda::CudaOptimizer::new(spec, step, super::cuda::StreamFrom::DefaultSynchronised)))
+            }
+            None => Err(Error::Runtime {
+                op: spec.op(),
+                call: "TrainopsExecutionProvider",
+                message: "this op has no CUDA kernel yet; its nodes belong on the CPU".into(),
+            }),
+        }
     }
 }
 

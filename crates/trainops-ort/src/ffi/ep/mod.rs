@@ -10,6 +10,7 @@
 //! use) says how many GPUs there are. With neither, the factory offers no device.
 
 pub mod abi;
+pub mod cuda;
 mod factory;
 mod memory;
 
@@ -34,6 +35,9 @@ pub struct DeviceSupport {
     pub host_inputs: &'static [usize],
     /// Element types the device kernels take for every other input.
     pub types: &'static [DType],
+    /// Whether its CUDA kernel is wired (`OpSpec::device_step`); in CUDA mode the EP claims,
+    /// and the `CUDAExecutionProvider` registration covers, only these ops.
+    pub cuda: bool,
 }
 
 /// Which ops have device kernels: `(domain, op) -> support`, `None` for CPU-only ops.
@@ -140,14 +144,14 @@ pub fn negotiate(runtime: (u32, u32)) -> Option<u32> {
 }
 
 /// The backend this process uses: fake when `TRAINOPS_FAKE_DEVICE=1`; the CUDA driver when
-/// `TRAINOPS_CUDA_EP=1` (opt-in until its device kernels are wired and verified on a GPU) and
+/// `TRAINOPS_CUDA=1` (opt-in until its device kernels are wired and verified on a GPU) and
 /// it loads and reports a GPU; else none. Only this function opens `libcuda.so.1`, and only
 /// when the plugin EP is registered with CUDA mode asked for.
 fn pick_backend() -> Option<Backend> {
     if std::env::var("TRAINOPS_FAKE_DEVICE").as_deref() == Ok("1") {
         return Some(Backend::Fake);
     }
-    if std::env::var("TRAINOPS_CUDA_EP").as_deref() != Ok("1") {
+    if std::env::var("TRAINOPS_CUDA").as_deref() != Ok("1") {
         return None;
     }
     let count = trainops_cuda::device_count().ok()?;
@@ -225,6 +229,16 @@ pub unsafe fn release_factory(factory: *mut abi::EpFactory) -> sys::OrtStatusPtr
 }
 
 impl Plugin {
+    /// The device support of an op for this process's backend: CUDA mode drops the ops whose
+    /// CUDA kernel is not wired.
+    fn device_support(&self, domain: &CStr, op: &CStr) -> Option<DeviceSupport> {
+        let support = (self.table)(domain, op)?;
+        match self.backend {
+            Some(Backend::Cuda { .. }) if !support.cuda => None,
+            _ => Some(support),
+        }
+    }
+
     fn status(&self, msg: &str) -> sys::OrtStatusPtr {
         new_status(self.api.raw(), sys::OrtErrorCode::ORT_FAIL, msg)
     }
