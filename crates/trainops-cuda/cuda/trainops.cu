@@ -12,21 +12,29 @@ typedef unsigned short u16;
 #define GRID_STRIDE(i, n) \
   for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)blockDim.x * gridDim.x)
 
-// ONNX Adam, float32. c_* are the reference's c(...) values.
+// One element of ONNX Adam (crates/trainops-kernels/src/optim/adam/mod.rs `update`), gradient gi.
+__device__ __forceinline__ void adam_element(float* x, float* v, float* h, u64 i, float gi, float norm, float alpha,
+                                             float one_minus_alpha, float beta, float one_minus_beta,
+                                             float epsilon, float r_adjusted, float one_minus_post) {
+  float xi = x[i], vi = v[i], hi = h[i];
+  float gr = __fadd_rn(__fmul_rn(norm, xi), gi);
+  float v_new = __fadd_rn(__fmul_rn(alpha, vi), __fmul_rn(one_minus_alpha, gr));
+  float h_new = __fadd_rn(__fmul_rn(beta, hi), __fmul_rn(one_minus_beta, __fmul_rn(gr, gr)));
+  float h_sqrt = __fadd_rn(__fsqrt_rn(h_new), epsilon);
+  float x_new = __fsub_rn(xi, __fmul_rn(r_adjusted, __fdiv_rn(v_new, h_sqrt)));
+  x[i] = __fmul_rn(one_minus_post, x_new);
+  v[i] = v_new;
+  h[i] = h_new;
+}
+
+// ONNX Adam, float32; the coefficients are the CPU reference's c(...) values.
 extern "C" __global__ void trainops_adam_f32(float* x, const float* g, float* v, float* h, u64 n,
                                              float norm, float alpha, float one_minus_alpha, float beta,
                                              float one_minus_beta, float epsilon, float r_adjusted,
                                              float one_minus_post) {
   GRID_STRIDE(i, n) {
-    float xi = x[i], vi = v[i], hi = h[i], gi = g[i];
-    float gr = __fadd_rn(__fmul_rn(norm, xi), gi);
-    float v_new = __fadd_rn(__fmul_rn(alpha, vi), __fmul_rn(one_minus_alpha, gr));
-    float h_new = __fadd_rn(__fmul_rn(beta, hi), __fmul_rn(one_minus_beta, __fmul_rn(gr, gr)));
-    float h_sqrt = __fadd_rn(__fsqrt_rn(h_new), epsilon);
-    float x_new = __fsub_rn(xi, __fmul_rn(r_adjusted, __fdiv_rn(v_new, h_sqrt)));
-    x[i] = __fmul_rn(one_minus_post, x_new);
-    v[i] = v_new;
-    h[i] = h_new;
+    adam_element(x, v, h, i, g[i], norm, alpha, one_minus_alpha, beta, one_minus_beta, epsilon, r_adjusted,
+                 one_minus_post);
   }
 }
 
@@ -109,15 +117,8 @@ extern "C" __global__ void trainops_mp_adam_f32(float* x, const float* g, float*
   if (*bad) return;
   float s = *scale;
   GRID_STRIDE(i, n) {
-    float xi = x[i], vi = v[i], hi = h[i], gi = __fdiv_rn(g[i], s);
-    float gr = __fadd_rn(__fmul_rn(norm, xi), gi);
-    float v_new = __fadd_rn(__fmul_rn(alpha, vi), __fmul_rn(one_minus_alpha, gr));
-    float h_new = __fadd_rn(__fmul_rn(beta, hi), __fmul_rn(one_minus_beta, __fmul_rn(gr, gr)));
-    float h_sqrt = __fadd_rn(__fsqrt_rn(h_new), epsilon);
-    float x_new = __fsub_rn(xi, __fmul_rn(r_adjusted, __fdiv_rn(v_new, h_sqrt)));
-    x[i] = __fmul_rn(one_minus_post, x_new);
-    v[i] = v_new;
-    h[i] = h_new;
+    adam_element(x, v, h, i, __fdiv_rn(g[i], s), norm, alpha, one_minus_alpha, beta, one_minus_beta, epsilon,
+                 r_adjusted, one_minus_post);
   }
 }
 

@@ -347,7 +347,7 @@ fn new_not_implemented(api: Api, msg: &str) -> sys::OrtStatusPtr {
 
 /// The custom-op domains the EP supplies: every op's CPU descriptor, and beside it the device
 /// descriptor of each op the device table lists.
-fn domains(p: &'static Plugin) -> std::result::Result<&'static [*mut sys::OrtCustomOpDomain], String> {
+fn domains(p: &'static Plugin) -> crate::error::Result<&'static [*mut sys::OrtCustomOpDomain]> {
     let made = DOMAINS.get_or_init(|| {
         let raw = p.api.raw();
         let kernels: &'static dyn DeviceKernels = match p.backend {
@@ -377,18 +377,18 @@ fn domains(p: &'static Plugin) -> std::result::Result<&'static [*mut sys::OrtCus
         }
         Ok(Domains(list))
     });
-    made.as_ref().map(|d| d.0.as_slice()).map_err(Clone::clone)
+    made.as_ref().map(|d| d.0.as_slice()).map_err(|message| crate::error::Error::Runtime {
+        op: "TrainopsExecutionProvider",
+        call: "custom-op domains",
+        message: message.clone(),
+    })
 }
 
 unsafe extern "system" fn get_num_custom_op_domains(this: *mut EpFactory, n: *mut usize) -> sys::OrtStatusPtr {
     // SAFETY: the runtime passes back our factory.
     let p = unsafe { factory(this) }.plugin;
     crate::ffi::api::guard(p.api, "TrainopsExecutionProvider", || {
-        let list = domains(p).map_err(|message| crate::error::Error::Runtime {
-            op: "TrainopsExecutionProvider",
-            call: "custom-op domains",
-            message,
-        })?;
+        let list = domains(p)?;
         // SAFETY: the runtime's out pointer.
         unsafe { *n = list.len() };
         Ok(())
@@ -403,11 +403,7 @@ unsafe extern "system" fn get_custom_op_domains(
     // SAFETY: the runtime passes back our factory.
     let p = unsafe { factory(this) }.plugin;
     crate::ffi::api::guard(p.api, "TrainopsExecutionProvider", || {
-        let list = domains(p).map_err(|message| crate::error::Error::Runtime {
-            op: "TrainopsExecutionProvider",
-            call: "custom-op domains",
-            message,
-        })?;
+        let list = domains(p)?;
         for (i, d) in list.iter().take(n).enumerate() {
             // SAFETY: the runtime's array of `n` slots; the domains live for the process.
             unsafe { *out.add(i) = *d };
