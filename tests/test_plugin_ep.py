@@ -219,3 +219,46 @@ print("ok" if not problems else problems)
     env["TRAINOPS_CUDA"] = "1"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip().splitlines()[-1] == "ok", out.stdout + out.stderr
+
+
+@needs_ep
+@pytest.mark.parametrize("overflow", [False, True])
+def test_mixed_precision_step_on_the_ep_matches_the_cpu_door(library_path, overflow):
+    """The mixed_float16 optimizer graph (AllFinite, DynamicLossScale, MixedPrecisionAdam,
+    with float16 gradients and float32 master weights) through the EP, claimed nodes and all,
+    against the same graph through the custom-op door."""
+    from trainops.mixed_precision import optimizer_model, optimizer_state
+
+    shapes = {"w": (33,), "b": (5,)}
+    m = optimizer_model(shapes, "mixed_float16", lr=0.01)
+    m.ir_version = 8
+    rng = np.random.default_rng(5)
+    state = optimizer_state({k: rng.standard_normal(s).astype(np.float32) for k, s in shapes.items()}, "mixed_float16", lr=0.01)
+    inputs = {i.name for i in m.graph.input}
+    feeds = {k: v for k, v in state.items() if k in inputs}
+    for name in inputs - set(feeds):
+        shape = shapes[name.split(".")[0]] if name.split(".")[0] in shapes else ()
+        g = rng.standard_normal(shape).astype(np.float16)
+        if overflow and name.startswith("w"):
+            g[3] = np.inf
+        feeds[name] = g
+    before = td.counters(library_path)
+    ep, where = session(m.SerializeToString(), library_path, "auto")
+    assert where == "TrainopsExecutionProvider"
+    assert td.counters(library_path)["claimed"] > before["claimed"]
+    cpu, _ = session(m.SerializeToString(), library_path, "cpu")
+    for got, want in zip(ep.run(None, feeds), cpu.run(None, feeds)):
+        np.testing.assert_array_equal(got, want)
+
+
+@needs_ep
+def test_philox_on_the_ep_shape_stays_a_host_input(library_path):
+    from trainops.models import philox_model
+
+    m = philox_model(None).SerializeToString()
+    ep, where = session(m, library_path, "auto")
+    assert where == "TrainopsExecutionProvider"
+    cpu, _ = session(m, library_path, "cpu")
+    f = {"state": np.array([1, 2, 3, 4, 5, 6], np.uint32), "shape": np.array([3, 7], np.int64)}
+    for got, want in zip(ep.run(None, f), cpu.run(None, f)):
+        np.testing.assert_array_equal(got, want)
