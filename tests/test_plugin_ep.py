@@ -185,11 +185,25 @@ def test_both_doors_on_one_options_object_is_never_done(library_path):
     ort.InferenceSession(model(adam_model(4)), so)
 
 
-def test_cpu_only_process_never_loads_libcuda(library_path):
+def _has_cuda_driver() -> bool:
+    import ctypes
+
+    try:
+        ctypes.CDLL("libcuda.so.1")
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("cuda", ["", "1"])
+def test_cpu_only_process_never_loads_libcuda(library_path, cuda):
+    """Without TRAINOPS_CUDA nothing opens the driver; with it, a machine without a driver
+    gets no device and the custom-op door, as if nothing had been asked."""
+    if cuda and _has_cuda_driver():
+        pytest.skip("this machine has a CUDA driver")
     code = f"""
 import os, numpy as np, onnxruntime as ort
 os.environ.pop("TRAINOPS_FAKE_DEVICE", None)
-os.environ.pop("TRAINOPS_CUDA", None)
 import sys; sys.path.insert(0, {os.path.join(os.path.dirname(__file__), '..', 'python')!r})
 from trainops import device as td
 so = ort.SessionOptions()
@@ -198,6 +212,8 @@ maps = open("/proc/self/maps").read()
 print(where, "libcuda" in maps)
 """
     env = {k: v for k, v in os.environ.items() if k not in ("TRAINOPS_FAKE_DEVICE", "TRAINOPS_CUDA")}
+    if cuda:
+        env["TRAINOPS_CUDA"] = cuda
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     where, loaded = out.stdout.split()
     assert where == "cpu"  # no device without a GPU (or without TRAINOPS_CUDA)
