@@ -7,7 +7,8 @@
 //! A node's inputs are `R, T` (host memory: `OrtMemTypeCPUInput`), then `N + 1` blocks of `n`
 //! tensors (`X`, `G`, then the other streams); outputs are the `N` stream blocks. Every tensor
 //! must be float32. Outputs not bound to their inputs are first copied from them (device to
-//! device), then the kernel updates the outputs in place.
+//! device), then the kernel updates the outputs in place. One GPU: kernels, copies and
+//! allocations use device 0 (the EP offers every GPU, but only the first is driven yet).
 
 use core::ffi::c_void;
 
@@ -92,7 +93,7 @@ impl Kernel for CudaOptimizer {
         };
         let streams = self.step.streams;
         let count = ctx.input_count()?;
-        let n = (count - 2) / (streams + 1);
+        let n = count.saturating_sub(2) / (streams + 1);
         if n == 0 || 2 + n * (streams + 1) != count {
             return Err(Error::Arity { op: self.op, what: format!("{count} inputs do not form groups") });
         }

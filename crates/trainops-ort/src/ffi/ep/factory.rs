@@ -458,7 +458,10 @@ fn claims(p: &Plugin, node: *const Opaque) -> crate::error::Result<Option<bool>>
     }
     // SAFETY: NUL-terminated strings owned by the node.
     let (domain, op) = unsafe { (c_str(domain), c_str(op)) };
-    let ours = (p.catalogue)().iter().any(|d| d.name == domain && d.ops.iter().any(|s| s.name() == op));
+    static NAMES: OnceLock<Vec<(&'static CStr, &'static CStr)>> = OnceLock::new();
+    let names = NAMES
+        .get_or_init(|| (p.catalogue)().iter().flat_map(|d| d.ops.iter().map(move |s| (d.name, s.name()))).collect());
+    let ours = names.iter().any(|&(d, o)| d == domain && o == op);
     if !ours {
         return Ok(None);
     }
