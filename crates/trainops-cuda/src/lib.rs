@@ -195,13 +195,13 @@ pub unsafe fn free(ordinal: u32, p: *mut c_void) -> Result<()> {
     check("cuMemFree", unsafe { (d.mem_free)(p as DevicePtr) })
 }
 
-/// Copies `bytes` between any two of host and device memory (unified addressing), complete on
-/// return.
+/// Copies `bytes` between any two of host and device memory (unified addressing), with GPU
+/// `ordinal`'s context current, complete on return.
 ///
 /// # Safety
 /// `dst` and `src` are host or device memory valid for `bytes` bytes.
-pub unsafe fn copy(dst: *mut c_void, src: *const c_void, bytes: usize) -> Result<()> {
-    let d = make_current(0)?;
+pub unsafe fn copy(ordinal: u32, dst: *mut c_void, src: *const c_void, bytes: usize) -> Result<()> {
+    let d = make_current(ordinal)?;
     // SAFETY: the caller's contract.
     check("cuMemcpy", unsafe { (d.memcpy)(dst as DevicePtr, src as DevicePtr, bytes) })
 }

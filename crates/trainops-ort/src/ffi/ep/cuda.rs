@@ -7,8 +7,8 @@
 //! A node's inputs are `R, T` (host memory: `OrtMemTypeCPUInput`), then `N + 1` blocks of `n`
 //! tensors (`X`, `G`, then the other streams); outputs are the `N` stream blocks. Every tensor
 //! must be float32. Outputs not bound to their inputs are first copied from them (device to
-//! device), then the kernel updates the outputs in place. One GPU: kernels, copies and
-//! allocations use device 0 (the EP offers every GPU, but only the first is driven yet).
+//! device), then the kernel updates the outputs in place, on the GPU that holds the node's
+//! first weight tensor.
 
 use core::ffi::c_void;
 
@@ -102,7 +102,8 @@ impl Kernel for CudaOptimizer {
             StreamFrom::DefaultSynchronised => core::ptr::null_mut(),
             StreamFrom::ComputeStream => ctx.gpu_stream()?,
         };
-        let function = trainops_cuda::function(0, self.step.kernel).map_err(|e| runtime(e.to_string()))?;
+        let ordinal = ctx.input_device_id(2)?;
+        let function = trainops_cuda::function(ordinal, self.step.kernel).map_err(|e| runtime(e.to_string()))?;
         for i in 0..n {
             let x = ctx.input(2 + i)?.ok_or_else(|| runtime("missing X".into()))?;
             let g = ctx.input(2 + n + i)?.ok_or_else(|| runtime("missing G".into()))?;
@@ -120,7 +121,7 @@ impl Kernel for CudaOptimizer {
                 let out = ctx.output(s * n + i, &input.shape)?;
                 if out.ptr != input.ptr && x.numel > 0 {
                     // SAFETY: both are device buffers of numel float32 elements.
-                    unsafe { trainops_cuda::copy(out.ptr, input.ptr, x.numel * 4) }
+                    unsafe { trainops_cuda::copy(ordinal, out.ptr, input.ptr, x.numel * 4) }
                         .map_err(|e| runtime(e.to_string()))?;
                 }
                 outs.push(out.ptr);
@@ -145,12 +146,13 @@ impl Kernel for CudaOptimizer {
             // SAFETY: the arguments are, in order, the kernel's parameters (trainops.cu):
             // device pointers of numel float32 each, the count, the coefficients, the flag;
             // all outlive the launch, which copies them.
-            unsafe { trainops_cuda::launch(0, &function, blocks, stream, &mut args) }
+            unsafe { trainops_cuda::launch(ordinal, &function, blocks, stream, &mut args) }
                 .map_err(|e| runtime(e.to_string()))?;
         }
         if self.stream == StreamFrom::DefaultSynchronised {
             // SAFETY: the default stream.
-            unsafe { trainops_cuda::synchronize(0, core::ptr::null_mut()) }.map_err(|e| runtime(e.to_string()))?;
+            unsafe { trainops_cuda::synchronize(ordinal, core::ptr::null_mut()) }
+                .map_err(|e| runtime(e.to_string()))?;
         }
         Ok(())
     }

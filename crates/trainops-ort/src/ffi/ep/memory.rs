@@ -297,8 +297,14 @@ unsafe extern "system" fn copy_tensors(
             }
             match p.backend {
                 // SAFETY: both buffers hold `sn` bytes (checked equal), host or device memory.
-                Some(Backend::Cuda { .. }) => unsafe { trainops_cuda::copy(dp, sp.cast_const(), sn) }.map_err(|e| {
-                    Error::Runtime { op: "TrainopsExecutionProvider", call: "CopyTensors", message: e.to_string() }
+                Some(Backend::Cuda { .. }) => unsafe {
+                    let ordinal = our_device(f, dd).or(our_device(f, sd)).unwrap_or(0);
+                    trainops_cuda::copy(ordinal, dp, sp.cast_const(), sn)
+                }
+                .map_err(|e| Error::Runtime {
+                    op: "TrainopsExecutionProvider",
+                    call: "CopyTensors",
+                    message: e.to_string(),
                 })?,
                 // SAFETY: both buffers hold `sn` bytes (checked equal); fake device memory is
                 // host memory; `copy` allows overlap.
