@@ -14,8 +14,10 @@ module when first read; so do ``trainops.Trainer``, ``trainops.expand_gradients`
 ``trainops.GradientError`` (training, :mod:`trainops.trainer`, :mod:`trainops.autodiff`) and
 the submodules ``trainops.optim`` and ``trainops.distributed`` (data-parallel training on
 MPI, ``trainops.CollectiveTimeout``); ``trainops.make_reproducible`` and the submodule
-``trainops.random`` (seeded Philox states, :mod:`trainops.random`). Other submodules (``trainops.models``, ``trainops.onnx_defs``, ...) are
-imported as usual.
+``trainops.random`` (seeded Philox states, :mod:`trainops.random`); ``trainops.configure``
+and the submodule ``trainops.device`` (the CPU door or the plugin execution provider, device
+tensors). Other submodules (``trainops.models``, ``trainops.onnx_defs``, ...) are imported as
+usual.
 """
 
 from __future__ import annotations
@@ -39,9 +41,10 @@ _LAZY = {
     "Trainer": "trainer",
     "CollectiveTimeout": "distributed",
     "make_reproducible": "random",
+    "configure": "device",
 }
 # Submodules that read as attributes without an explicit import (``trainops.optim.Adam``).
-_LAZY_MODULES = ("optim", "autodiff", "distributed", "random")
+_LAZY_MODULES = ("optim", "autodiff", "distributed", "random", "device")
 
 __all__ = ["get_library_path", "LIBRARY_NAME", *_LAZY, *_LAZY_MODULES]
 

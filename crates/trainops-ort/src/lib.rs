@@ -29,7 +29,64 @@ pub unsafe extern "C" fn RegisterCustomOps(
     api_base: *const ort_sys::OrtApiBase,
 ) -> ort_sys::OrtStatusPtr {
     // SAFETY: the runtime's own arguments, passed on unchanged.
-    unsafe { ffi::register::register_custom_ops(options, api_base, ops::catalogue) }
+    unsafe { ffi::register::register_custom_ops(options, api_base, ops::catalogue, ops::device_support) }
+}
+
+/// The plugin execution provider's entry point (ONNX Runtime 1.24 and newer, through
+/// `RegisterExecutionProviderLibrary`): one factory of `TrainopsExecutionProvider`, or none
+/// when the runtime is older than 1.24.
+///
+/// # Safety
+/// Called by ONNX Runtime with its `OrtApiBase`, an array of `max_factories` factory slots and
+/// a valid `num_factories`.
+#[no_mangle]
+pub unsafe extern "C" fn CreateEpFactories(
+    _registered_name: *const core::ffi::c_char,
+    api_base: *const ort_sys::OrtApiBase,
+    _default_logger: *const core::ffi::c_void,
+    factories: *mut *mut core::ffi::c_void,
+    max_factories: usize,
+    num_factories: *mut usize,
+) -> ort_sys::OrtStatusPtr {
+    // SAFETY: the runtime's own arguments, passed on unchanged.
+    unsafe {
+        ffi::ep::create_factories(
+            api_base,
+            factories.cast(),
+            max_factories,
+            num_factories,
+            ops::catalogue,
+            ops::device_support,
+        )
+    }
+}
+
+/// Releases a factory [`CreateEpFactories`] made.
+///
+/// # Safety
+/// `factory` is one of ours, released once.
+#[no_mangle]
+pub unsafe extern "C" fn ReleaseEpFactory(factory: *mut core::ffi::c_void) -> ort_sys::OrtStatusPtr {
+    // SAFETY: the runtime's argument, passed on unchanged.
+    unsafe { ffi::ep::release_factory(factory.cast()) }
+}
+
+/// The plugin EP's counters (allocations, frees, copies to the device, to the host, on the
+/// device, device kernel runs, nodes claimed, nodes declined), written to `out[..n]`; returns
+/// how many there are. For tests (`trainops.device.counters()`); not a stable API.
+///
+/// # Safety
+/// `out` is null or valid for `n` writes.
+#[no_mangle]
+pub unsafe extern "C" fn trainops_ep_counters(out: *mut u64, n: usize) -> usize {
+    let all = ffi::ep::counters();
+    if !out.is_null() {
+        for (i, v) in all.iter().take(n).enumerate() {
+            // SAFETY: the caller's contract: `out` holds `n` slots.
+            unsafe { *out.add(i) = *v };
+        }
+    }
+    all.len()
 }
 
 /// Entry points for the fuzz targets (`fuzz/`) and their regression tests: the checks that

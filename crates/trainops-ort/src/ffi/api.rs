@@ -104,6 +104,27 @@ impl Fallback for usize {
     }
 }
 
+impl Fallback for bool {
+    /// No: cannot copy, not stream aware.
+    fn fallback(_: Option<Api>, _: &Error) -> Self {
+        false
+    }
+}
+
+impl Fallback for u32 {
+    /// Zero (no vendor).
+    fn fallback(_: Option<Api>, _: &Error) -> Self {
+        0
+    }
+}
+
+impl<T> Fallback for *mut T {
+    /// Null: no memory, no object.
+    fn fallback(_: Option<Api>, _: &Error) -> Self {
+        core::ptr::null_mut()
+    }
+}
+
 impl Fallback for c_int {
     /// A minimum arity or start version of 1.
     fn fallback(_: Option<Api>, _: &Error) -> Self {

@@ -81,6 +81,36 @@ impl Context<'_> {
         self.ctx
     }
 
+    /// The CUDA execution provider's compute stream for this call (`cudaStream_t`; null on
+    /// other providers).
+    pub fn gpu_stream(&self) -> Result<*mut core::ffi::c_void> {
+        let mut stream: *mut core::ffi::c_void = core::ptr::null_mut();
+        // SAFETY: valid context for this call; `stream` is a valid out pointer.
+        let s = unsafe { (self.api.raw().KernelContext_GetGPUComputeStream)(self.ctx, &mut stream) };
+        self.api.check(self.op, "KernelContext_GetGPUComputeStream", s).map(|()| stream)
+    }
+
+    /// The device id of input `index`'s memory (0 for host memory).
+    pub fn input_device_id(&self, index: usize) -> Result<u32> {
+        let raw = self.api.raw();
+        let mut value: *const sys::OrtValue = core::ptr::null();
+        // SAFETY: valid context; `value` is a valid out pointer.
+        let s = unsafe { (raw.KernelContext_GetInput)(self.ctx, index, &mut value) };
+        self.api.check(self.op, "KernelContext_GetInput", s)?;
+        if value.is_null() {
+            return Ok(0);
+        }
+        let mut info: *const sys::OrtMemoryInfo = core::ptr::null();
+        let mut id: core::ffi::c_int = 0;
+        // SAFETY: the runtime's input value for this call; the memory info it returns is owned
+        // by the value and only read here.
+        unsafe {
+            self.api.check(self.op, "GetTensorMemoryInfo", (raw.GetTensorMemoryInfo)(value, &mut info))?;
+            self.api.check(self.op, "MemoryInfoGetId", (raw.MemoryInfoGetId)(info, &mut id))?;
+        }
+        Ok(u32::try_from(id).unwrap_or(0))
+    }
+
     /// Number of inputs of the node.
     pub fn input_count(&self) -> Result<usize> {
         let mut n = 0;

@@ -76,6 +76,12 @@ pub trait OpSpec: Sync + 'static {
     fn infers_output_types(&self) -> bool {
         false
     }
+    /// How a node of this op runs on a CUDA device: the kernel of `trainops_cuda::PTX` and its
+    /// per-call coefficients, or `None` when the op has no CUDA kernel (its nodes then stay on
+    /// the CPU). Reads the node's attributes as [`OpSpec::create`] does.
+    fn device_step(&'static self, _info: &KernelInfo<'_>) -> Result<Option<super::ep::cuda::DeviceStep>> {
+        Ok(None)
+    }
     /// The op name as `&str`, for messages.
     fn op(&self) -> &'static str {
         self.name().to_str().unwrap_or("trainops op")
@@ -94,6 +100,32 @@ pub trait Kernel: Send + Sync {
 pub struct OpDescriptor {
     base: sys::OrtCustomOp,
     spec: &'static dyn OpSpec,
+    placement: Placement,
+}
+
+/// Which execution provider an op descriptor is registered for.
+#[derive(Clone, Copy)]
+pub enum Placement {
+    /// ONNX Runtime's CPU execution provider (`RegisterCustomOps`, and the CPU twin of each op
+    /// in the plugin EP's domains).
+    Cpu,
+    /// Another execution provider, by name; the formal inputs listed in `host_inputs` (R, T
+    /// and other scalars) are declared `OrtMemTypeCPUInput`, so they arrive in host memory;
+    /// `kernel` makes the node's kernel (the CPU kernel in fake-device mode).
+    Device {
+        /// The provider's name, e.g. `TrainopsExecutionProvider`.
+        ep: &'static CStr,
+        /// Formal inputs kept in host memory.
+        host_inputs: &'static [usize],
+        /// Makes the kernel of one node placed on the device.
+        kernel: &'static dyn DeviceKernels,
+    },
+}
+
+/// The kernels an op runs with when its node is placed on a device provider.
+pub trait DeviceKernels: Sync + 'static {
+    /// The kernel of one node of `spec` (attributes read through `info`).
+    fn create(&self, spec: &'static dyn OpSpec, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>>;
 }
 
 // SAFETY: a descriptor is built once, never mutated, and holds only function pointers and
@@ -170,8 +202,19 @@ unsafe extern "system" fn get_name(op: *const sys::OrtCustomOp) -> *const c_char
     quiet(|| unsafe { spec_of(op) }.name().as_ptr())
 }
 
-unsafe extern "system" fn get_ep(_op: *const sys::OrtCustomOp) -> *const c_char {
-    c"CPUExecutionProvider".as_ptr()
+/// # Safety
+/// `op` must point to the `base` field of a live [`OpDescriptor`].
+unsafe fn placement_of(op: *const sys::OrtCustomOp) -> Placement {
+    // SAFETY: every OrtCustomOp we hand out is the first field of a leaked OpDescriptor.
+    unsafe { (*(op as *const OpDescriptor)).placement }
+}
+
+unsafe extern "system" fn get_ep(op: *const sys::OrtCustomOp) -> *const c_char {
+    // SAFETY: the runtime passes back the pointer we registered.
+    quiet(|| match unsafe { placement_of(op) } {
+        Placement::Cpu => c"CPUExecutionProvider".as_ptr(),
+        Placement::Device { ep, .. } => ep.as_ptr(),
+    })
 }
 
 unsafe extern "system" fn input_type(op: *const sys::OrtCustomOp, i: usize) -> sys::ONNXTensorElementDataType {
@@ -233,8 +276,17 @@ unsafe extern "system" fn end_version(_op: *const sys::OrtCustomOp) -> c_int {
     c_int::MAX
 }
 
-unsafe extern "system" fn memory_type(_op: *const sys::OrtCustomOp, _i: usize) -> sys::OrtMemType {
-    sys::OrtMemType::OrtMemTypeDefault
+unsafe extern "system" fn memory_type(op: *const sys::OrtCustomOp, i: usize) -> sys::OrtMemType {
+    // SAFETY: the runtime passes back the pointer we registered.
+    let host = quiet(|| match unsafe { placement_of(op) } {
+        Placement::Device { host_inputs, .. } => usize::from(host_inputs.contains(&i)),
+        Placement::Cpu => 0,
+    });
+    if host == 1 {
+        sys::OrtMemType::OrtMemTypeCPUInput
+    } else {
+        sys::OrtMemType::OrtMemTypeDefault
+    }
 }
 
 unsafe extern "system" fn create_kernel(
@@ -245,12 +297,16 @@ unsafe extern "system" fn create_kernel(
 ) -> sys::OrtStatusPtr {
     // SAFETY: the runtime passes its own API table, which it checked is at least the
     // version our descriptor declares (17), and the pointer we registered.
-    let (api, spec) = unsafe { (Api::from_raw(api), spec_of(op)) };
+    let (api, spec, placement) = unsafe { (Api::from_raw(api), spec_of(op), placement_of(op)) };
     let name = spec.op();
     guard(api, name, || {
         // SAFETY: `info` is valid during this call, and so is the wrapper.
         let info = unsafe { KernelInfo::new(api, name, info) };
-        let boxed = Box::new(KernelBox { api, op: name, kernel: spec.create(&info)? });
+        let made = match placement {
+            Placement::Cpu => spec.create(&info)?,
+            Placement::Device { kernel: kernels, .. } => kernels.create(spec, &info)?,
+        };
+        let boxed = Box::new(KernelBox { api, op: name, kernel: made });
         // SAFETY: `kernel` is the runtime's out pointer; it hands the box back to
         // `compute_kernel` and `destroy_kernel`.
         unsafe { *kernel = Box::into_raw(boxed).cast() };
@@ -307,6 +363,15 @@ impl OpDescriptor {
     /// `typed_inference`: the runtime (1.24+) takes output types from inference callbacks and
     /// builds their context safely.
     pub fn leak(spec: &'static dyn OpSpec, typed_inference: bool) -> &'static OpDescriptor {
+        Self::leak_placed(spec, Placement::Cpu, typed_inference)
+    }
+
+    /// The descriptor of `spec` for the provider `placement` names, leaked like [`Self::leak`].
+    pub fn leak_placed(
+        spec: &'static dyn OpSpec,
+        placement: Placement,
+        typed_inference: bool,
+    ) -> &'static OpDescriptor {
         let base = sys::OrtCustomOp {
             version: API_VERSION,
             CreateKernel: None,
@@ -341,7 +406,7 @@ impl OpDescriptor {
             GetStartVersion: Some(start_version),
             GetEndVersion: Some(end_version),
         };
-        Box::leak(Box::new(OpDescriptor { base, spec }))
+        Box::leak(Box::new(OpDescriptor { base, spec, placement }))
     }
 
     /// The pointer to hand to `CustomOpDomain_Add`.

@@ -8,6 +8,7 @@ use std::sync::{Mutex, OnceLock};
 use ort_sys as sys;
 
 use super::api::{boundary, new_status, API_VERSION};
+use super::op::Placement;
 use super::{Api, OpDescriptor, OpSpec};
 use crate::error::{Error, Result};
 
@@ -45,12 +46,23 @@ fn at_least(version: &str, (major, minor): (u32, u32)) -> bool {
 static API: OnceLock<Api> = OnceLock::new();
 static DOMAINS: Mutex<Option<Domains>> = Mutex::new(None);
 
+/// Records the runtime's API table (the plugin EP's entry, which does not go through
+/// [`register_custom_ops`]).
+pub fn set_api(api: Api) {
+    let _ = API.set(api);
+}
+
 /// The API table of the runtime that loaded the library, once registration ran.
 pub fn api() -> Option<Api> {
     API.get().copied()
 }
 
-fn create_domains(api: Api, catalogue: Vec<Domain>, typed_inference: bool) -> Result<Domains> {
+fn create_domains(
+    api: Api,
+    catalogue: Vec<Domain>,
+    typed_inference: bool,
+    cuda: Option<super::ep::DeviceTable>,
+) -> Result<Domains> {
     let raw = api.raw();
     let mut made = Vec::new();
     for Domain { name, ops } in catalogue {
@@ -60,9 +72,20 @@ fn create_domains(api: Api, catalogue: Vec<Domain>, typed_inference: bool) -> Re
             (raw.CreateCustomOpDomain)(name.as_ptr(), &mut domain)
         })?;
         for spec in ops {
-            let op = OpDescriptor::leak(spec, typed_inference);
-            // SAFETY: `domain` was just created; `op` is leaked, so it outlives the domain.
-            api.check("trainops", "CustomOpDomain_Add", unsafe { (raw.CustomOpDomain_Add)(domain, op.as_raw()) })?;
+            let mut descriptors = vec![OpDescriptor::leak(spec, typed_inference)];
+            // Door 3: the same op for ONNX Runtime's CUDA execution provider, when asked for.
+            if let Some(support) = cuda.and_then(|table| table(name, spec.name())).filter(|s| s.cuda) {
+                let placement = Placement::Device {
+                    ep: c"CUDAExecutionProvider",
+                    host_inputs: support.host_inputs,
+                    kernel: &super::ep::cuda::CUDA_EP_KERNELS,
+                };
+                descriptors.push(OpDescriptor::leak_placed(spec, placement, typed_inference));
+            }
+            for op in descriptors {
+                // SAFETY: `domain` was just created; `op` is leaked, so it outlives the domain.
+                api.check("trainops", "CustomOpDomain_Add", unsafe { (raw.CustomOpDomain_Add)(domain, op.as_raw()) })?;
+            }
         }
         made.push(domain);
     }
@@ -74,11 +97,13 @@ fn add_domains(
     api: Api,
     catalogue: fn() -> Vec<Domain>,
     typed_inference: bool,
+    cuda: super::ep::DeviceTable,
 ) -> Result<()> {
     let _ = API.set(api);
     let mut guard = DOMAINS.lock().unwrap_or_else(|p| p.into_inner());
     if guard.is_none() {
-        *guard = Some(create_domains(api, catalogue(), typed_inference)?);
+        let cuda = super::ep::cuda::requested().then_some(cuda);
+        *guard = Some(create_domains(api, catalogue(), typed_inference, cuda)?);
     }
     let domains = guard.as_ref().map(|d| d.0.clone()).unwrap_or_default();
     drop(guard);
@@ -90,7 +115,8 @@ fn add_domains(
 }
 
 /// The body of `RegisterCustomOps`: registers every domain of `catalogue` (called once per
-/// process) on `options`, inside the panic boundary.
+/// process) on `options`, inside the panic boundary. With `TRAINOPS_CUDA=1` the ops `cuda`
+/// marks as having a CUDA kernel are also registered for `CUDAExecutionProvider`.
 ///
 /// Returns an error status (never aborts) when the runtime is older than 1.17, when an
 /// argument is null, or when the runtime refuses a domain (for instance when the library is
@@ -103,6 +129,7 @@ pub unsafe fn register_custom_ops(
     options: *mut sys::OrtSessionOptions,
     api_base: *const sys::OrtApiBase,
     catalogue: fn() -> Vec<Domain>,
+    cuda: super::ep::DeviceTable,
 ) -> sys::OrtStatusPtr {
     if api_base.is_null() {
         // No API to make an error status with; the runtime never passes null, so this only
@@ -143,7 +170,7 @@ pub unsafe fn register_custom_ops(
                 what: "RegisterCustomOps called with null SessionOptions".into(),
             });
         }
-        match add_domains(options, api, catalogue, typed_inference) {
+        match add_domains(options, api, catalogue, typed_inference, cuda) {
             Ok(()) => sys::OrtStatusPtr::default(),
             Err(e) => api.status(&e),
         }

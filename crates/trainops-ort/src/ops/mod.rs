@@ -10,7 +10,10 @@ pub mod loss_scale;
 pub mod optim;
 pub mod random;
 
-use crate::ffi::{Domain, OpSpec};
+use core::ffi::CStr;
+
+use crate::ffi::ep::DeviceSupport;
+use crate::ffi::{DType, Domain, OpSpec};
 use crate::ops::optim::layout::Layout;
 
 /// Every op the library registers, by domain.
@@ -37,6 +40,24 @@ pub fn catalogue() -> Vec<Domain> {
         },
         Domain { name: c"com.trainops.bench", ops: ops(&[&bench::MEMORY_CEILING]) },
     ]
+}
+
+/// The ops with device kernels in the plugin EP (`TrainopsExecutionProvider`), what their
+/// device kernels take, and which inputs stay in host memory (R and T of the optimizers, the
+/// shape of Philox). The EP claims a node of these ops when every other input has one of the
+/// listed types, and leaves any other node, and every op not listed, on its CPU kernel.
+pub fn device_support(domain: &CStr, op: &CStr) -> Option<DeviceSupport> {
+    const SCALARS: &[usize] = &[0, 1];
+    let support = |host_inputs, types, cuda| Some(DeviceSupport { host_inputs, types, cuda });
+    match (domain.to_bytes(), op.to_bytes()) {
+        (b"ai.onnx.preview.training", b"Adam" | b"Adagrad" | b"Momentum") => support(SCALARS, &[DType::Float], true),
+        // PTX kernels exist (trainops-cuda) but are not wired to these ops yet: fake mode only.
+        (b"com.trainops", b"MixedPrecisionAdam") => support(SCALARS, &[DType::Float, DType::Float16], false),
+        (b"com.trainops", b"AllFinite") => support(&[], &[DType::Float, DType::Float16], false),
+        (b"com.trainops", b"DynamicLossScale") => support(&[], &[DType::Float, DType::Int64, DType::Bool], false),
+        (b"com.trainops", b"Philox") => support(&[1], &[DType::Uint32], false),
+        _ => None,
+    }
 }
 
 /// The layouts of every optimizer-shaped op of the catalogue (the fuzz targets check them all

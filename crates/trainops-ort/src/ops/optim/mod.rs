@@ -11,6 +11,7 @@
 pub mod adagrad;
 pub mod adam;
 pub mod call;
+pub mod device;
 pub mod layout;
 pub mod momentum;
 
@@ -34,9 +35,13 @@ pub struct OptimizerOp<O: Optimizer<N>, const N: usize> {
     pub attrs: fn(&KernelInfo<'_>) -> Result<O::Attrs>,
 }
 
-impl<O: Optimizer<N>, const N: usize> OpSpec for OptimizerOp<O, N> {
+impl<O: Optimizer<N> + device::OnDevice<N>, const N: usize> OpSpec for OptimizerOp<O, N> {
     fn signature(&self) -> &Signature {
         &self.signature
+    }
+
+    fn device_step(&'static self, info: &KernelInfo<'_>) -> Result<Option<crate::ffi::ep::cuda::DeviceStep>> {
+        Ok(O::device(&(self.attrs)(info)?))
     }
 
     fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {

@@ -1,0 +1,145 @@
+// trainops' CUDA kernels. Compiled to PTX by scripts/make_ptx (NVRTC, --fmad=false,
+// -prec-div=true -prec-sqrt=true), so every multiply and add rounds on its own, as in the CPU
+// scalar reference (crates/trainops-kernels/src/optim/*/reference.rs): the same operations in
+// the same order give the same bits. Per-call coefficients (adjusted rates, 1 - alpha, ...)
+// are computed on the host in double and rounded to float exactly as the reference does, and
+// passed as arguments. Launch: 256 threads per block, a grid-stride loop over n.
+
+typedef unsigned int u32;
+typedef unsigned long long u64;
+typedef unsigned short u16;
+
+#define GRID_STRIDE(i, n) \
+  for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)blockDim.x * gridDim.x)
+
+// One element of ONNX Adam (crates/trainops-kernels/src/optim/adam/mod.rs `update`), gradient gi.
+__device__ __forceinline__ void adam_element(float* x, float* v, float* h, u64 i, float gi, float norm, float alpha,
+                                             float one_minus_alpha, float beta, float one_minus_beta,
+                                             float epsilon, float r_adjusted, float one_minus_post) {
+  float xi = x[i], vi = v[i], hi = h[i];
+  float gr = __fadd_rn(__fmul_rn(norm, xi), gi);
+  float v_new = __fadd_rn(__fmul_rn(alpha, vi), __fmul_rn(one_minus_alpha, gr));
+  float h_new = __fadd_rn(__fmul_rn(beta, hi), __fmul_rn(one_minus_beta, __fmul_rn(gr, gr)));
+  float h_sqrt = __fadd_rn(__fsqrt_rn(h_new), epsilon);
+  float x_new = __fsub_rn(xi, __fmul_rn(r_adjusted, __fdiv_rn(v_new, h_sqrt)));
+  x[i] = __fmul_rn(one_minus_post, x_new);
+  v[i] = v_new;
+  h[i] = h_new;
+}
+
+// ONNX Adam, float32; the coefficients are the CPU reference's c(...) values.
+extern "C" __global__ void trainops_adam_f32(float* x, const float* g, float* v, float* h, u64 n,
+                                             float norm, float alpha, float one_minus_alpha, float beta,
+                                             float one_minus_beta, float epsilon, float r_adjusted,
+                                             float one_minus_post) {
+  GRID_STRIDE(i, n) {
+    adam_element(x, v, h, i, g[i], norm, alpha, one_minus_alpha, beta, one_minus_beta, epsilon, r_adjusted,
+                 one_minus_post);
+  }
+}
+
+// ONNX Adagrad, float32; r_adjusted = R / (1 + T * decay_factor).
+extern "C" __global__ void trainops_adagrad_f32(float* x, const float* g, float* h, u64 n, float norm,
+                                                float epsilon, float r_adjusted) {
+  GRID_STRIDE(i, n) {
+    float xi = x[i], gi = g[i], hi = h[i];
+    float gr = __fadd_rn(__fmul_rn(norm, xi), gi);
+    float h_new = __fadd_rn(hi, __fmul_rn(gr, gr));
+    float h_sqrt = __fadd_rn(__fsqrt_rn(h_new), epsilon);
+    x[i] = __fsub_rn(xi, __fdiv_rn(__fmul_rn(r_adjusted, gr), h_sqrt));
+    h[i] = h_new;
+  }
+}
+
+// ONNX Momentum, float32; nesterov != 0 for mode "nesterov"; beta_adjusted = T > 0 ? beta : 1.
+extern "C" __global__ void trainops_momentum_f32(float* x, const float* g, float* v, u64 n, float norm,
+                                                 float alpha, float beta_adjusted, float r, int nesterov) {
+  GRID_STRIDE(i, n) {
+    float xi = x[i], gi = g[i], vi = v[i];
+    float gr = __fadd_rn(__fmul_rn(norm, xi), gi);
+    float v_new = __fadd_rn(__fmul_rn(alpha, vi), __fmul_rn(beta_adjusted, gr));
+    float step = nesterov ? __fadd_rn(gr, __fmul_rn(alpha, v_new)) : v_new;
+    x[i] = __fsub_rn(xi, __fmul_rn(r, step));
+    v[i] = v_new;
+  }
+}
+
+// Philox4x32-10 (Random123): output word i is word i % 4 of philox(C + i / 4, K), C the 128-bit
+// counter state[0..4] (state[0] least significant), K = (state[4], state[5]). One thread per
+// 4-word block; the last block writes only the words that exist.
+extern "C" __global__ void trainops_philox(u32* out, u64 n, const u32* state) {
+  u64 blocks = (n + 3) / 4;
+  GRID_STRIDE(b, blocks) {
+    // counter + b, carried through 128 bits
+    u64 lo = ((u64)state[1] << 32) | state[0];
+    u64 hi = ((u64)state[3] << 32) | state[2];
+    u64 sum = lo + b;
+    hi += (sum < lo) ? 1ull : 0ull;
+    u32 c0 = (u32)sum, c1 = (u32)(sum >> 32), c2 = (u32)hi, c3 = (u32)(hi >> 32);
+    u32 k0 = state[4], k1 = state[5];
+    for (int round = 0; round < 10; ++round) {
+      if (round > 0) {
+        k0 += 0x9E3779B9u;
+        k1 += 0xBB67AE85u;
+      }
+      u32 hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+      u32 hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+      u32 n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+      c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+    }
+    u32 words[4] = {c0, c1, c2, c3};
+    u64 base = b * 4;
+    for (int w = 0; w < 4 && base + w < n; ++w) out[base + w] = words[w];
+  }
+}
+
+// AllFinite: sets *bad to 1 when any element is Inf or NaN (the verdict stays on the device;
+// *bad is zeroed by the host with cuMemsetD32Async on the same stream before the first call).
+extern "C" __global__ void trainops_all_finite_f32(const float* g, u64 n, u32* bad) {
+  GRID_STRIDE(i, n) {
+    u32 bits = __float_as_uint(g[i]);
+    if ((bits & 0x7F800000u) == 0x7F800000u) atomicOr(bad, 1u);
+  }
+}
+
+extern "C" __global__ void trainops_all_finite_f16(const u16* g, u64 n, u32* bad) {
+  GRID_STRIDE(i, n) {
+    if ((g[i] & 0x7C00u) == 0x7C00u) atomicOr(bad, 1u);
+  }
+}
+
+// MixedPrecisionAdam, float32 master weights: Adam on g / scale, skipped on every element when
+// *bad (no host synchronisation: each thread reads the device verdict).
+extern "C" __global__ void trainops_mp_adam_f32(float* x, const float* g, float* v, float* h, u64 n,
+                                                const float* scale, const u32* bad, float norm, float alpha,
+                                                float one_minus_alpha, float beta, float one_minus_beta,
+                                                float epsilon, float r_adjusted, float one_minus_post) {
+  if (*bad) return;
+  float s = *scale;
+  GRID_STRIDE(i, n) {
+    adam_element(x, v, h, i, __fdiv_rn(g[i], s), norm, alpha, one_minus_alpha, beta, one_minus_beta, epsilon,
+                 r_adjusted, one_minus_post);
+  }
+}
+
+// DynamicLossScale (GradScaler's rule), one thread: scale and good_steps updated in place from
+// the device verdict.
+extern "C" __global__ void trainops_dynamic_loss_scale(float* scale, long long* good_steps, const u32* bad,
+                                                       long long growth_interval, float growth_factor,
+                                                       float backoff_factor, float min_scale) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  float s = *scale;
+  if (*bad) {
+    *scale = fmaxf(__fmul_rn(s, backoff_factor), min_scale);
+    *good_steps = 0;
+    return;
+  }
+  long long steps = *good_steps + 1;
+  if (steps == growth_interval) {
+    float grown = __fmul_rn(s, growth_factor);
+    *scale = isfinite(grown) ? grown : s;
+    *good_steps = 0;
+  } else {
+    *good_steps = steps;
+  }
+}

@@ -1,0 +1,291 @@
+//! trainops' CUDA side, with nothing CUDA needed to build it:
+//!
+//! - `cuda/*.cu`: the kernels in CUDA C; `ptx/trainops.ptx` their PTX, made by
+//!   `scripts/make_ptx` with NVRTC from PyPI (`--fmad=false`, IEEE division and square root)
+//!   and committed; CI regenerates it and checks it matches ([`PTX`]).
+//! - [`driver`]: the dozen CUDA driver calls trainops needs, from `libcuda.so.1` opened on
+//!   first use with `dlopen`, so a process that never asks for a GPU never loads it.
+
+use std::ffi::{c_int, c_uint, c_void, CString};
+use std::sync::{Mutex, OnceLock};
+
+/// The kernels' PTX (NVRTC 12.0, `compute_70`), loaded with `cuModuleLoadData`.
+pub const PTX: &str = include_str!("../ptx/trainops.ptx");
+
+/// The kernel entry points in [`PTX`] (`extern "C"` names).
+pub const KERNELS: &[&str] = &[
+    "trainops_adam_f32",
+    "trainops_adagrad_f32",
+    "trainops_momentum_f32",
+    "trainops_philox",
+    "trainops_all_finite_f32",
+    "trainops_all_finite_f16",
+    "trainops_mp_adam_f32",
+    "trainops_dynamic_loss_scale",
+];
+
+/// What can go wrong talking to the driver.
+#[derive(Debug, thiserror::Error, Clone)]
+pub enum Error {
+    /// `libcuda.so.1` is absent or lacks a symbol.
+    #[error("CUDA driver not available: {0}")]
+    NoDriver(String),
+    /// A driver call returned an error code.
+    #[error("CUDA driver call {call} failed with CUresult {code}")]
+    Call {
+        /// The driver function.
+        call: &'static str,
+        /// Its `CUresult`.
+        code: c_int,
+    },
+}
+
+/// `Result` with [`Error`].
+pub type Result<T> = std::result::Result<T, Error>;
+
+type CuResult = c_int;
+type CuDevice = c_int;
+type CuContext = *mut c_void;
+type CuModule = *mut c_void;
+type CuFunction = *mut c_void;
+type CuStream = *mut c_void;
+type DevicePtr = u64;
+
+/// The driver entry points, resolved once.
+pub mod driver {
+    use super::*;
+
+    /// Function pointers into `libcuda.so.1`.
+    pub struct Driver {
+        _lib: libloading::Library,
+        pub(crate) init: unsafe extern "C" fn(c_uint) -> CuResult,
+        pub(crate) device_get_count: unsafe extern "C" fn(*mut c_int) -> CuResult,
+        pub(crate) device_get: unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult,
+        pub(crate) primary_ctx_retain: unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult,
+        pub(crate) ctx_set_current: unsafe extern "C" fn(CuContext) -> CuResult,
+        pub(crate) mem_alloc: unsafe extern "C" fn(*mut DevicePtr, usize) -> CuResult,
+        pub(crate) mem_free: unsafe extern "C" fn(DevicePtr) -> CuResult,
+        pub(crate) memcpy: unsafe extern "C" fn(DevicePtr, DevicePtr, usize) -> CuResult,
+        pub(crate) module_load_data: unsafe extern "C" fn(*mut CuModule, *const c_void) -> CuResult,
+        pub(crate) module_get_function: unsafe extern "C" fn(*mut CuFunction, CuModule, *const i8) -> CuResult,
+        #[allow(clippy::type_complexity)]
+        pub(crate) launch_kernel: unsafe extern "C" fn(
+            CuFunction,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            c_uint,
+            CuStream,
+            *mut *mut c_void,
+            *mut *mut c_void,
+        ) -> CuResult,
+        pub(crate) stream_synchronize: unsafe extern "C" fn(CuStream) -> CuResult,
+    }
+
+    // SAFETY: the driver API is thread-safe; the struct holds only function pointers and the
+    // library handle, never mutated.
+    unsafe impl Send for Driver {}
+    // SAFETY: as above.
+    unsafe impl Sync for Driver {}
+
+    static DRIVER: OnceLock<Result<Driver>> = OnceLock::new();
+
+    fn open() -> Result<Driver> {
+        // SAFETY: loading the system's CUDA driver runs its initialisers, which are designed
+        // to be dlopen'ed by any process.
+        let lib = unsafe { libloading::Library::new("libcuda.so.1") }.map_err(|e| Error::NoDriver(e.to_string()))?;
+        macro_rules! sym {
+            ($name:literal) => {
+                // SAFETY: the symbol is the driver function of that name, whose C signature
+                // (cuda.h, the `_v2` ABI where named) is the field's type.
+                *unsafe { lib.get(concat!($name, "\0").as_bytes()) }.map_err(|e| Error::NoDriver(e.to_string()))?
+            };
+        }
+        let d = Driver {
+            init: sym!("cuInit"),
+            device_get_count: sym!("cuDeviceGetCount"),
+            device_get: sym!("cuDeviceGet"),
+            primary_ctx_retain: sym!("cuDevicePrimaryCtxRetain"),
+            ctx_set_current: sym!("cuCtxSetCurrent"),
+            mem_alloc: sym!("cuMemAlloc_v2"),
+            mem_free: sym!("cuMemFree_v2"),
+            memcpy: sym!("cuMemcpy"),
+            module_load_data: sym!("cuModuleLoadData"),
+            module_get_function: sym!("cuModuleGetFunction"),
+            launch_kernel: sym!("cuLaunchKernel"),
+            stream_synchronize: sym!("cuStreamSynchronize"),
+            _lib: lib,
+        };
+        // SAFETY: cuInit(0) is the documented first call.
+        check("cuInit", unsafe { (d.init)(0) })?;
+        Ok(d)
+    }
+
+    /// The driver, opened on first call.
+    pub fn get() -> Result<&'static Driver> {
+        DRIVER.get_or_init(open).as_ref().map_err(Clone::clone)
+    }
+
+    pub(crate) fn check(call: &'static str, code: CuResult) -> Result<()> {
+        if code == 0 {
+            Ok(())
+        } else {
+            Err(Error::Call { call, code })
+        }
+    }
+}
+
+use driver::check;
+
+/// GPUs the driver reports (opens the driver).
+pub fn device_count() -> Result<u32> {
+    let d = driver::get()?;
+    let mut n = 0;
+    // SAFETY: a valid out pointer, after cuInit.
+    check("cuDeviceGetCount", unsafe { (d.device_get_count)(&mut n) })?;
+    Ok(u32::try_from(n).unwrap_or(0))
+}
+
+struct Contexts(Vec<(u32, usize)>);
+static CONTEXTS: Mutex<Contexts> = Mutex::new(Contexts(Vec::new()));
+
+/// Makes device `ordinal`'s primary context current on this thread (ONNX Runtime may call from
+/// any thread), retaining it once per process.
+fn make_current(ordinal: u32) -> Result<&'static driver::Driver> {
+    let d = driver::get()?;
+    let mut ctxs = CONTEXTS.lock().unwrap_or_else(|p| p.into_inner());
+    let ctx = match ctxs.0.iter().find(|(o, _)| *o == ordinal) {
+        Some(&(_, c)) => c as CuContext,
+        None => {
+            let mut dev = 0;
+            let mut ctx: CuContext = std::ptr::null_mut();
+            // SAFETY: valid out pointers; the primary context is retained for the process.
+            unsafe {
+                check("cuDeviceGet", (d.device_get)(&mut dev, ordinal as c_int))?;
+                check("cuDevicePrimaryCtxRetain", (d.primary_ctx_retain)(&mut ctx, dev))?;
+            }
+            ctxs.0.push((ordinal, ctx as usize));
+            ctx
+        }
+    };
+    // SAFETY: a retained primary context.
+    check("cuCtxSetCurrent", unsafe { (d.ctx_set_current)(ctx) })?;
+    Ok(d)
+}
+
+/// `bytes` of device memory on GPU `ordinal`.
+pub fn alloc(ordinal: u32, bytes: usize) -> Result<*mut c_void> {
+    let d = make_current(ordinal)?;
+    let mut p: DevicePtr = 0;
+    // SAFETY: a valid out pointer in a current context.
+    check("cuMemAlloc", unsafe { (d.mem_alloc)(&mut p, bytes) })?;
+    Ok(p as *mut c_void)
+}
+
+/// Frees memory [`alloc`] returned.
+///
+/// # Safety
+/// `p` came from [`alloc`] on `ordinal` and is freed once.
+pub unsafe fn free(ordinal: u32, p: *mut c_void) -> Result<()> {
+    let d = make_current(ordinal)?;
+    // SAFETY: the caller's contract.
+    check("cuMemFree", unsafe { (d.mem_free)(p as DevicePtr) })
+}
+
+/// Copies `bytes` between any two of host and device memory (unified addressing), with GPU
+/// `ordinal`'s context current, complete on return.
+///
+/// # Safety
+/// `dst` and `src` are host or device memory valid for `bytes` bytes.
+pub unsafe fn copy(ordinal: u32, dst: *mut c_void, src: *const c_void, bytes: usize) -> Result<()> {
+    let d = make_current(ordinal)?;
+    // SAFETY: the caller's contract.
+    check("cuMemcpy", unsafe { (d.memcpy)(dst as DevicePtr, src as DevicePtr, bytes) })
+}
+
+/// A kernel of [`PTX`] on GPU `ordinal`.
+pub struct Function(CuFunction);
+
+// SAFETY: a CUfunction handle may be launched from any thread with its context current.
+unsafe impl Send for Function {}
+// SAFETY: as above.
+unsafe impl Sync for Function {}
+
+static MODULES: Mutex<Vec<(u32, usize)>> = Mutex::new(Vec::new());
+
+/// Looks up kernel `name` of [`PTX`], loading the module on GPU `ordinal` on first use.
+pub fn function(ordinal: u32, name: &str) -> Result<Function> {
+    let d = make_current(ordinal)?;
+    let mut modules = MODULES.lock().unwrap_or_else(|p| p.into_inner());
+    let module = match modules.iter().find(|(o, _)| *o == ordinal) {
+        Some(&(_, m)) => m as CuModule,
+        None => {
+            let image = CString::new(PTX).map_err(|e| Error::NoDriver(e.to_string()))?;
+            let mut m: CuModule = std::ptr::null_mut();
+            // SAFETY: a NUL-terminated PTX image; the module lives for the process.
+            check("cuModuleLoadData", unsafe { (d.module_load_data)(&mut m, image.as_ptr().cast()) })?;
+            modules.push((ordinal, m as usize));
+            m
+        }
+    };
+    let cname = CString::new(name).map_err(|e| Error::NoDriver(e.to_string()))?;
+    let mut f: CuFunction = std::ptr::null_mut();
+    // SAFETY: a loaded module and a NUL-terminated name.
+    check("cuModuleGetFunction", unsafe { (d.module_get_function)(&mut f, module, cname.as_ptr()) })?;
+    Ok(Function(f))
+}
+
+/// Launches `f` with `blocks` x 256 threads on `stream` (null: the legacy default stream).
+///
+/// # Safety
+/// `args` point to values of the kernel's parameter types, in order; device pointers among
+/// them are valid for the kernel's accesses.
+pub unsafe fn launch(
+    ordinal: u32,
+    f: &Function,
+    blocks: u32,
+    stream: *mut c_void,
+    args: &mut [*mut c_void],
+) -> Result<()> {
+    let d = make_current(ordinal)?;
+    // SAFETY: the caller's contract on `args`; a function of a loaded module.
+    check("cuLaunchKernel", unsafe {
+        (d.launch_kernel)(f.0, blocks.max(1), 1, 1, 256, 1, 1, 0, stream, args.as_mut_ptr(), std::ptr::null_mut())
+    })
+}
+
+/// Waits for `stream`.
+///
+/// # Safety
+/// `stream` is null or a live stream of device `ordinal`'s primary context.
+pub unsafe fn synchronize(ordinal: u32, stream: *mut c_void) -> Result<()> {
+    let d = make_current(ordinal)?;
+    // SAFETY: the caller's contract.
+    check("cuStreamSynchronize", unsafe { (d.stream_synchronize)(stream) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptx_has_every_kernel_and_targets_an_old_isa() {
+        assert!(PTX.contains(".version 8.0"), "PTX from NVRTC 12.0 (ISA 8.0), loadable by drivers from R525");
+        for k in KERNELS {
+            assert!(PTX.contains(&format!(".entry {k}(")), "{k} missing from the PTX");
+        }
+        // No fused multiply-add anywhere: the optimizers must match the CPU's scalar reference.
+        assert!(!PTX.contains("fma.rn.f32"), "fma in the PTX");
+    }
+
+    #[test]
+    fn no_driver_is_an_error_not_a_panic() {
+        // On a machine without libcuda this is NoDriver; with one, a count.
+        match device_count() {
+            Ok(_) | Err(Error::NoDriver(_)) | Err(Error::Call { .. }) => {}
+        }
+    }
+}

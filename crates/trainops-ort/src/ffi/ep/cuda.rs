@@ -1,0 +1,185 @@
+//! The CUDA device kernels behind the device registrations (the plugin EP in CUDA mode, and
+//! the `CUDAExecutionProvider` registration of the custom-op library): one generic kernel for
+//! the optimizer family that launches the op's PTX entry point from `trainops_cuda` on the
+//! device buffers. UNVERIFIED on a GPU in this tree (no GPU where it was written):
+//! `scripts/gpu_check` is the check to run.
+//!
+//! A node's inputs are `R, T` (host memory: `OrtMemTypeCPUInput`), then `N + 1` blocks of `n`
+//! tensors (`X`, `G`, then the other streams); outputs are the `N` stream blocks. Every tensor
+//! must be float32. Outputs not bound to their inputs are first copied from them (device to
+//! device), then the kernel updates the outputs in place, on the GPU that holds the node's
+//! first weight tensor.
+
+use core::ffi::c_void;
+
+use super::super::{Context, Kernel, OpSpec};
+use crate::error::{Error, Result};
+use crate::ffi::tensor::{DType, Tensor};
+
+/// Per-call kernel arguments after the tensors: float coefficients, then an optional int.
+pub type CoeffFn = Box<dyn Fn(f64, i64) -> (Vec<f32>, Option<i32>) + Send + Sync>;
+
+/// How a node runs on a CUDA device.
+pub struct DeviceStep {
+    /// Entry point in `trainops_cuda::PTX`, e.g. `trainops_adam_f32`.
+    pub kernel: &'static str,
+    /// The op's streams, weights first (`N`: 3 for Adam).
+    pub streams: usize,
+    /// The coefficients of one call with learning rate `r` and update count `t`, in the
+    /// kernel's argument order.
+    pub coeffs: CoeffFn,
+}
+
+/// Where kernels are launched.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StreamFrom {
+    /// The legacy default stream, synchronised before the kernel returns (the plugin EP is not
+    /// stream aware: its work must be complete when the callback returns).
+    DefaultSynchronised,
+    /// The CUDA execution provider's compute stream (`KernelContext_GetGPUComputeStream`);
+    /// ONNX Runtime orders later work on it.
+    ComputeStream,
+}
+
+/// The CUDA kernel of one optimizer node.
+pub struct CudaOptimizer {
+    op: &'static str,
+    step: DeviceStep,
+    stream: StreamFrom,
+}
+
+impl CudaOptimizer {
+    /// The kernel of a node of `spec`.
+    pub fn new(spec: &'static dyn OpSpec, step: DeviceStep, stream: StreamFrom) -> Self {
+        Self { op: spec.op(), step, stream }
+    }
+
+    fn host_scalar(&self, ctx: &Context<'_>, index: usize) -> Result<Tensor> {
+        ctx.input(index)?.ok_or_else(|| Error::input(self.op, index, "R/T", "a scalar", "absent"))
+    }
+
+    fn float(&self, t: &Tensor, index: usize, what: &'static str) -> Result<()> {
+        if t.dtype == DType::Float {
+            Ok(())
+        } else {
+            Err(Error::input(self.op, index, what, "float32 on the CUDA device", t.dtype.name()))
+        }
+    }
+}
+
+/// A raw kernel-argument slot.
+fn arg<T>(v: &mut T) -> *mut c_void {
+    (v as *mut T).cast()
+}
+
+impl Kernel for CudaOptimizer {
+    fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
+        let runtime = |message: String| Error::Runtime { op: self.op, call: "CUDA", message };
+        let (r_t, t_t) = (self.host_scalar(ctx, 0)?, self.host_scalar(ctx, 1)?);
+        // SAFETY: R and T are OrtMemTypeCPUInput: host memory, read-only here.
+        let r = unsafe {
+            match r_t.dtype {
+                DType::Float => f64::from(*r_t.slice::<f32>().first().unwrap_or(&0.0)),
+                DType::Double => *r_t.slice::<f64>().first().unwrap_or(&0.0),
+                other => return Err(Error::input(self.op, 0, "R", "float or double", other.name())),
+            }
+        };
+        // SAFETY: as above.
+        let t = unsafe {
+            match t_t.dtype {
+                DType::Int64 => *t_t.slice::<i64>().first().unwrap_or(&0),
+                other => return Err(Error::input(self.op, 1, "T", "int64", other.name())),
+            }
+        };
+        let streams = self.step.streams;
+        let count = ctx.input_count()?;
+        let n = count.saturating_sub(2) / (streams + 1);
+        if n == 0 || 2 + n * (streams + 1) != count {
+            return Err(Error::Arity { op: self.op, what: format!("{count} inputs do not form groups") });
+        }
+        let (coeffs, extra) = (self.step.coeffs)(r, t);
+        let stream: *mut c_void = match self.stream {
+            StreamFrom::DefaultSynchronised => core::ptr::null_mut(),
+            StreamFrom::ComputeStream => ctx.gpu_stream()?,
+        };
+        let ordinal = ctx.input_device_id(2)?;
+        let function = trainops_cuda::function(ordinal, self.step.kernel).map_err(|e| runtime(e.to_string()))?;
+        for i in 0..n {
+            let x = ctx.input(2 + i)?.ok_or_else(|| runtime("missing X".into()))?;
+            let g = ctx.input(2 + n + i)?.ok_or_else(|| runtime("missing G".into()))?;
+            self.float(&x, 2 + i, "X")?;
+            self.float(&g, 2 + n + i, "G")?;
+            let mut outs = Vec::with_capacity(streams);
+            for s in 0..streams {
+                let at = if s == 0 { 2 + i } else { 2 + (s + 1) * n + i };
+                let input =
+                    if s == 0 { x.clone() } else { ctx.input(at)?.ok_or_else(|| runtime("missing stream".into()))? };
+                self.float(&input, at, "stream")?;
+                if input.numel != x.numel || g.numel != x.numel {
+                    return Err(Error::input(self.op, at, "stream", "the size of X", input.numel.to_string()));
+                }
+                let out = ctx.output(s * n + i, &input.shape)?;
+                if out.ptr != input.ptr && x.numel > 0 {
+                    // SAFETY: both are device buffers of numel float32 elements.
+                    unsafe { trainops_cuda::copy(ordinal, out.ptr, input.ptr, x.numel * 4) }
+                        .map_err(|e| runtime(e.to_string()))?;
+                }
+                outs.push(out.ptr);
+            }
+            if x.numel == 0 {
+                continue;
+            }
+            let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(streams + 1);
+            ptrs.push(outs[0]);
+            ptrs.push(g.ptr);
+            ptrs.extend_from_slice(&outs[1..]);
+            let mut numel = x.numel as u64;
+            let mut cs = coeffs.clone();
+            let mut flag = extra.unwrap_or(0);
+            let mut args: Vec<*mut c_void> = ptrs.iter_mut().map(arg).collect();
+            args.push(arg(&mut numel));
+            args.extend(cs.iter_mut().map(arg));
+            if extra.is_some() {
+                args.push(arg(&mut flag));
+            }
+            let blocks = u32::try_from(x.numel.div_ceil(256).min(65_535 * 8)).unwrap_or(u32::MAX);
+            // SAFETY: the arguments are, in order, the kernel's parameters (trainops.cu):
+            // device pointers of numel float32 each, the count, the coefficients, the flag;
+            // all outlive the launch, which copies them.
+            unsafe { trainops_cuda::launch(ordinal, &function, blocks, stream, &mut args) }
+                .map_err(|e| runtime(e.to_string()))?;
+        }
+        if self.stream == StreamFrom::DefaultSynchronised {
+            // SAFETY: the default stream.
+            unsafe { trainops_cuda::synchronize(ordinal, core::ptr::null_mut()) }
+                .map_err(|e| runtime(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+/// The device kernels of the `CUDAExecutionProvider` registration: the op's CUDA kernel on the
+/// provider's compute stream.
+pub struct CudaEpKernels;
+
+impl super::super::op::DeviceKernels for CudaEpKernels {
+    fn create(&self, spec: &'static dyn OpSpec, info: &super::super::KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
+        match spec.device_step(info)? {
+            Some(step) => Ok(Box::new(CudaOptimizer::new(spec, step, StreamFrom::ComputeStream))),
+            None => Err(Error::Runtime {
+                op: spec.op(),
+                call: "CUDAExecutionProvider",
+                message: "this op has no CUDA kernel".into(),
+            }),
+        }
+    }
+}
+
+/// The one instance.
+pub static CUDA_EP_KERNELS: CudaEpKernels = CudaEpKernels;
+
+/// Whether this process asked for the CUDA kernels (`TRAINOPS_CUDA=1`): opt-in until they are
+/// verified on a GPU.
+pub fn requested() -> bool {
+    std::env::var("TRAINOPS_CUDA").as_deref() == Ok("1")
+}
