@@ -1,7 +1,9 @@
-//! A memory-bandwidth ceiling for benchmarks: the memory traffic of an Adam step (reads
-//! `x, g, v, h`, writes `x, v, h`) with the least arithmetic, `x += g; v += g; h += g`, so a
-//! benchmark can report Adam as a fraction of what the memory allows in the same run. An
-//! [`Optimizer`] of three streams with no attributes, so it runs exactly as Adam does.
+//! A memory-bandwidth ceiling for benchmarks: the memory traffic of an optimizer step with
+//! `N` rewritten streams (Adam's `x, v, h`: reads `x, g, v, h`, writes `x, v, h`; Adagrad's
+//! and Momentum's two) with the least arithmetic, `s += g` for every stream `s`, so that a
+//! benchmark can report an optimizer as a fraction of what the memory allows in the same run.
+//! An [`Optimizer`] of two and of three streams with no attributes, so it runs exactly as the
+//! optimizers do.
 
 use crate::optim::{Optimizer, Param};
 use crate::simd::Level;
@@ -11,52 +13,84 @@ use crate::{Compute, Element};
 /// Elements per block of widened gradients (4 KiB of f32: stays in L1).
 const BLOCK: usize = 1024;
 
-/// The yardstick, streams `X, V, H` like Adam's.
+/// The yardstick: streams `X, V, H` like Adam's, or `X, H` like Adagrad's (Momentum's
+/// `X, V` move the same bytes).
 #[derive(Debug, Clone, Copy)]
 pub struct MemoryCeiling;
 
-impl Optimizer<3> for MemoryCeiling {
-    type Attrs = ();
-    type Coeffs<C: Compute> = ();
-    const STREAMS: [&'static str; 3] = ["X", "V", "H"];
-
-    fn coeffs<C: Compute>(_: &(), _: f64, _: i64) {}
-
-    #[inline(always)]
-    fn update<C: Compute>(_: &(), [x, v, h]: [C; 3], g: C) -> [C; 3] {
-        [x + g, v + g, h + g]
+/// The streams' names: Adam's for three, Adagrad's for two.
+const fn names<const N: usize>() -> [&'static str; N] {
+    let mut a = ["S"; N];
+    if N > 0 {
+        a[0] = "X";
     }
-
-    fn reference<X: Element, G: Element<C = X::C>>(_: &(), _: f64, _: i64, streams: [&[X]; 3], g: &[G]) -> [Vec<X>; 3] {
-        streams.map(|s| s.iter().zip(g).map(|(e, g)| X::store(e.load() + g.load())).collect())
+    if N == 2 {
+        a[1] = "H";
     }
+    if N == 3 {
+        a[1] = "V";
+        a[2] = "H";
+    }
+    a
+}
 
-    /// In place (what benchmarks measure, with IOBinding): plain slices, vectorised, the
-    /// gradient widened a block at a time (a no-op copy in L1 when it is `X`).
-    fn chunk<X: Element, G: Element<C = X::C>>(_level: Level, _: &(), p: Param<'_, X, G, 3>) {
-        let Param { streams: [mut x, mut v, mut h], g } = p;
-        match (x.access(), v.access(), h.access()) {
-            (Access::InPlace(x), Access::InPlace(v), Access::InPlace(h)) => {
-                let mut wide = [X::C::from_f64(0.0); BLOCK];
-                for (((x, v), h), g) in
-                    x.chunks_mut(BLOCK).zip(v.chunks_mut(BLOCK)).zip(h.chunks_mut(BLOCK)).zip(g.chunks(BLOCK))
-                {
-                    let wide = &mut wide[..g.len()];
-                    G::load_slice(g, wide);
-                    for (((x, v), h), &g) in x.iter_mut().zip(v.iter_mut()).zip(h.iter_mut()).zip(wide.iter()) {
-                        *x = X::store(x.load() + g);
-                        *v = X::store(v.load() + g);
-                        *h = X::store(h.load() + g);
-                    }
+macro_rules! ceiling {
+    ($n:literal) => {
+        impl Optimizer<$n> for MemoryCeiling {
+            type Attrs = ();
+            type Coeffs<C: Compute> = ();
+            const STREAMS: [&'static str; $n] = names::<$n>();
+
+            fn coeffs<C: Compute>(_: &(), _: f64, _: i64) {}
+
+            #[inline(always)]
+            fn update<C: Compute>(_: &(), s: [C; $n], g: C) -> [C; $n] {
+                s.map(|e| e + g)
+            }
+
+            fn reference<X: Element, G: Element<C = X::C>>(
+                _: &(),
+                _: f64,
+                _: i64,
+                streams: [&[X]; $n],
+                g: &[G],
+            ) -> [Vec<X>; $n] {
+                streams.map(|s| s.iter().zip(g).map(|(e, g)| X::store(e.load() + g.load())).collect())
+            }
+
+            fn chunk<X: Element, G: Element<C = X::C>>(_level: Level, _: &(), p: Param<'_, X, G, $n>) {
+                chunk(p)
+            }
+        }
+    };
+}
+ceiling!(2);
+ceiling!(3);
+
+/// In place (what benchmarks measure, with IOBinding): plain slices, vectorised, the
+/// gradient widened a block at a time (a no-op copy in L1 when it is `X`), then each stream's
+/// block rewritten; out of place, element by element.
+fn chunk<X: Element, G: Element<C = X::C>, const N: usize>(p: Param<'_, X, G, N>) {
+    let Param { mut streams, g } = p;
+    let mut access = streams.each_mut().map(|s| s.access());
+    if access.iter().all(|a| matches!(a, Access::InPlace(_))) {
+        let mut wide = [X::C::from_f64(0.0); BLOCK];
+        for (b, g) in g.chunks(BLOCK).enumerate() {
+            let wide = &mut wide[..g.len()];
+            G::load_slice(g, wide);
+            for a in access.iter_mut() {
+                let Access::InPlace(s) = a else { unreachable!("all in place") };
+                for (e, &g) in s[b * BLOCK..b * BLOCK + wide.len()].iter_mut().zip(wide.iter()) {
+                    *e = X::store(e.load() + g);
                 }
             }
-            _ => {
-                for (i, &g) in g.iter().enumerate() {
-                    let g = g.load();
-                    x.set(i, X::store(x.get(i).load() + g));
-                    v.set(i, X::store(v.get(i).load() + g));
-                    h.set(i, X::store(h.get(i).load() + g));
-                }
+        }
+    } else {
+        for (i, &g) in g.iter().enumerate() {
+            let g = g.load();
+            for s in streams.iter_mut() {
+                let e = s.get(i).load();
+                s.set(i, X::store(e + g));
             }
         }
     }
@@ -87,5 +121,23 @@ mod tests {
         );
         MemoryCeiling::step(&(), vec![t.unwrap()], &crate::Sequential);
         assert_eq!((a[8], b[0], c[4], src[0]), (3.0, 3.0, 3.0, 1.0));
+    }
+
+    #[test]
+    fn two_streams_in_place_and_out_of_place_match_the_reference() {
+        let n = 2 * CHUNK + 1029;
+        let (x, h, g): (Vec<f32>, Vec<f32>, Vec<f32>) =
+            (0..n).map(|i| (i as f32, 0.5 * i as f32, 0.25 * (i % 7) as f32)).collect();
+        let want = <MemoryCeiling as Optimizer<2>>::reference(&(), 0.0, 0, [&x, &h], &g);
+        let (mut xi, mut hi) = (x.clone(), h.clone());
+        let t = MemoryCeiling::param([InOut::in_place(&mut xi), InOut::in_place(&mut hi)], &g).unwrap();
+        MemoryCeiling::step(&(), vec![t], &RayonPool(None));
+        assert_eq!([xi, hi], want);
+        let (mut xo, mut ho) = (vec![0f32; n], vec![0f32; n]);
+        let t = MemoryCeiling::param([InOut::split(&x, &mut xo).unwrap(), InOut::split(&h, &mut ho).unwrap()], &g);
+        MemoryCeiling::step(&(), vec![t.unwrap()], &crate::Sequential);
+        assert_eq!([xo, ho], want);
+        assert_eq!(<MemoryCeiling as Optimizer<2>>::STREAMS, ["X", "H"]);
+        assert_eq!(<MemoryCeiling as Optimizer<3>>::STREAMS, ["X", "V", "H"]);
     }
 }

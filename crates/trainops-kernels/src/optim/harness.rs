@@ -197,11 +197,26 @@ pub fn non_finite_values<O: Harness<N>, const N: usize>() {
         }
     });
     let cases = vec![(raw, pick(3)), (domain, pick(3))];
+    // The same through 16-bit weights and gradients (f32::MAX becomes an infinity,
+    // the smallest normal and subnormal f32 become zeros or 16-bit subnormals).
+    let narrow = |f: fn(f32) -> f32| -> Vec<Case<f32, f32, N>> {
+        cases.iter().map(|(s, g)| (s.clone().map(|v| convert(&v, f)), convert(g, f))).collect()
+    };
+    let (via16, viab) = (narrow(|e| f16::from_f32(e).to_f32()), narrow(|e| bf16::from_f32(e).to_f32()));
+    let all16 = convert_cases(&widen(&via16), f16::from_f64, f16::from_f64);
+    let allb = convert_cases(&widen(&viab), bf16::from_f64, bf16::from_f64);
     for a in O::fixed_attrs().into_iter().chain(O::extreme_attrs()) {
         for &t in O::T_FIXED {
             check::<O, f32, f32, N>(&a, 0.1, t, &cases);
+            check::<O, f16, f16, N>(&a, 0.1, t, &all16);
+            check::<O, bf16, bf16, N>(&a, 0.1, t, &allb);
         }
     }
+}
+
+/// `f32` cases widened to `f64` (exact).
+fn widen<const N: usize>(cases: &[Case<f32, f32, N>]) -> Vec<Case<f64, f64, N>> {
+    cases.iter().map(|(s, g)| (s.each_ref().map(|v| convert(v, f64::from)), convert(g, f64::from))).collect()
 }
 
 /// A gradient or a state stream of another length than the weights is refused, named.

@@ -21,6 +21,8 @@ pub mod adam;
 #[cfg(test)]
 mod harness;
 pub mod momentum;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use core::fmt::Debug;
 
