@@ -5,13 +5,15 @@
 //! An [`Optimizer`] of two and of three streams with no attributes, so it runs exactly as the
 //! optimizers do.
 
-use crate::optim::{Optimizer, Param};
+use core::marker::PhantomData;
+
+use crate::optim::{portable, Optimizer, Param};
 use crate::simd::Level;
-use crate::stream::Access;
 use crate::{Compute, Element};
 
-/// Elements per block of widened gradients (4 KiB of f32: stays in L1).
-const BLOCK: usize = 1024;
+/// The ceiling's coefficients: none (a type, so the shared SIMD dispatch can name it).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CeilingCoeffs<C>(PhantomData<C>);
 
 /// The yardstick: streams `X, V, H` like Adam's, or `X, H` like Adagrad's (Momentum's
 /// `X, V` move the same bytes).
@@ -35,16 +37,18 @@ const fn names<const N: usize>() -> [&'static str; N] {
 }
 
 macro_rules! ceiling {
-    ($n:literal) => {
+    ($n:literal, $x86:ident) => {
         impl Optimizer<$n> for MemoryCeiling {
             type Attrs = ();
-            type Coeffs<C: Compute> = ();
+            type Coeffs<C: Compute> = CeilingCoeffs<C>;
             const STREAMS: [&'static str; $n] = names::<$n>();
 
-            fn coeffs<C: Compute>(_: &(), _: f64, _: i64) {}
+            fn coeffs<C: Compute>(_: &(), _: f64, _: i64) -> CeilingCoeffs<C> {
+                CeilingCoeffs(PhantomData)
+            }
 
             #[inline(always)]
-            fn update<C: Compute>(_: &(), s: [C; $n], g: C) -> [C; $n] {
+            fn update<C: Compute>(_: &CeilingCoeffs<C>, s: [C; $n], g: C) -> [C; $n] {
                 s.map(|e| e + g)
             }
 
@@ -58,42 +62,96 @@ macro_rules! ceiling {
                 streams.map(|s| s.iter().zip(g).map(|(e, g)| X::store(e.load() + g.load())).collect())
             }
 
-            fn chunk<X: Element, G: Element<C = X::C>>(_level: Level, _: &(), p: Param<'_, X, G, $n>) {
-                chunk(p)
+            /// The SIMD kernels of the level (the optimizers' loads, stores and dispatch, so
+            /// the yardstick moves memory as they do); else the portable loop.
+            fn chunk<X: Element, G: Element<C = X::C>>(level: Level, c: &CeilingCoeffs<X::C>, p: Param<'_, X, G, $n>) {
+                #[cfg(target_arch = "x86_64")]
+                let Err(p) = $x86::try_simd(level, c, p) else {
+                    return;
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = level;
+                portable(c, p, Self::update);
             }
         }
     };
 }
-ceiling!(2);
-ceiling!(3);
+ceiling!(2, x86_2);
+ceiling!(3, x86_3);
 
-/// In place (what benchmarks measure, with IOBinding): plain slices, vectorised, the
-/// gradient widened a block at a time (a no-op copy in L1 when it is `X`), then each stream's
-/// block rewritten; out of place, element by element.
-fn chunk<X: Element, G: Element<C = X::C>, const N: usize>(p: Param<'_, X, G, N>) {
-    let Param { mut streams, g } = p;
-    let mut access = streams.each_mut().map(|s| s.access());
-    if access.iter().all(|a| matches!(a, Access::InPlace(_))) {
-        let mut wide = [X::C::from_f64(0.0); BLOCK];
-        for (b, g) in g.chunks(BLOCK).enumerate() {
-            let wide = &mut wide[..g.len()];
-            G::load_slice(g, wide);
-            for a in access.iter_mut() {
-                let Access::InPlace(s) = a else { unreachable!("all in place") };
-                for (e, &g) in s[b * BLOCK..b * BLOCK + wide.len()].iter_mut().zip(wide.iter()) {
-                    *e = X::store(e.load() + g);
+/// Whole groups of `$lanes`: every stream loaded, `g` added, stored (`simd_kernels!`).
+#[cfg(target_arch = "x86_64")]
+macro_rules! ceiling_lanes {
+    ($c:ident, $p:ident, $n:ident, $lanes:literal, $v:ident, $ld:path, $st:path, $load_g:path) => {{
+        let _ = $c;
+        let mut i = 0;
+        while i + $lanes <= $n {
+            // SAFETY: lanes i..i + $lanes are in bounds (i + $lanes <= n), each stream's
+            // lanes are loaded before they are stored, and unaligned access is allowed.
+            unsafe {
+                let g = $load_g($p.g.add(i));
+                // Every load of the group, then every store, as the optimizers do.
+                let mut sums = $p.s.map(|_| g);
+                for (sum, &(src, _)) in sums.iter_mut().zip(&$p.s) {
+                    *sum = $v::add($ld(src.add(i)), g);
+                }
+                for (&sum, &(_, dst)) in sums.iter().zip(&$p.s) {
+                    $st(dst.add(i), sum);
                 }
             }
+            i += $lanes;
         }
-    } else {
-        for (i, &g) in g.iter().enumerate() {
-            let g = g.load();
-            for s in streams.iter_mut() {
-                let e = s.get(i).load();
-                s.set(i, X::store(e + g));
-            }
-        }
-    }
+    }};
+}
+
+/// The three-stream ceiling's x86 kernels.
+#[cfg(target_arch = "x86_64")]
+mod x86_3 {
+    use super::{CeilingCoeffs, MemoryCeiling};
+    use crate::optim::x86::{bf16x16, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
+    use crate::optim::Optimizer;
+
+    simd_kernels!(
+        ceiling_lanes,
+        CeilingCoeffs,
+        3,
+        <MemoryCeiling as Optimizer<3>>::update,
+        [
+            ceiling3_f32_avx512,
+            ceiling3_f16_avx512,
+            ceiling3_bf16_avx512,
+            ceiling3_f32_f16_avx512,
+            ceiling3_f32_bf16_avx512,
+            ceiling3_f64_avx512,
+            ceiling3_f32_avx2,
+            ceiling3_f64_avx2,
+        ]
+    );
+}
+
+/// The two-stream ceiling's x86 kernels.
+#[cfg(target_arch = "x86_64")]
+mod x86_2 {
+    use super::{CeilingCoeffs, MemoryCeiling};
+    use crate::optim::x86::{bf16x16, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
+    use crate::optim::Optimizer;
+
+    simd_kernels!(
+        ceiling_lanes,
+        CeilingCoeffs,
+        2,
+        <MemoryCeiling as Optimizer<2>>::update,
+        [
+            ceiling2_f32_avx512,
+            ceiling2_f16_avx512,
+            ceiling2_bf16_avx512,
+            ceiling2_f32_f16_avx512,
+            ceiling2_f32_bf16_avx512,
+            ceiling2_f64_avx512,
+            ceiling2_f32_avx2,
+            ceiling2_f64_avx2,
+        ]
+    );
 }
 
 #[cfg(test)]
@@ -107,7 +165,7 @@ mod tests {
         let n = 3 * CHUNK + 5;
         let (mut x, g, mut v, mut h) = (vec![1.0f32; n], vec![0.5f32; n], vec![2.0f32; n], vec![3.0f32; n]);
         let t = MemoryCeiling::param([InOut::in_place(&mut x), InOut::in_place(&mut v), InOut::in_place(&mut h)], &g);
-        MemoryCeiling::step(&(), vec![t.unwrap()], &RayonPool(None));
+        MemoryCeiling::step(&CeilingCoeffs::default(), vec![t.unwrap()], &RayonPool(None));
         assert!(x.iter().all(|&e| e == 1.5) && v.iter().all(|&e| e == 2.5) && h.iter().all(|&e| e == 3.5));
         let (src, mut a, mut b, mut c) = (vec![1.0f64; 9], vec![0.0; 9], vec![0.0; 9], vec![0.0; 9]);
         let gs = vec![2.0f64; 9];
@@ -119,7 +177,7 @@ mod tests {
             ],
             &gs,
         );
-        MemoryCeiling::step(&(), vec![t.unwrap()], &crate::Sequential);
+        MemoryCeiling::step(&CeilingCoeffs::default(), vec![t.unwrap()], &crate::Sequential);
         assert_eq!((a[8], b[0], c[4], src[0]), (3.0, 3.0, 3.0, 1.0));
     }
 
@@ -131,13 +189,44 @@ mod tests {
         let want = <MemoryCeiling as Optimizer<2>>::reference(&(), 0.0, 0, [&x, &h], &g);
         let (mut xi, mut hi) = (x.clone(), h.clone());
         let t = MemoryCeiling::param([InOut::in_place(&mut xi), InOut::in_place(&mut hi)], &g).unwrap();
-        MemoryCeiling::step(&(), vec![t], &RayonPool(None));
+        MemoryCeiling::step(&CeilingCoeffs::default(), vec![t], &RayonPool(None));
         assert_eq!([xi, hi], want);
         let (mut xo, mut ho) = (vec![0f32; n], vec![0f32; n]);
         let t = MemoryCeiling::param([InOut::split(&x, &mut xo).unwrap(), InOut::split(&h, &mut ho).unwrap()], &g);
-        MemoryCeiling::step(&(), vec![t.unwrap()], &crate::Sequential);
+        MemoryCeiling::step(&CeilingCoeffs::default(), vec![t.unwrap()], &crate::Sequential);
         assert_eq!([xo, ho], want);
         assert_eq!(<MemoryCeiling as Optimizer<2>>::STREAMS, ["X", "H"]);
         assert_eq!(<MemoryCeiling as Optimizer<3>>::STREAMS, ["X", "V", "H"]);
     }
+
+    /// The shared optimizer harness: every SIMD level, placement, pool, edge length and
+    /// 16-bit pair is bitwise the reference, for both stream counts.
+    macro_rules! ceiling_harness {
+        ($m:ident, $n:literal) => {
+            mod $m {
+                use proptest::prelude::*;
+
+                use super::super::MemoryCeiling;
+                use crate::optim::harness::{optimizer_harness, Harness};
+
+                impl Harness<$n> for MemoryCeiling {
+                    fn fixed_attrs() -> Vec<()> {
+                        vec![()]
+                    }
+                    const T_FIXED: &'static [i64] = &[1];
+                    const T_RANGE: core::ops::Range<i64> = 0..2;
+                    fn attrs() -> BoxedStrategy<()> {
+                        Just(()).boxed()
+                    }
+                    fn value(_k: usize, u: f64) -> f64 {
+                        8.0 * u
+                    }
+                }
+
+                optimizer_harness!(MemoryCeiling, $n);
+            }
+        };
+    }
+    ceiling_harness!(two, 2);
+    ceiling_harness!(three, 3);
 }
