@@ -13,6 +13,9 @@ use trainops_kernels::ceiling::stream_fill;
 use trainops_kernels::random::philox::{detected, fill_stores, Stores, STREAM_BYTES};
 use trainops_kernels::{Parallelism, RayonPool, Sequential};
 
+/// One measured fill.
+type Row<'a> = &'a dyn Fn(&mut [u32]);
+
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     let m = v.len() / 2;
@@ -56,10 +59,16 @@ fn main() {
         let words = (mib << 20) / 4;
         let mut out = vec![1u32; words];
         for (threads, par) in [(1, &Sequential as &dyn Parallelism), (2, &two)] {
-            let rows: [&dyn Fn(&mut [u32]); 4] = [
-                &|o| drop(fill_stores(level, Stores::Normal, &state, o, par)),
-                &|o| drop(fill_stores(level, Stores::Streaming, &state, o, par)),
-                &|o| drop(fill_stores(level, Stores::Auto, &state, o, par)),
+            let rows: [Row<'_>; 4] = [
+                &|o| {
+                    fill_stores(level, Stores::Normal, &state, o, par);
+                },
+                &|o| {
+                    fill_stores(level, Stores::Streaming, &state, o, par);
+                },
+                &|o| {
+                    fill_stores(level, Stores::Auto, &state, o, par);
+                },
                 &|o| stream_fill(o, par),
             ];
             let reps = (64 / mib).max(1);
