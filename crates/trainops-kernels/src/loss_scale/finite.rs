@@ -29,13 +29,19 @@ pub fn all_finite<G: Element>(tensors: &[&[G]], loss_scale: Option<G::C>, par: &
     let verdict = AtomicBool::new(true);
     let work = tensors.iter().map(|t| Piece(t)).collect();
     run_chunked(work, par, CHUNK, SERIAL_BELOW, |p| {
+        // Each block widened first with the type's slice conversion (vectorised for 16-bit
+        // types; element by element, `half`'s scalar conversion kept the check at a third
+        // of the memory's speed), then checked branch-free.
+        let mut wide = [G::C::from_f64(0.0); BLOCK];
         for block in p.0.chunks(BLOCK) {
             if !verdict.load(Ordering::Relaxed) {
                 return;
             }
+            let wide = &mut wide[..block.len()];
+            G::load_slice(block, wide);
             let finite = match loss_scale {
-                Some(s) => block.iter().fold(true, |ok, g| ok & (g.load() / s).is_finite()),
-                None => block.iter().fold(true, |ok, g| ok & g.load().is_finite()),
+                Some(s) => wide.iter().fold(true, |ok, &g| ok & (g / s).is_finite()),
+                None => wide.iter().fold(true, |ok, &g| ok & g.is_finite()),
             };
             if !finite {
                 verdict.store(false, Ordering::Relaxed);
