@@ -108,7 +108,7 @@ macro_rules! ceiling_lanes {
 #[cfg(target_arch = "x86_64")]
 mod x86_3 {
     use super::{CeilingCoeffs, MemoryCeiling};
-    use crate::optim::x86::{bf16x16, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
+    use crate::optim::x86::{bf16x16, bf16x16_native, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
     use crate::optim::Optimizer;
 
     simd_kernels!(
@@ -120,6 +120,7 @@ mod x86_3 {
             ceiling3_f32_avx512,
             ceiling3_f16_avx512,
             ceiling3_bf16_avx512,
+            ceiling3_bf16_avx512bf16,
             ceiling3_f32_f16_avx512,
             ceiling3_f32_bf16_avx512,
             ceiling3_f64_avx512,
@@ -133,7 +134,7 @@ mod x86_3 {
 #[cfg(target_arch = "x86_64")]
 mod x86_2 {
     use super::{CeilingCoeffs, MemoryCeiling};
-    use crate::optim::x86::{bf16x16, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
+    use crate::optim::x86::{bf16x16, bf16x16_native, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
     use crate::optim::Optimizer;
 
     simd_kernels!(
@@ -145,6 +146,7 @@ mod x86_2 {
             ceiling2_f32_avx512,
             ceiling2_f16_avx512,
             ceiling2_bf16_avx512,
+            ceiling2_bf16_avx512bf16,
             ceiling2_f32_f16_avx512,
             ceiling2_f32_bf16_avx512,
             ceiling2_f64_avx512,

@@ -182,6 +182,34 @@ pub mod bf16x16 {
     }
 }
 
+/// bfloat16 narrowing with AVX512_BF16's `vcvtneps2bf16`: round to nearest even and NaN
+/// quieted as `half` does, one instruction, except that it reads subnormal inputs as zero;
+/// a vector holding any subnormal goes through [`bf16x16::store`] instead.
+pub mod bf16x16_native {
+    use super::*;
+
+    /// The 16 lanes of `v` rounded to bfloat16 (nearest even) at `p`.
+    ///
+    /// # Safety
+    /// `p` is valid for 16 writes.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    #[inline]
+    pub unsafe fn store(p: *mut bf16, v: __m512) {
+        let b = _mm512_castps_si512(v);
+        // Subnormal: exponent zero, fraction not.
+        let exp_zero = _mm512_testn_epi32_mask(b, _mm512_set1_epi32(0x7F80_0000));
+        let subnormal = _mm512_mask_test_epi32_mask(exp_zero, b, _mm512_set1_epi32(0x007F_FFFF));
+        if subnormal != 0 {
+            // SAFETY: as for this function.
+            return unsafe { bf16x16::store(p, v) };
+        }
+        // SAFETY: `__m256bh` and `__m256i` are both 32 bytes of plain bits.
+        let words: __m256i = unsafe { core::mem::transmute(_mm512_cvtneps_pbh(v)) };
+        // SAFETY: 16 two-byte values at `p` (caller).
+        unsafe { store_ymm(p.cast(), words) }
+    }
+}
+
 /// An optimizer's x86 kernels and their dispatch. Given the optimizer's lane-body macro
 /// (`$lanes!(c, p, n, LANES, set, load_x, store_x, load_g)`), its coefficient type, its stream
 /// count, its scalar update (`|c, streams, g| -> streams`) and the kernels' names, it writes
@@ -193,8 +221,8 @@ pub mod bf16x16 {
 macro_rules! simd_kernels {
     (
         $lanes:ident, $coeffs:ident, $n:literal, $update:expr,
-        [$f32_512:ident, $f16_512:ident, $bf16_512:ident, $f32_f16_512:ident, $f32_bf16_512:ident,
-         $f64_512:ident, $f32_256:ident, $f64_256:ident $(,)?]
+        [$f32_512:ident, $f16_512:ident, $bf16_512:ident, $bf16_512bf16:ident, $f32_f16_512:ident,
+         $f32_bf16_512:ident, $f64_512:ident, $f32_256:ident, $f64_256:ident $(,)?]
     ) => {
         /// Runs the SIMD kernel of `level` for weights `X` and gradients `G` on `p`, or hands
         /// `p` back when there is none (a scalar level, 16-bit types on AVX2, other pairs).
@@ -226,10 +254,12 @@ macro_rules! simd_kernels {
                     // SAFETY: as said above the match, for this kernel's types and set.
                     unsafe { $f16_512(t, c32(), ptrs.cast(), n) }
                 }
-                Some(Isa::Avx512(t)) if pair == (bf16_, bf16_) => {
+                Some(Isa::Avx512(t)) if pair == (bf16_, bf16_) => match t.with_bf16() {
                     // SAFETY: as said above the match, for this kernel's types and set.
-                    unsafe { $bf16_512(t, c32(), ptrs.cast(), n) }
-                }
+                    Some(tb) => unsafe { $bf16_512bf16(tb, c32(), ptrs.cast(), n) },
+                    // SAFETY: as said above the match, for this kernel's types and set.
+                    None => unsafe { $bf16_512(t, c32(), ptrs.cast(), n) },
+                },
                 Some(Isa::Avx512(t)) if pair == (f32_, f16_) => {
                     // SAFETY: as said above the match, for this kernel's types and set.
                     unsafe { $f32_f16_512(t, c32(), ptrs.cast(), n) }
@@ -300,6 +330,22 @@ macro_rules! simd_kernels {
             n: usize,
         ) {
             $lanes!(c, p, n, 16, ps512, bf16x16::load, bf16x16::store, bf16x16::load);
+            // SAFETY: the caller's guarantee covers the tail.
+            unsafe { $crate::optim::x86::tail(&p, n - n % 16, n, |s, g| $update(c, s, g)) }
+        }
+
+        /// bfloat16 weights, state and gradients with AVX512_BF16's narrowing, 16 lanes.
+        ///
+        /// # Safety
+        /// As for the `f32` kernel.
+        #[target_feature(enable = "avx512f,avx512bf16")]
+        pub unsafe fn $bf16_512bf16(
+            _: $crate::simd::Avx512Bf16,
+            c: &$coeffs<f32>,
+            p: $crate::optim::x86::Ptrs<half::bf16, half::bf16, $n>,
+            n: usize,
+        ) {
+            $lanes!(c, p, n, 16, ps512, bf16x16::load, bf16x16_native::store, bf16x16::load);
             // SAFETY: the caller's guarantee covers the tail.
             unsafe { $crate::optim::x86::tail(&p, n - n % 16, n, |s, g| $update(c, s, g)) }
         }
@@ -461,6 +507,28 @@ mod tests {
             assert_eq!(h[i].to_bits(), f16::from_f32(x).to_bits(), "f16 of {:#010x}", words[i]);
             assert_eq!(b[i].to_bits(), bf16::from_f32(x).to_bits(), "bf16 of {:#010x}", words[i]);
         }
+        let Some(Isa::Avx512(t)) = Level::Avx512.isa() else { return };
+        let Some(_) = t.with_bf16() else { return };
+        // One subnormal in a vector of 16, and vectors with none (the fast path).
+        let mut n = vec![bf16::ZERO; xs.len()];
+        for i in (0..xs.len()).step_by(16) {
+            // SAFETY: AVX-512F and AVX512_BF16 are available (the token above), and 16
+            // elements from `i` are in bounds of each buffer.
+            unsafe { native_store(n.as_mut_ptr().add(i), xs.as_ptr().add(i)) };
+        }
+        for (i, &x) in xs.iter().enumerate() {
+            assert_eq!(n[i].to_bits(), bf16::from_f32(x).to_bits(), "native bf16 of {:#010x}", words[i]);
+        }
+    }
+
+    /// [`bf16x16_native::store`] of 16 `f32` at `x`.
+    ///
+    /// # Safety
+    /// AVX512_BF16 is available; 16 elements at `p` and `x`.
+    #[target_feature(enable = "avx512f,avx512bf16")]
+    unsafe fn native_store(p: *mut bf16, x: *const f32) {
+        // SAFETY: as for this function.
+        unsafe { super::bf16x16_native::store(p, core::arch::x86_64::_mm512_loadu_ps(x)) }
     }
 
     #[test]

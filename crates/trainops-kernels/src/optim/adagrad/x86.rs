@@ -6,7 +6,7 @@
 //! fused multiply-add), so every level is bitwise equal to the scalar reference.
 
 use super::{Adagrad, AdagradCoeffs};
-use crate::optim::x86::{bf16x16, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
+use crate::optim::x86::{bf16x16, bf16x16_native, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
 use crate::optim::Optimizer;
 
 /// Whole groups of `$lanes` with the operations of set `$v`, streams loaded and stored by
@@ -44,6 +44,7 @@ simd_kernels!(
         adagrad_f32_avx512,
         adagrad_f16_avx512,
         adagrad_bf16_avx512,
+        adagrad_bf16_avx512bf16,
         adagrad_f32_f16_avx512,
         adagrad_f32_bf16_avx512,
         adagrad_f64_avx512,

@@ -7,7 +7,7 @@
 //! Adam is bound by memory bandwidth, so fusing would buy nothing but different bits.
 
 use super::{Adam, AdamCoeffs};
-use crate::optim::x86::{bf16x16, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
+use crate::optim::x86::{bf16x16, bf16x16_native, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
 use crate::optim::Optimizer;
 
 /// Whole groups of `$lanes` with the operations of set `$v`, streams loaded and stored by
@@ -55,6 +55,7 @@ simd_kernels!(
         adam_f32_avx512,
         adam_f16_avx512,
         adam_bf16_avx512,
+        adam_bf16_avx512bf16,
         adam_f32_f16_avx512,
         adam_f32_bf16_avx512,
         adam_f64_avx512,

@@ -7,7 +7,7 @@
 //! is bitwise equal to the scalar reference. The mode is decided once per chunk.
 
 use super::{Momentum, MomentumCoeffs, MomentumMode};
-use crate::optim::x86::{bf16x16, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
+use crate::optim::x86::{bf16x16, bf16x16_native, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
 use crate::optim::Optimizer;
 
 /// Whole groups of `$lanes` with the operations of set `$v`, streams loaded and stored by
@@ -53,6 +53,7 @@ simd_kernels!(
         momentum_f32_avx512,
         momentum_f16_avx512,
         momentum_bf16_avx512,
+        momentum_bf16_avx512bf16,
         momentum_f32_f16_avx512,
         momentum_f32_bf16_avx512,
         momentum_f64_avx512,
