@@ -20,6 +20,9 @@
 use std::hint::black_box;
 use std::time::Instant;
 
+mod common;
+use common::{busy_share, cpu_jiffies, loadavg, median};
+
 use half::{bf16, f16};
 use trainops_kernels::ceiling::MemoryCeiling;
 use trainops_kernels::loss_scale::all_finite;
@@ -107,35 +110,6 @@ where
     )
 }
 
-/// Busy and total jiffies of the whole machine.
-fn cpu_jiffies() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let v: Vec<u64> =
-        stat.lines().next().unwrap_or("").split_whitespace().skip(1).filter_map(|w| w.parse().ok()).collect();
-    let total: u64 = v.iter().sum();
-    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    (total - idle, total)
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
-}
-
 fn main() {
     let args: Vec<f64> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let n = args.first().map_or(16_000_000, |&v| v as usize);
@@ -165,7 +139,7 @@ fn main() {
     for (_, _, _, f) in rows.iter_mut() {
         f(&par); // warm: pages touched, caches and pool started
     }
-    let (load0, (busy0, total0)) = (loadavg(), cpu_jiffies());
+    let (load0, jiffies0) = (loadavg(), cpu_jiffies());
     let mut gbs: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
     let len = rows.len();
     for r in 0..rounds {
@@ -179,8 +153,7 @@ fn main() {
             gbs[k].push(*bytes * n as f64 / dt / 1e9);
         }
     }
-    let (busy1, total1) = cpu_jiffies();
-    let busy = (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64;
+    let busy = busy_share(jiffies0, cpu_jiffies());
     black_box(&rows.len());
     println!("n = {n}, {threads} threads, {rounds} interleaved rounds, in place");
     println!(

@@ -9,40 +9,15 @@
 
 use std::time::Instant;
 
+mod common;
+use common::{busy_share, cpu_jiffies, loadavg, median};
+
 use trainops_kernels::ceiling::stream_fill;
 use trainops_kernels::random::philox::{detected, fill_stores, Stores, STREAM_BYTES};
 use trainops_kernels::{Parallelism, RayonPool, Sequential};
 
 /// One measured fill.
 type Row<'a> = &'a dyn Fn(&mut [u32]);
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    let m = v.len() / 2;
-    if v.len() % 2 == 1 {
-        v[m]
-    } else {
-        (v[m - 1] + v[m]) / 2.0
-    }
-}
-
-fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-/// Busy and total jiffies of the whole machine.
-fn cpu_jiffies() -> (u64, u64) {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let v: Vec<u64> =
-        stat.lines().next().unwrap_or("").split_whitespace().skip(1).filter_map(|w| w.parse().ok()).collect();
-    let idle = v.get(3).copied().unwrap_or(0) + v.get(4).copied().unwrap_or(0);
-    (v.iter().sum::<u64>() - idle, v.iter().sum())
-}
 
 fn main() {
     let rounds = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(15usize);
@@ -53,7 +28,7 @@ fn main() {
     println!("Philox {level:?}, {rounds} interleaved rounds; streaming from {} MiB up", STREAM_BYTES >> 20);
     println!("| size | threads | normal stores GB/s | streaming GB/s | auto GB/s | NT fill GB/s | auto / NT fill | streaming / normal |");
     println!("|---|---:|---:|---:|---:|---:|---:|---:|");
-    let (busy0, total0) = cpu_jiffies();
+    let jiffies0 = cpu_jiffies();
     let load0 = loadavg();
     for mib in [1usize, 2, 4, 8, 16, 64] {
         let words = (mib << 20) / 4;
@@ -98,10 +73,9 @@ fn main() {
             );
         }
     }
-    let (busy1, total1) = cpu_jiffies();
     println!(
         "host: loadavg {load0} before, {} after; machine busy {:.0}% of CPU time during the run",
         loadavg(),
-        100.0 * (busy1 - busy0) as f64 / (total1 - total0).max(1) as f64
+        100.0 * busy_share(jiffies0, cpu_jiffies())
     );
 }
