@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 
 from helpers.checks import TOLERANCES_16, assert_clear, assert_outputs, same_bits
-from helpers.data import read_case, tensors
+from helpers.data import tensors
 from helpers.references import adagrad as adagrad_ref
-from helpers.runners import assert_in_place_equals_out_of_place
+from helpers.runners import (assert_in_place_equals_out_of_place, check_onnx_case,
+                             check_reference_on_case, run_thread_counts)
 from trainops.models import adagrad_feeds, adagrad_model
 
 F32, F64 = np.float32, np.float64
@@ -174,14 +175,7 @@ def test_thread_count_bitwise_equal(make_session, rng, dtype):
     xs, gs, hs = data(rng, shapes, dtype, g_shapes)
     model = adagrad_model(shapes, dtype, g_shapes=g_shapes, **NON_DEFAULT)
     feeds = adagrad_feeds(0.01, 9, xs, gs, hs)
-    before = {k: np.array(a, copy=True) for k, a in feeds.items()}
-    results = {threads: make_session(model, threads=threads).run(None, feeds)
-               for threads in (1, 2, 3)}
-    for threads in (2, 3):
-        for k, (a, b) in enumerate(zip(results[1], results[threads])):
-            assert same_bits(a, b), f"output {k}: {threads} threads differ from 1 thread"
-    for name, a in feeds.items():  # numpy inputs are passed zero-copy
-        assert same_bits(a, before[name]), f"input {name} was written"
+    results = run_thread_counts(make_session, model, feeds)
     check(results[2], 0.01, 9, xs, gs, hs, **NON_DEFAULT)
 
 
@@ -189,24 +183,14 @@ def test_thread_count_bitwise_equal(make_session, rng, dtype):
 
 @pytest.mark.parametrize("name", ONNX_CASES)
 def test_onnx_case(make_session, models_dir, name):
-    model, ins, expected = read_case(models_dir / name)
-    feeds = {vi.name: a for vi, a in zip(model.graph.input, ins)}
-    actual = make_session(model).run([o.name for o in model.graph.output], feeds)
-    for vi, a, e in zip(model.graph.output, actual, expected):
-        assert a.dtype == e.dtype and a.shape == e.shape, vi.name
-        np.testing.assert_allclose(a, e, rtol=1e-3, atol=1e-7, err_msg=vi.name)
+    check_onnx_case(make_session, models_dir / name)
 
 
 @pytest.mark.parametrize("name", ONNX_CASES)
 def test_onnx_case_against_our_reference(models_dir, name):
     """Our float64 reference reproduces onnx's expected outputs (no library needed)."""
-    model, ins, expected = read_case(models_dir / name)
-    attrs = {a.name: a.f for a in model.graph.node[0].attribute}
-    n = (len(ins) - 2) // 3
-    r, t, rest = ins[0], ins[1], ins[2:]
-    refs = adagrad_ref(r, t, rest[:n], rest[n:2 * n], rest[2 * n:], **attrs)
-    for ref, e in zip(refs, expected):
-        np.testing.assert_allclose(ref, e, rtol=1e-6, atol=1e-7)
+    check_reference_on_case(models_dir / name, adagrad_ref, 3,
+                            lambda node: {a.name: a.f for a in node.attribute})
 
 
 @pytest.mark.parametrize("t", [0, 3])

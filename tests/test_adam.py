@@ -9,7 +9,7 @@ import pytest
 from helpers.checks import assert_matches_reference, same_bits
 from helpers.data import group, groups
 from helpers.references import adam as adam_ref
-from helpers.runners import run
+from helpers.runners import run, run_thread_counts
 from trainops.models import adam_feeds, adam_model
 
 F32, F64 = np.float32, np.float64
@@ -251,12 +251,7 @@ def test_thread_count_bitwise_equal(make_session, rng, dtype):
     g_shapes = [(300_000,), (301,), (5,)]
     xs, gs, vs, hs = groups(rng, shapes, dtype, g_shapes)
     model = adam_model(shapes, dtype, g_shapes=g_shapes, **NON_DEFAULT)
-    results = {}
-    for threads in (1, 2, 3):
-        results[threads] = run(make_session(model, threads=threads), 0.01, 9, xs, gs, vs, hs)
-    for threads in (2, 3):
-        for k, (a, b) in enumerate(zip(results[1], results[threads])):
-            assert same_bits(a, b), f"output {k}: {threads} threads differ from 1 thread"
+    results = run_thread_counts(make_session, model, adam_feeds(0.01, 9, xs, gs, vs, hs))
     assert_matches_reference(results[2], 0.01, 9, xs, gs, vs, hs, **NON_DEFAULT)
 
 

@@ -324,6 +324,75 @@ def test_cnn_end_to_end():
     check(nodes, ins, ["k", "kb", "w", "wb"], consts=consts)
 
 
+# --- Dropout: the mask of the forward run ----------------------------------------------
+
+@pytest.mark.parametrize("mode", [None, "constant false"])
+def test_dropout_in_inference_is_the_identity(mode):
+    consts = {"ratio": np.array(0.4)}
+    ins = ["x", "ratio"]
+    if mode:
+        consts["off"] = np.array(False)
+        ins.append("off")
+    check([node("Dropout", ins)], {"x": r(3, 4)}, ["x"], consts=consts)
+
+
+def _fixed_mask_fd(x, keep, scale, R, eps=1e-3):
+    """Central differences of f(x) = sum(where(keep, x * scale, 0) * R) in float64: the
+    forward Dropout with its mask held fixed."""
+    def f(v):
+        return float(np.sum(np.where(keep, v * scale, 0.0) * R))
+    num = np.zeros(x.shape)
+    for i in np.ndindex(x.shape):
+        up, down = x.astype(np.float64), x.astype(np.float64)
+        up[i] += eps
+        down[i] -= eps
+        num[i] = (f(up) - f(down)) / (2 * eps)
+    return num
+
+
+@pytest.mark.parametrize("mode", ["constant", "input true", "input false"])
+def test_dropout_in_training_uses_the_mask(mode):
+    """Plain onnxruntime draws the mask; the gradient of the same run must be the central
+    differences of the forward with that mask fixed (and the ratio's float32 scale)."""
+    ratio = 0.25
+    x = r(6, 7).astype(np.float32)
+    R = r(6, 7).astype(np.float32)
+    vis = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [6, 7])]
+    inits = [numpy_helper.from_array(np.array(ratio, np.float32), "ratio"),
+             numpy_helper.from_array(R, "R")]
+    feeds = {"x": x}
+    if mode == "constant":
+        inits.append(numpy_helper.from_array(np.array(True), "mode"))
+    else:
+        vis.append(helper.make_tensor_value_info("mode", TensorProto.BOOL, []))
+        feeds["mode"] = np.array(mode == "input true")
+    nodes = [node("Dropout", ["x", "ratio", "mode"], ["y", "mask"]),
+             node("Mul", ["y", "R"], ["yR"]), node("ReduceSum", ["yR"], ["loss"], keepdims=0),
+             helper.make_node("Gradient", ["x"], ["d_x"], domain=TRAINING_DOMAIN, xs=["x"],
+                              y="loss")]
+    outs = [helper.make_tensor_value_info(n, t, None) for n, t in
+            [("y", TensorProto.FLOAT), ("mask", TensorProto.BOOL), ("d_x", TensorProto.FLOAT)]]
+    m = expand_gradients(make_model(nodes, vis, outs, inits))
+    y, keep, got = session(m).run(["y", "mask"] + ["d_x"], feeds)
+    training = mode != "input false"
+    scale = float(np.float32(1) / (np.float32(1) - np.float32(ratio))) if training else 1.0
+    if training:
+        assert 0.5 < keep.mean() < 0.95
+    else:
+        assert keep.all()
+    np.testing.assert_allclose(y, np.where(keep, x * np.float32(scale), 0), rtol=1e-6)
+    np.testing.assert_allclose(got, _fixed_mask_fd(x, keep, scale, R), rtol=1e-5, atol=1e-6)
+
+
+def test_dropout_in_training_without_a_mask_output_is_a_clear_error():
+    m = _gradient_model([node("Dropout", ["x", "ratio", "on"], ["y"], name="drop")],
+                        {"x": np.zeros(3, np.float32)}, ["x"])
+    m.graph.initializer.extend([numpy_helper.from_array(np.array(0.5, np.float32), "ratio"),
+                                numpy_helper.from_array(np.array(True), "on")])
+    with pytest.raises(GradientError, match=r"Dropout node 'drop'.*needs the mask"):
+        expand_gradients(m)
+
+
 # --- expand_gradients and errors ----------------------------------------------------------
 
 def test_every_rule_is_tested():
@@ -333,7 +402,7 @@ def test_every_rule_is_tested():
               "Transpose", "Squeeze", "Unsqueeze", "Concat", "Split", "Slice", "Gather",
               "Expand", "Where", "ReduceSum", "ReduceMean", "Conv", "MaxPool", "AveragePool",
               "GlobalAveragePool", "BatchNormalization", "LayerNormalization",
-              "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"}
+              "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "Dropout"}
     assert set(RULES) == tested
 
 

@@ -13,7 +13,7 @@ import onnx
 import pytest
 from onnx import numpy_helper
 
-from helpers.data import read_case
+from helpers.runners import check_onnx_case, check_reference_on_case
 from helpers.references import adam as adam_ref
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -22,26 +22,14 @@ ADAM_CASES = ["test_adam", "test_adam_multiple"]
 
 @pytest.mark.parametrize("name", ADAM_CASES)
 def test_onnx_case(make_session, models_dir, name):
-    model, ins, expected = read_case(models_dir / name)
-    sess = make_session(model)
-    feeds = {vi.name: a for vi, a in zip(model.graph.input, ins)}
-    actual = sess.run([o.name for o in model.graph.output], feeds)
-    for vi, a, e in zip(model.graph.output, actual, expected):
-        assert a.dtype == e.dtype, vi.name
-        assert a.shape == e.shape, vi.name
-        np.testing.assert_allclose(a, e, rtol=1e-3, atol=1e-7, err_msg=vi.name)
+    check_onnx_case(make_session, models_dir / name)
 
 
 @pytest.mark.parametrize("name", ADAM_CASES)
 def test_onnx_case_against_our_reference(models_dir, name):
     """Our float64 reference reproduces onnx's expected outputs (no library needed)."""
-    model, ins, expected = read_case(models_dir / name)
-    attrs = {a.name: a.f for a in model.graph.node[0].attribute}
-    n = (len(ins) - 2) // 4
-    r, t, rest = ins[0], ins[1], ins[2:]
-    refs = adam_ref(r, t, rest[:n], rest[n:2 * n], rest[2 * n:3 * n], rest[3 * n:], **attrs)
-    for ref, e in zip(refs, expected):
-        np.testing.assert_allclose(ref, e, rtol=1e-6, atol=1e-7)
+    check_reference_on_case(models_dir / name, adam_ref, 4,
+                            lambda node: {a.name: a.f for a in node.attribute})
 
 
 def test_exported_cases_are_current(models_dir):

@@ -19,22 +19,35 @@ from trainops.trainer import Trainer
 D, H, C, N = 5, 8, 3, 16
 
 
-def mlp_model(seed=0, extra_nodes=(), hidden_op="Relu"):
+def mlp_model(seed=0, extra_nodes=(), hidden_op="Relu", dropout=None, training_mode=False,
+              opset=ONNX_OPSET):
+    """x -> MatMul w1 -> Add b1 -> hidden_op -> [Dropout] -> Gemm w2 b2 -> mean softmax
+    cross-entropy. ``dropout``: a Dropout (node 3) with that ratio (initializer ``ratio``);
+    ``training_mode``: with a constant true training_mode input (initializer ``on``)."""
     rng = np.random.default_rng(seed)
+    drop = []
+    if dropout is not None:
+        drop = [helper.make_node("Dropout", ["a0", "ratio"] + (["on"] if training_mode else []),
+                                 ["a1"], name="drop")]
     nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
              helper.make_node("Add", ["h", "b1"], ["h1"]),
-             helper.make_node(hidden_op, ["h1"], ["a1"]),
+             helper.make_node(hidden_op, ["h1"], ["a0" if drop else "a1"]),
+             *drop,
              *extra_nodes,
              helper.make_node("Gemm", ["a1", "w2", "b2"], ["logits"], transB=1),
              helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "t"], ["loss"])]
     inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.5).astype(np.float32), n)
              for n, s in [("w1", (D, H)), ("b1", (H,)), ("w2", (C, H)), ("b2", (C,))]]
+    if drop:
+        inits.append(numpy_helper.from_array(np.array(dropout, np.float32), "ratio"))
+    if training_mode:
+        inits.append(numpy_helper.from_array(np.array(True), "on"))
     g = helper.make_graph(nodes, "mlp", [
         helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", D]),
         helper.make_tensor_value_info("t", TensorProto.INT64, ["N"])],
         [helper.make_tensor_value_info("loss", TensorProto.FLOAT, []),
          helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", C])], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = IR_VERSION
     return m
 
@@ -46,13 +59,14 @@ def data(seed=1, n=N):
     return {"x": x, "t": t}
 
 
-def numpy_loss_and_grads(p, feeds):
-    """float64 forward and backprop of mlp_model (mean softmax cross-entropy)."""
+def numpy_loss_and_grads(p, feeds, keep=1.0, scale=1.0):
+    """float64 forward and backprop of mlp_model (mean softmax cross-entropy); with a
+    Dropout, its fixed ``keep`` mask and ``scale``."""
     x = feeds["x"].astype(np.float64)
     t = feeds["t"]
     w1, b1, w2, b2 = (p[k].astype(np.float64) for k in ("w1", "b1", "w2", "b2"))
     h = x @ w1 + b1
-    a = np.maximum(h, 0)
+    a = np.maximum(h, 0) * scale * keep
     z = a @ w2.T + b2
     z = z - z.max(1, keepdims=True)
     sm = np.exp(z) / np.exp(z).sum(1, keepdims=True)
@@ -62,7 +76,7 @@ def numpy_loss_and_grads(p, feeds):
     dz[np.arange(n), t] -= 1
     dz /= n
     da = dz @ w2
-    dh = da * (h > 0)
+    dh = da * keep * scale * (h > 0)
     return loss, {"w2": dz.T @ a, "b2": dz.sum(0), "w1": x.T @ dh, "b1": dh.sum(0)}
 
 

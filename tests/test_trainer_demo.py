@@ -52,3 +52,14 @@ def test_bench_train_smoke(library_path, capsys, tmp_path):
                 "--no-torch", "--json", str(out)]) == 0
     assert "CNN (demo, 8x8 digits)" in capsys.readouterr().out
     assert out.read_text().count("\"trainops\"") == 1
+
+
+def test_bench_train_is_a_bench_target(library_path, capsys):
+    from trainops.__main__ import main as cli_main
+    from trainops.bench import load_target
+
+    assert load_target("train").command is not None
+    assert cli_main(["bench", "train", "--models", "mlp", "--threads", "1", "--repeat", "1",
+                     "--steps", "1", "--no-torch", "--markdown"]) == 0
+    text = capsys.readouterr().out
+    assert "| MLP 256-512-512-10 | 64 | 1 |" in text

@@ -12,7 +12,9 @@ precision, :mod:`trainops.mixed_precision`) and ``trainops.run``, ``trainops.to_
 ``trainops.from_ortvalue`` (tensor I/O with bfloat16, :mod:`trainops.bfloat16`) load their
 module when first read; so do ``trainops.Trainer``, ``trainops.expand_gradients``,
 ``trainops.GradientError`` (training, :mod:`trainops.trainer`, :mod:`trainops.autodiff`) and
-the submodule ``trainops.optim``. Other submodules (``trainops.models``, ``trainops.onnx_defs``, ...) are
+the submodules ``trainops.optim`` and ``trainops.distributed`` (data-parallel training on
+MPI, ``trainops.CollectiveTimeout``); ``trainops.make_reproducible`` and the submodule
+``trainops.random`` (seeded Philox states, :mod:`trainops.random`). Other submodules (``trainops.models``, ``trainops.onnx_defs``, ...) are
 imported as usual.
 """
 
@@ -35,9 +37,11 @@ _LAZY = {
     "expand_gradients": "autodiff",
     "GradientError": "autodiff",
     "Trainer": "trainer",
+    "CollectiveTimeout": "distributed",
+    "make_reproducible": "random",
 }
 # Submodules that read as attributes without an explicit import (``trainops.optim.Adam``).
-_LAZY_MODULES = ("optim", "autodiff")
+_LAZY_MODULES = ("optim", "autodiff", "distributed", "random")
 
 __all__ = ["get_library_path", "LIBRARY_NAME", *_LAZY, *_LAZY_MODULES]
 

@@ -3,7 +3,7 @@
 Commands:
   bench         throughput benchmarks against peers (trainops.bench), e.g. bench philox
   conformance   run onnx's training-domain backend test cases through onnxruntime
-  demo          train a small model whose Adam steps run in onnxruntime (trainops.demo)
+  demo          train a small CNN entirely in onnxruntime with trainops.Trainer (--distributed: on MPI)
   library       print the path of the custom-op library
 """
 

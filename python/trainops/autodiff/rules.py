@@ -356,6 +356,44 @@ def identity(c: Ctx):
     return [c.gy]
 
 
+@rule("Dropout")
+def dropout(c: Ctx):
+    """Inference (before opset 12, no ``training_mode``, or a constant false one): the
+    identity. Training: ``dy * mask * scale`` with the forward's ``scale = 1 / (1 - ratio)``
+    (float32; float64 for double data), as ``Where(mask, dy * scale, 0)``; a
+    ``training_mode`` known only at run time picks ``scale`` or 1 (mask all true)."""
+    b = c.b
+    out: list = [None] * len(c.node.input)
+    if not c.need(0):
+        return out
+    mode = c.x(2) if b.opset >= 12 else None
+    on = None if mode is None else b.constant_value(mode)
+    if mode is None or (on is not None and not bool(np.asarray(on).reshape(-1)[0])):
+        out[0] = c.gy
+        return out
+    if len(c.node.output) < 2 or not c.node.output[1]:
+        raise c.fail("in training mode its gradient needs the mask (output 1); give the "
+                     "node a mask output")
+    dt = b.dtype(c.x(0))
+    calc = np.float64 if dt == onnx.TensorProto.DOUBLE else np.float32
+    one = b.const(np.asarray(1.0, calc), hint="one")
+    ratio = c.x(1)
+    r = b.op("Cast", [ratio], to=_tensor_type(calc)) if ratio else \
+        b.const(np.asarray(0.5, calc), hint="ratio")
+    scale = b.op("Div", [one, b.op("Sub", [one, r])])
+    if on is None:  # training_mode is known only when the graph runs
+        scale = b.op("Where", [mode, scale, one])
+    if _tensor_type(calc) != dt:
+        scale = b.op("Cast", [scale], to=dt)
+    kept = b.op("Mul", [c.gy, scale])
+    out[0] = b.op("Where", [c.node.output[1], kept, b.scalar(0.0, c.x(0))])
+    return out
+
+
+def _tensor_type(np_dtype) -> int:
+    return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(np_dtype))
+
+
 @rule("Cast")
 def cast(c: Ctx):
     return [c.b.op("Cast", [c.gy], to=c.b.dtype(c.x(0)))]

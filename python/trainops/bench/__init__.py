@@ -10,7 +10,9 @@ size runs in one process, interleaved, and is reported as a ratio to a baseline 
 - :mod:`.yardsticks`: peers with a target's memory traffic and no work (memset,
   ``com.trainops.bench::MemoryCeiling``);
 - one module per target, each defining ``TARGET`` (a :class:`Target`): :mod:`.adam`,
-  :mod:`.philox`.
+  :mod:`.philox`, :mod:`.distributions` (target ``random``), :mod:`.train` (a training
+  step against PyTorch eager: a target with its own command line, ``Target(...,
+  command=)``), :mod:`.distributed` (data-parallel scaling over MPI, likewise).
 
 Adding a target is one module here that defines ``TARGET = Target(name, help, build,
 add_arguments, default_sizes, after)``, where ``build(nbytes, args)`` returns the
@@ -35,6 +37,9 @@ __all__ = [
 TARGETS: dict[str, str] = {
     "philox": "philox",
     "adam": "adam",
+    "random": "distributions",
+    "train": "train",
+    "distributed": "distributed",
 }
 
 

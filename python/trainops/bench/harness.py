@@ -26,7 +26,7 @@ from typing import Any
 from .host import CpuMeter, environment, loadavg
 
 __all__ = [
-    "Peer", "Case", "Result", "Target", "measure", "format_table", "parse_size",
+    "Peer", "Case", "Result", "Target", "measure", "format_table", "format_rows", "parse_size",
     "size_label", "ort_session", "build_parser", "run", "main",
 ]
 
@@ -177,6 +177,22 @@ def format_table(results: Sequence[Result], markdown: bool = False) -> str:
     return "\n".join(out).rstrip() + "\n"
 
 
+def format_rows(header: Sequence[str], rows: Sequence[Sequence[str]], markdown: bool = False,
+                left: int = 1) -> str:
+    """A plain table of strings (for targets with their own command line): the first
+    ``left`` columns left-aligned, the others right-aligned; markdown or padded text."""
+    if markdown:
+        lines = ["| " + " | ".join(header) + " |",
+                 "|" + "---|" * left + "---:|" * (len(header) - left)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+    else:
+        widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(header)]
+        lines = ["  ".join(c.ljust(w) if i < left else c.rjust(w)
+                           for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+                 for r in [header, *rows]]
+    return "\n".join(lines)
+
+
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "kib": 2**10, "m": 10**6, "mb": 10**6,
           "mib": 2**20, "g": 10**9, "gb": 10**9, "gib": 2**30}
 
@@ -203,14 +219,25 @@ def size_label(nbytes: int) -> str:
 class Target:
     """A benchmark target: ``build(nbytes, args)`` makes the :class:`Case` of one size;
     ``add_arguments`` adds the target's own options; ``after`` runs on all the results
-    (e.g. a plot)."""
+    (e.g. a plot).
+
+    A target whose work is not "``nbytes`` of output per call" (a training step, a
+    multi-process run) gives ``command`` instead of ``build``: its own command line,
+    ``command(argv) -> exit status``, to which ``python -m trainops bench <name> ...``
+    hands the rest of its arguments (it still measures peers in one process, interleaved,
+    and reports ratios)."""
 
     name: str
     help: str
-    build: Callable[[int, argparse.Namespace], Case]
+    build: Callable[[int, argparse.Namespace], Case] | None = None
     add_arguments: Callable[[argparse.ArgumentParser], None] | None = None
     default_sizes: tuple[str, ...] = ("1MiB", "64MiB")
     after: Callable[[list[Result], argparse.Namespace], None] | None = None
+    command: Callable[[Sequence[str]], int] | None = None
+
+    def __post_init__(self) -> None:
+        if (self.build is None) == (self.command is None):
+            raise ValueError(f"target {self.name!r}: give exactly one of build and command")
 
 
 def ort_session(model: Any, threads: int, library: str | None, spin: bool):
@@ -240,6 +267,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="target", metavar="target")
     sub.required = True
     for t in targets().values():
+        if t.command is not None:  # its own command line: main() hands it the arguments
+            sub.add_parser(t.name, help=t.help, add_help=False)
+            continue
         p = sub.add_parser(t.name, help=t.help, description=t.help)
         p.add_argument("--sizes", type=parse_size, nargs="+", metavar="SIZE",
                        default=[parse_size(s) for s in t.default_sizes],
@@ -285,8 +315,13 @@ def run(args: argparse.Namespace) -> tuple[list[Result], dict[str, list[str]]]:
 def main(argv: Sequence[str] | None = None) -> int:
     """``python -m trainops bench <target> [options]``: prints the environment, then a
     table per size (or JSON); 0 on success, 2 on a usage error."""
-    from . import load_target
+    from . import TARGETS, load_target
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in TARGETS:
+        command = load_target(argv[0]).command
+        if command is not None:
+            return command(argv[1:])
     args = build_parser().parse_args(argv)
     if args.repeat < 1:
         print("error: --repeat must be at least 1", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 use core::ffi::{c_char, c_void};
 use core::marker::PhantomData;
-use std::ffi::CString;
+use std::ffi::{CStr, CString};
 
 use ort_sys as sys;
 
@@ -113,20 +113,26 @@ impl Context<'_> {
 
     /// Allocates (or fetches the caller-bound buffer of) output `index` with `shape`.
     pub fn output(&mut self, index: usize, shape: &[i64]) -> Result<Tensor> {
+        self.output_opt(index, shape)?.ok_or_else(|| Error::Runtime {
+            op: self.op,
+            call: "KernelContext_GetOutput",
+            message: format!("no value for output {index}"),
+        })
+    }
+
+    /// Like [`Context::output`], but `None` for an optional output that the node leaves out
+    /// (named ""), for which the runtime gives no value.
+    pub fn output_opt(&mut self, index: usize, shape: &[i64]) -> Result<Option<Tensor>> {
         let raw = self.api.raw();
         let mut value: *mut sys::OrtValue = core::ptr::null_mut();
         // SAFETY: valid context; `shape` is valid for its length; `value` is an out pointer.
         let s = unsafe { (raw.KernelContext_GetOutput)(self.ctx, index, shape.as_ptr(), shape.len(), &mut value) };
         self.api.check(self.op, "KernelContext_GetOutput", s)?;
         if value.is_null() {
-            return Err(Error::Runtime {
-                op: self.op,
-                call: "KernelContext_GetOutput",
-                message: format!("no value for output {index}"),
-            });
+            return Ok(None);
         }
         // SAFETY: `value` is the runtime's output value for this call.
-        unsafe { self.tensor_of(value) }
+        unsafe { self.tensor_of(value) }.map(Some)
     }
 
     /// # Safety
@@ -385,6 +391,82 @@ impl ShapeInfer<'_> {
         // SAFETY: valid context; the returned info is owned by the context.
         let s = unsafe { (self.api.raw().ShapeInferContext_GetInputTypeShape)(self.ctx, index, &mut info) };
         (self.api.check(self.op, "ShapeInferContext_GetInputTypeShape", s).is_ok() && !info.is_null()).then_some(info)
+    }
+
+    /// The node's attribute `name` read as `kind` into `buf` (`len` bytes); the number of
+    /// bytes the value has, or `None` when the node has no such attribute.
+    fn read_attr(&self, name: &CStr, kind: sys::OrtOpAttrType, buf: *mut c_void, len: usize) -> Option<usize> {
+        let raw = self.api.raw();
+        let mut attr: *const sys::OrtOpAttr = core::ptr::null();
+        // SAFETY: valid context and NUL-terminated name; `attr` is an out pointer to an
+        // attribute owned by the node.
+        let s = unsafe { (raw.ShapeInferContext_GetAttribute)(self.ctx, name.as_ptr(), &mut attr) };
+        if self.api.check(self.op, "ShapeInferContext_GetAttribute", s).is_err() || attr.is_null() {
+            return None;
+        }
+        let mut size = 0usize;
+        // SAFETY: `attr` is valid; `buf` has room for `len` bytes (or is null with len 0,
+        // when the runtime only reports the size, with an error status that is released).
+        let s = unsafe { (raw.ReadOpAttr)(attr, kind, buf, len, &mut size) };
+        let ok = self.api.check(self.op, "ReadOpAttr", s).is_ok();
+        (ok || len == 0).then_some(size)
+    }
+
+    /// Int attribute `name` of the node, `None` when absent (or not an int).
+    pub fn attr_i64(&self, name: &CStr) -> Option<i64> {
+        let mut v = 0i64;
+        let size = self.read_attr(name, sys::OrtOpAttrType::ORT_OP_ATTR_INT, (&raw mut v).cast(), size_of::<i64>())?;
+        (size == size_of::<i64>()).then_some(v)
+    }
+
+    /// List-of-ints attribute `name` of the node, `None` when absent (or not such a list).
+    pub fn attr_i64s(&self, name: &CStr) -> Option<Vec<i64>> {
+        let bytes = self.read_attr(name, sys::OrtOpAttrType::ORT_OP_ATTR_INTS, core::ptr::null_mut(), 0)?;
+        let mut v = vec![0i64; bytes / size_of::<i64>()];
+        if v.is_empty() {
+            return Some(v);
+        }
+        let got = self.read_attr(name, sys::OrtOpAttrType::ORT_OP_ATTR_INTS, v.as_mut_ptr().cast(), bytes)?;
+        (got == bytes).then_some(v)
+    }
+
+    /// Gives output `output` element type `dtype` and, when known, dimensions `dims` (each
+    /// `None` for unknown); does nothing for an output the node may lack.
+    pub fn set_output(&mut self, output: usize, dtype: DType, dims: Option<&[Option<i64>]>) -> Result<()> {
+        if output >= self.outputs {
+            return Ok(());
+        }
+        let raw = self.api.raw();
+        let mut info: *mut sys::OrtTensorTypeAndShapeInfo = core::ptr::null_mut();
+        // SAFETY: `info` is an out pointer; the info is released below, once.
+        let s = unsafe { (raw.CreateTensorTypeAndShapeInfo)(&mut info) };
+        self.api.check(self.op, "CreateTensorTypeAndShapeInfo", s)?;
+        let names: Vec<CString> = (0..dims.map_or(0, <[_]>::len))
+            .map(|i| CString::new(format!("{}_out{output}_dim{i}", self.op)).expect("no NUL"))
+            .collect();
+        let result = (|| {
+            // SAFETY: `info` was just created.
+            let s = unsafe { (raw.SetTensorElementType)(info, dtype.to_sys()) };
+            self.api.check(self.op, "SetTensorElementType", s)?;
+            if let Some(dims) = dims {
+                let values: Vec<i64> = dims.iter().map(|d| d.unwrap_or(-1)).collect();
+                // SAFETY: `values` holds `len` dimensions.
+                let s = unsafe { (raw.SetDimensions)(info, values.as_ptr(), values.len()) };
+                self.api.check(self.op, "SetDimensions", s)?;
+                let mut params: Vec<*const c_char> =
+                    dims.iter().zip(&names).map(|(d, n)| if d.is_some() { c"".as_ptr() } else { n.as_ptr() }).collect();
+                // SAFETY: one NUL-terminated name per dimension, alive during the call (the
+                // runtime copies them).
+                let s = unsafe { (raw.SetSymbolicDimensions)(info, params.as_mut_ptr(), params.len()) };
+                self.api.check(self.op, "SetSymbolicDimensions", s)?;
+            }
+            // SAFETY: valid context and info, only read by the runtime.
+            let s = unsafe { (raw.ShapeInferContext_SetOutputTypeShape)(self.ctx, output, info) };
+            self.api.check(self.op, "ShapeInferContext_SetOutputTypeShape", s)
+        })();
+        // SAFETY: created above, released once.
+        unsafe { (raw.ReleaseTensorTypeAndShapeInfo)(info) };
+        result
     }
 
     /// Gives output `output` the shape of input `input` (symbolic dimensions included); does

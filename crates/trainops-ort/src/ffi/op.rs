@@ -68,6 +68,14 @@ pub trait OpSpec: Sync + 'static {
     fn infer(&self, _ctx: &mut ShapeInfer<'_>) -> Result<()> {
         Ok(())
     }
+    /// Whether [`OpSpec::infer`] sets an output's element type (an output whose type no input
+    /// decides needs it). On ONNX Runtime 1.24 and newer such an op gets its inference
+    /// callback even with optional inputs; older runtimes ignore the type it sets (1.17, 1.18)
+    /// or crash on a node whose optional input is "" (up to 1.23), so there it gets none (see
+    /// `OpDescriptor::leak` and `ffi::register`).
+    fn infers_output_types(&self) -> bool {
+        false
+    }
     /// The op name as `&str`, for messages.
     fn op(&self) -> &'static str {
         self.name().to_str().unwrap_or("trainops op")
@@ -296,7 +304,9 @@ unsafe extern "system" fn infer_shape(
 impl OpDescriptor {
     /// The descriptor of `spec`, leaked: the runtime keeps pointers to it for as long as
     /// any session lives, which may be the whole process.
-    pub fn leak(spec: &'static dyn OpSpec) -> &'static OpDescriptor {
+    /// `typed_inference`: the runtime (1.24+) takes output types from inference callbacks and
+    /// builds their context safely.
+    pub fn leak(spec: &'static dyn OpSpec, typed_inference: bool) -> &'static OpDescriptor {
         let base = sys::OrtCustomOp {
             version: API_VERSION,
             CreateKernel: None,
@@ -319,10 +329,14 @@ impl OpDescriptor {
             KernelComputeV2: Some(compute_kernel),
             // ONNX Runtime 1.17 dereferences a null type while building the inference
             // context of a node whose optional input is given as "": no inference for such ops.
-            InferOutputShapeFn: if spec.inputs().iter().any(|f| matches!(f, Formal::Optional(_))) {
-                None
-            } else {
+            // Ops that must set an output's type keep it where the runtime uses the type and
+            // builds that context safely (1.24+).
+            InferOutputShapeFn: if (spec.infers_output_types() && typed_inference)
+                || !spec.inputs().iter().any(|f| matches!(f, Formal::Optional(_)))
+            {
                 Some(infer_shape)
+            } else {
+                None
             },
             GetStartVersion: Some(start_version),
             GetEndVersion: Some(end_version),

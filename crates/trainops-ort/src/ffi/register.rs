@@ -25,6 +25,23 @@ struct Domains(Vec<*mut sys::OrtCustomOpDomain>);
 // and the runtime itself shares them between sessions on any thread.
 unsafe impl Send for Domains {}
 
+/// The first ONNX Runtime to use an inference callback for a custom op's output type safely:
+/// 1.19 takes the type a callback sets when an op has several kernels, but up to 1.23 the
+/// runtime crashes (null dereference) building the callback's context for a node whose
+/// optional input is named "". Checked on 1.17.3, 1.18.1, 1.19.2, 1.20.1, 1.22.0, 1.23.2,
+/// 1.24.4, 1.26.0, 1.28.0 and 1.31.1.
+const TYPED_INFERENCE: (u32, u32) = (1, 24);
+
+/// Whether a runtime version string (`1.19.2`, `1.20.0-dev`) is at least `(major, minor)`;
+/// false when it cannot be read.
+fn at_least(version: &str, (major, minor): (u32, u32)) -> bool {
+    let mut parts = version.split(|c: char| !c.is_ascii_digit()).map(str::parse::<u32>);
+    match (parts.next(), parts.next()) {
+        (Some(Ok(a)), Some(Ok(b))) => (a, b) >= (major, minor),
+        _ => false,
+    }
+}
+
 static API: OnceLock<Api> = OnceLock::new();
 static DOMAINS: Mutex<Option<Domains>> = Mutex::new(None);
 
@@ -33,7 +50,7 @@ pub fn api() -> Option<Api> {
     API.get().copied()
 }
 
-fn create_domains(api: Api, catalogue: Vec<Domain>) -> Result<Domains> {
+fn create_domains(api: Api, catalogue: Vec<Domain>, typed_inference: bool) -> Result<Domains> {
     let raw = api.raw();
     let mut made = Vec::new();
     for Domain { name, ops } in catalogue {
@@ -43,7 +60,7 @@ fn create_domains(api: Api, catalogue: Vec<Domain>) -> Result<Domains> {
             (raw.CreateCustomOpDomain)(name.as_ptr(), &mut domain)
         })?;
         for spec in ops {
-            let op = OpDescriptor::leak(spec);
+            let op = OpDescriptor::leak(spec, typed_inference);
             // SAFETY: `domain` was just created; `op` is leaked, so it outlives the domain.
             api.check("trainops", "CustomOpDomain_Add", unsafe { (raw.CustomOpDomain_Add)(domain, op.as_raw()) })?;
         }
@@ -52,11 +69,16 @@ fn create_domains(api: Api, catalogue: Vec<Domain>) -> Result<Domains> {
     Ok(Domains(made))
 }
 
-fn add_domains(options: *mut sys::OrtSessionOptions, api: Api, catalogue: fn() -> Vec<Domain>) -> Result<()> {
+fn add_domains(
+    options: *mut sys::OrtSessionOptions,
+    api: Api,
+    catalogue: fn() -> Vec<Domain>,
+    typed_inference: bool,
+) -> Result<()> {
     let _ = API.set(api);
     let mut guard = DOMAINS.lock().unwrap_or_else(|p| p.into_inner());
     if guard.is_none() {
-        *guard = Some(create_domains(api, catalogue())?);
+        *guard = Some(create_domains(api, catalogue(), typed_inference)?);
     }
     let domains = guard.as_ref().map(|d| d.0.clone()).unwrap_or_default();
     drop(guard);
@@ -111,15 +133,32 @@ pub unsafe fn register_custom_ops(
     // SAFETY: non-null table of at least API_VERSION, owned by the runtime.
     let api = unsafe { Api::from_raw(table) };
     boundary(Some(api), "trainops", || {
+        // SAFETY: the version string is a static NUL-terminated string of the runtime. (Asking
+        // GetApi for a newer table instead would print an error on older runtimes.)
+        let version = unsafe { CStr::from_ptr((base.GetVersionString)()) }.to_string_lossy().into_owned();
+        let typed_inference = at_least(&version, TYPED_INFERENCE);
         if options.is_null() {
             return api.status(&Error::Arity {
                 op: "trainops",
                 what: "RegisterCustomOps called with null SessionOptions".into(),
             });
         }
-        match add_domains(options, api, catalogue) {
+        match add_domains(options, api, catalogue, typed_inference) {
             Ok(()) => sys::OrtStatusPtr::default(),
             Err(e) => api.status(&e),
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::at_least;
+
+    #[test]
+    fn versions_compare_by_major_and_minor() {
+        assert!(at_least("1.19.2", (1, 19)) && at_least("1.31.1", (1, 19)) && at_least("2.0.0", (1, 19)));
+        assert!(at_least("1.20.0-dev", (1, 19)));
+        assert!(!at_least("1.18.1", (1, 19)) && !at_least("1.17.3", (1, 19)));
+        assert!(!at_least("", (1, 19)) && !at_least("dev", (1, 19)));
+    }
 }

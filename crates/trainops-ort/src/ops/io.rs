@@ -72,6 +72,33 @@ pub fn output(
     shape: &[i64],
 ) -> Result<Tensor> {
     let out = ctx.output(index, shape)?;
+    check_output(op, index, name, out, dtype, shape)
+}
+
+/// Like [`output`] for an optional output: `None` when the node leaves it out (names it ""
+/// or has fewer outputs).
+pub fn optional_output(
+    ctx: &mut Context<'_>,
+    op: &'static str,
+    index: usize,
+    name: &str,
+    dtype: DType,
+    shape: &[i64],
+) -> Result<Option<Tensor>> {
+    if ctx.output_count()? <= index {
+        return Ok(None);
+    }
+    ctx.output_opt(index, shape)?.map(|out| check_output(op, index, name, out, dtype, shape)).transpose()
+}
+
+fn check_output(
+    op: &'static str,
+    index: usize,
+    name: &str,
+    out: Tensor,
+    dtype: DType,
+    shape: &[i64],
+) -> Result<Tensor> {
     let want = crate::ffi::context::numel(shape).unwrap_or(0);
     if out.dtype != dtype || out.numel != want || !out.aligned() {
         let got = format!("a {} buffer of {} elements", out.dtype.name(), out.numel);

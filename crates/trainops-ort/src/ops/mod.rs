@@ -1,6 +1,7 @@
 //! The op catalogue, in family folders: [`optim`] (Adam, Adagrad, Momentum, and the generic
 //! run path they share), [`loss_scale`] (MixedPrecisionAdam, DynamicLossScale, AllFinite),
-//! [`random`] (Philox, and the state and shape handling random ops share), [`bench`]
+//! [`random`] (Philox, PhiloxUniform, PhiloxNormal, PhiloxDropout, and the state and shape
+//! handling they share), [`bench`]
 //! (MemoryCeiling); [`io`] is the one input reader and output check.
 
 pub mod bench;
@@ -22,12 +23,17 @@ pub fn catalogue() -> Vec<Domain> {
         },
         Domain {
             name: c"com.trainops",
-            ops: ops(&[
-                &random::philox::Philox,
+            ops: [
+                &random::philox::Philox as &'static dyn OpSpec,
+                &random::distributions::PhiloxDropout,
                 &loss_scale::mixed_precision_adam::MixedPrecisionAdam,
                 &loss_scale::dynamic_loss_scale::DynamicLossScale,
                 &loss_scale::all_finite::AllFinite,
-            ]),
+            ]
+            .into_iter()
+            // PhiloxUniform and PhiloxNormal, once per output type (see `distributions`).
+            .chain(random::distributions::DIST_OPS.iter().map(|op| *op as &'static dyn OpSpec))
+            .collect(),
         },
         Domain { name: c"com.trainops.bench", ops: ops(&[&bench::MEMORY_CEILING]) },
     ]

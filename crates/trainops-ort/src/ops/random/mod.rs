@@ -1,7 +1,9 @@
 //! Random-number ops of `com.trainops`, whose generator state is an ordinary tensor:
-//! [`philox`] (the raw bits). [`state`] is what every such op shares: reading the six state
+//! [`philox`] (the raw bits) and [`distributions`] (PhiloxUniform, PhiloxNormal,
+//! PhiloxDropout from the same stream). [`state`] is what every such op shares: reading the six state
 //! words, the output's dimensions (a `shape` attribute or a `shape` input, exactly one),
 //! their size limit, and the checked `output` / `state_out` pair.
 
+pub mod distributions;
 pub mod philox;
 pub mod state;

@@ -1,0 +1,260 @@
+//! `PhiloxDropout` in training mode: `keep[i] = f32(word(i)) >= ratio` (compared in float64),
+//! `output[i] = (data[i] * scale) * (keep[i] ? 1 : 0)` with `scale = 1 / (1 - ratio)`, in
+//! float32 for float32 and 16-bit data (rounded once for the latter), float64 for double.
+//! The arithmetic is plain IEEE: a dropped negative value gives -0.0, a dropped NaN or
+//! infinity gives NaN.
+//!
+//! Since `f32(x)` is `(x & 0x7FFFFF) / 2^23`, the comparison is the integer one
+//! `(x & 0x7FFFFF) >= ceil(ratio * 2^23)` ([`keep_from`]), which the SIMD loops use.
+
+use core::ops::Mul;
+
+use half::{bf16, f16};
+
+use super::draw::{f32_of, for_each_sub, split, Words};
+use super::philox::{self, reference as philox_ref, Level};
+use super::uniform::Half;
+use crate::parallel::Splittable;
+use crate::simd::Isa;
+use crate::stream::Access;
+use crate::{InOut, KernelError, Parallelism};
+
+/// The bits of a word that make its float32 uniform.
+pub const MANTISSA: u32 = 0x007F_FFFF;
+
+/// `ceil(ratio * 2^23)` within `[0, 2^23]`: `f32(x) >= ratio` exactly when
+/// `x & MANTISSA >= keep_from(ratio)`, for any ratio in `[0, 1)` (the scaling is exact).
+pub fn keep_from(ratio: f64) -> u32 {
+    let t = (ratio * f64::from(1u32 << 23)).ceil();
+    if t.is_nan() {
+        0
+    } else {
+        t.clamp(0.0, f64::from(1u32 << 23)) as u32
+    }
+}
+
+/// The data of a dropout: read, then written (in place or to a separate buffer).
+pub enum Data<'a> {
+    /// float
+    F32(InOut<'a, f32>),
+    /// double
+    F64(InOut<'a, f64>),
+    /// float16
+    F16(InOut<'a, f16>),
+    /// bfloat16
+    BF16(InOut<'a, bf16>),
+}
+
+impl Data<'_> {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Data::F32(d) => d.len(),
+            Data::F64(d) => d.len(),
+            Data::F16(d) => d.len(),
+            Data::BF16(d) => d.len(),
+        }
+    }
+
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// One piece of a dropout: data and, when wanted, the mask.
+struct Work<'a, T> {
+    data: InOut<'a, T>,
+    mask: Option<&'a mut [bool]>,
+}
+
+impl<T: Copy + Send + Sync> Splittable for Work<'_, T> {
+    fn len(&self) -> usize {
+        self.data.len()
+    }
+    fn split_at(self, mid: usize) -> (Self, Self) {
+        let (a, b) = self.data.split_at(mid);
+        let (ma, mb) = match self.mask {
+            Some(m) => {
+                let (x, y) = m.split_at_mut(mid);
+                (Some(x), Some(y))
+            }
+            None => (None, None),
+        };
+        (Work { data: a, mask: ma }, Work { data: b, mask: mb })
+    }
+}
+
+/// Not training: `output = data`, `mask` all true; no words consumed.
+pub fn pass_through(data: Data<'_>, mask: Option<&mut [bool]>) -> Result<(), KernelError> {
+    check_mask(&data, mask.as_deref())?;
+    fn copy<T: Copy>(mut d: InOut<'_, T>) {
+        if let Access::Split(src, dst) = d.access() {
+            dst.copy_from_slice(src);
+        }
+    }
+    match data {
+        Data::F32(d) => copy(d),
+        Data::F64(d) => copy(d),
+        Data::F16(d) => copy(d),
+        Data::BF16(d) => copy(d),
+    }
+    if let Some(m) = mask {
+        m.fill(true);
+    }
+    Ok(())
+}
+
+fn check_mask(data: &Data<'_>, mask: Option<&[bool]>) -> Result<(), KernelError> {
+    match mask {
+        Some(m) if m.len() != data.len() => {
+            Err(KernelError::LengthMismatch { what: "mask", got: m.len(), expected: data.len() })
+        }
+        _ => Ok(()),
+    }
+}
+
+/// Training-mode dropout at the [`philox::detected`] level; returns the next state.
+/// `ratio` must be in `[0, 1)` (the caller checks; others are clamped to keep-all/drop-all).
+pub fn fill(
+    state: &[u32; 6],
+    ratio: f64,
+    data: Data<'_>,
+    mask: Option<&mut [bool]>,
+    par: &dyn Parallelism,
+) -> Result<[u32; 6], KernelError> {
+    fill_with(philox::detected(), state, ratio, data, mask, par)
+}
+
+/// [`fill`] at a given level.
+///
+/// # Panics
+///
+/// When `level` is not available on this CPU.
+pub fn fill_with(
+    level: Level,
+    state: &[u32; 6],
+    ratio: f64,
+    data: Data<'_>,
+    mask: Option<&mut [bool]>,
+    par: &dyn Parallelism,
+) -> Result<[u32; 6], KernelError> {
+    check_mask(&data, mask.as_deref())?;
+    let isa = level.isa().unwrap_or_else(|| panic!("dropout: {level:?} is not available on this CPU"));
+    let from = keep_from(ratio);
+    let scale32 = 1.0f32 / (1.0f32 - ratio as f32);
+    Ok(match data {
+        Data::F32(d) => split(state, Work { data: d, mask }, Words::One, par, |s, w| {
+            piece(level, s, w, from, |words, d| drop_f32(isa, words, d, from, scale32))
+        }),
+        Data::F64(d) => {
+            let scale = 1.0 / (1.0 - ratio);
+            split(state, Work { data: d, mask }, Words::One, par, |s, w| {
+                piece(level, s, w, from, |words, d| drop_f64(isa, words, d, from, scale))
+            })
+        }
+        Data::F16(d) => {
+            split(state, Work { data: d, mask }, Words::One, par, |s, w| half_piece(level, isa, s, w, from, scale32))
+        }
+        Data::BF16(d) => {
+            split(state, Work { data: d, mask }, Words::One, par, |s, w| half_piece(level, isa, s, w, from, scale32))
+        }
+    })
+}
+
+/// One piece, a sub-chunk at a time: `f(words, data)` on the data, then the mask.
+fn piece<T: Copy + Send + Sync>(
+    level: Level,
+    state: &[u32; 6],
+    work: Work<'_, T>,
+    from: u32,
+    mut f: impl FnMut(&[u32], InOut<'_, T>),
+) {
+    let Work { data, mut mask } = work;
+    let mut rest = Some(data);
+    for_each_sub(level, state, rest.as_ref().map_or(0, InOut::len), Words::One, |words, start, n| {
+        let (head, tail) = rest.take().expect("the rest of the piece").split_at(n);
+        rest = Some(tail);
+        f(words, head);
+        if let Some(m) = mask.as_deref_mut() {
+            mask_into(words, &mut m[start..start + n], from);
+        }
+    });
+}
+
+/// A 16-bit piece: widened to float32 (exact), dropped out in float32, rounded once.
+fn half_piece<H: Half>(level: Level, isa: Isa, state: &[u32; 6], work: Work<'_, H>, from: u32, scale: f32) {
+    let mut tmp = [0f32; super::draw::SUB];
+    piece(level, state, work, from, |words, mut d| {
+        let n = d.len();
+        let t = &mut tmp[..n];
+        match d.access() {
+            Access::InPlace(buf) => {
+                H::load(buf, t);
+                drop_f32(isa, words, InOut::in_place(t), from, scale);
+                H::store(t, buf);
+            }
+            Access::Split(src, dst) => {
+                H::load(src, t);
+                drop_f32(isa, words, InOut::in_place(t), from, scale);
+                H::store(t, dst);
+            }
+        }
+    });
+}
+
+fn mask_into(words: &[u32], mask: &mut [bool], from: u32) {
+    for (m, &x) in mask.iter_mut().zip(words) {
+        *m = x & MANTISSA >= from;
+    }
+}
+
+fn drop_f32(isa: Isa, words: &[u32], data: InOut<'_, f32>, from: u32, scale: f32) {
+    match isa {
+        Isa::Scalar => dropout_scalar(words, data, from, scale),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX2.
+        Isa::Avx2(token) => unsafe { super::x86::dropout_f32_avx2(token, words, data, from, scale) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX-512F.
+        Isa::Avx512(token) => unsafe { super::x86::dropout_f32_avx512(token, words, data, from, scale) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2(_) | Isa::Avx512(_) => unreachable!("SIMD levels are never available off x86_64"),
+    }
+}
+
+fn drop_f64(isa: Isa, words: &[u32], data: InOut<'_, f64>, from: u32, scale: f64) {
+    match isa {
+        Isa::Scalar => dropout_scalar(words, data, from, scale),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX2.
+        Isa::Avx2(token) => unsafe { super::x86::dropout_f64_avx2(token, words, data, from, scale) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX-512F.
+        Isa::Avx512(token) => unsafe { super::x86::dropout_f64_avx512(token, words, data, from, scale) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2(_) | Isa::Avx512(_) => unreachable!("SIMD levels are never available off x86_64"),
+    }
+}
+
+/// The portable loop (also the SIMD loops' tails), for float32 and float64 alike.
+pub(crate) fn dropout_scalar<T: Copy + Mul<Output = T> + From<u8>>(
+    words: &[u32],
+    mut data: InOut<'_, T>,
+    from: u32,
+    scale: T,
+) {
+    for (i, &x) in words.iter().enumerate().take(data.len()) {
+        let factor = T::from(u8::from(x & MANTISSA >= from));
+        let v = data.get(i) * scale * factor;
+        data.set(i, v);
+    }
+}
+
+/// The contract's keep decisions for `n` elements, written out on Philox's scalar reference
+/// with the float64 comparison, for tests; and the next state.
+pub fn reference_keep(state: &[u32; 6], ratio: f64, n: usize) -> (Vec<bool>, [u32; 6]) {
+    let mut words = vec![0u32; n];
+    let next = philox_ref::fill(state, &mut words);
+    (words.iter().map(|&x| f64::from(f32_of(x)) >= ratio).collect(), next)
+}

@@ -1,0 +1,190 @@
+//! `PhiloxUniform`: element `i` is `u * (high - low) + low` with `u = f32(word(i))`,
+//! `f16(word(i))`, `bf16(word(i))` or `f64(word(2i), word(2i+1))`. For float the range, the
+//! product and the sum are each rounded to float32; for double they are float64; for the
+//! 16-bit types they are float32, rounded once to the output type at the end.
+//!
+//! Every level gives the bits of [`reference`]: the SIMD loops do the same IEEE operations
+//! (a multiply, then an add: never fused) on the same values.
+
+use half::slice::HalfFloatSliceExt;
+use half::{bf16, f16};
+
+use super::draw::{bf16_of, f16_of, f32_of, f64_of, for_each_sub, split, Output, Piece, Words, SUB};
+use super::philox::{self, reference as philox_ref, Level};
+use crate::simd::Isa;
+use crate::Parallelism;
+
+/// Which bits of a word make a 16-bit or 32-bit uniform, as a float32 mantissa:
+/// `u = bitcast<f32>(0x3F800000 | (x & mask) << shift) - 1`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Bits {
+    pub mask: u32,
+    pub shift: u32,
+}
+
+/// float32: the low 23 bits.
+pub(crate) const F32_BITS: Bits = Bits { mask: 0x007F_FFFF, shift: 0 };
+/// float16: the low 10 bits, at the top of a float32 mantissa.
+pub(crate) const F16_BITS: Bits = Bits { mask: 0x03FF, shift: 13 };
+/// bfloat16: the low 7 bits, at the top of a float32 mantissa.
+pub(crate) const BF16_BITS: Bits = Bits { mask: 0x007F, shift: 16 };
+
+/// Words consumed by an output: one per element, two for double.
+pub fn words_for(out: &Output<'_>) -> usize {
+    words_kind(out).of(out.len())
+}
+
+fn words_kind(out: &Output<'_>) -> Words {
+    if matches!(out, Output::F64(_)) {
+        Words::Two
+    } else {
+        Words::One
+    }
+}
+
+/// Fills `out` from `state` at the [`philox::detected`] level; returns the next state.
+pub fn fill(state: &[u32; 6], low: f32, high: f32, out: Output<'_>, par: &dyn Parallelism) -> [u32; 6] {
+    fill_with(philox::detected(), state, low, high, out, par)
+}
+
+/// [`fill`] at a given level.
+///
+/// # Panics
+///
+/// When `level` is not available on this CPU.
+pub fn fill_with(
+    level: Level,
+    state: &[u32; 6],
+    low: f32,
+    high: f32,
+    out: Output<'_>,
+    par: &dyn Parallelism,
+) -> [u32; 6] {
+    let isa = level.isa().unwrap_or_else(|| panic!("uniform: {level:?} is not available on this CPU"));
+    let words = words_kind(&out);
+    let range = high - low;
+    match out {
+        Output::F32(o) => split(state, Piece(o), words, par, |s, p| {
+            for_each_sub(level, s, p.0.len(), words, |w, start, n| {
+                convert_f32(isa, w, &mut p.0[start..start + n], F32_BITS, range, low);
+            });
+        }),
+        Output::F16(o) => {
+            split(state, Piece(o), words, par, |s, p| half_piece(level, isa, s, p.0, F16_BITS, range, low))
+        }
+        Output::BF16(o) => {
+            split(state, Piece(o), words, par, |s, p| half_piece(level, isa, s, p.0, BF16_BITS, range, low))
+        }
+        Output::F64(o) => {
+            let (low, range) = (f64::from(low), f64::from(high) - f64::from(low));
+            split(state, Piece(o), words, par, |s, p| {
+                for_each_sub(level, s, p.0.len(), words, |w, start, n| {
+                    convert_f64(isa, w, &mut p.0[start..start + n], range, low);
+                });
+            })
+        }
+    }
+}
+
+/// A 16-bit output through a float32 buffer, rounded once at the end.
+fn half_piece<H: Half>(level: Level, isa: Isa, state: &[u32; 6], out: &mut [H], bits: Bits, range: f32, low: f32) {
+    let mut tmp = [0f32; SUB];
+    for_each_sub(level, state, out.len(), Words::One, |w, start, n| {
+        convert_f32(isa, w, &mut tmp[..n], bits, range, low);
+        H::store(&tmp[..n], &mut out[start..start + n]);
+    });
+}
+
+/// float16 and bfloat16: float32 values in and out, round-to-nearest-even.
+pub(crate) trait Half: Copy + Send + Sync {
+    /// `dst[i] = round(src[i])`.
+    fn store(src: &[f32], dst: &mut [Self]);
+    /// `dst[i] = src[i]` widened (exact).
+    fn load(src: &[Self], dst: &mut [f32]);
+}
+
+impl Half for f16 {
+    fn store(src: &[f32], dst: &mut [Self]) {
+        dst.convert_from_f32_slice(src);
+    }
+    fn load(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+impl Half for bf16 {
+    fn store(src: &[f32], dst: &mut [Self]) {
+        dst.convert_from_f32_slice(src);
+    }
+    fn load(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+}
+
+/// `out[i] = u(words[i]) * range + low` in float32.
+pub(crate) fn convert_f32(isa: Isa, words: &[u32], out: &mut [f32], bits: Bits, range: f32, low: f32) {
+    debug_assert_eq!(words.len(), out.len());
+    match isa {
+        Isa::Scalar => convert_f32_scalar(words, out, bits, range, low),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX2.
+        Isa::Avx2(token) => unsafe { super::x86::uniform_f32_avx2(token, words, out, bits, range, low) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX-512F.
+        Isa::Avx512(token) => unsafe { super::x86::uniform_f32_avx512(token, words, out, bits, range, low) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2(_) | Isa::Avx512(_) => unreachable!("SIMD levels are never available off x86_64"),
+    }
+}
+
+/// `out[i] = f64(words[2i], words[2i+1]) * range + low` in float64.
+pub(crate) fn convert_f64(isa: Isa, words: &[u32], out: &mut [f64], range: f64, low: f64) {
+    debug_assert_eq!(words.len(), 2 * out.len());
+    match isa {
+        Isa::Scalar => convert_f64_scalar(words, out, range, low),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX2.
+        Isa::Avx2(token) => unsafe { super::x86::uniform_f64_avx2(token, words, out, range, low) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX-512F.
+        Isa::Avx512(token) => unsafe { super::x86::uniform_f64_avx512(token, words, out, range, low) },
+        #[cfg(not(target_arch = "x86_64"))]
+        Isa::Avx2(_) | Isa::Avx512(_) => unreachable!("SIMD levels are never available off x86_64"),
+    }
+}
+
+/// The portable float32 conversion (also the SIMD loops' tails).
+pub(crate) fn convert_f32_scalar(words: &[u32], out: &mut [f32], bits: Bits, range: f32, low: f32) {
+    for (o, &x) in out.iter_mut().zip(words) {
+        let u = f32::from_bits(0x3F80_0000 | (x & bits.mask) << bits.shift) - 1.0;
+        *o = u * range + low;
+    }
+}
+
+/// The portable float64 conversion (also the SIMD loops' tails).
+pub(crate) fn convert_f64_scalar(words: &[u32], out: &mut [f64], range: f64, low: f64) {
+    for (o, x) in out.iter_mut().zip(words.chunks_exact(2)) {
+        *o = f64_of(x[0], x[1]) * range + low;
+    }
+}
+
+/// The contract written out element by element on Philox's scalar reference, for tests.
+pub fn reference(state: &[u32; 6], low: f32, high: f32, out: Output<'_>) -> [u32; 6] {
+    let mut words = vec![0u32; words_for(&out)];
+    let next = philox_ref::fill(state, &mut words);
+    let range32 = high - low;
+    match out {
+        Output::F32(o) => o.iter_mut().zip(&words).for_each(|(o, &x)| *o = f32_of(x) * range32 + low),
+        Output::F16(o) => {
+            o.iter_mut().zip(&words).for_each(|(o, &x)| *o = f16::from_f32(f16_of(x).to_f32() * range32 + low))
+        }
+        Output::BF16(o) => {
+            o.iter_mut().zip(&words).for_each(|(o, &x)| *o = bf16::from_f32(bf16_of(x).to_f32() * range32 + low))
+        }
+        Output::F64(o) => {
+            let range = f64::from(high) - f64::from(low);
+            o.iter_mut().zip(words.chunks_exact(2)).for_each(|(o, x)| *o = f64_of(x[0], x[1]) * range + f64::from(low))
+        }
+    }
+    next
+}
