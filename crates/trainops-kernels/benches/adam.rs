@@ -40,7 +40,7 @@ fn adam(c: &mut Criterion) {
                     let t = Adam::param(streams, &g).expect("equal lengths");
                     match level {
                         Some(l) => Adam::step_with(l, &coeffs, vec![t], par),
-                        None => MemoryCeiling::step(&(), vec![t], par),
+                        None => MemoryCeiling::step(&Default::default(), vec![t], par),
                     }
                     black_box(&x);
                 })

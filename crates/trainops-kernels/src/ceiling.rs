@@ -1,65 +1,206 @@
-//! A memory-bandwidth ceiling for benchmarks: the memory traffic of an Adam step (reads
-//! `x, g, v, h`, writes `x, v, h`) with the least arithmetic, `x += g; v += g; h += g`, so a
-//! benchmark can report Adam as a fraction of what the memory allows in the same run. An
-//! [`Optimizer`] of three streams with no attributes, so it runs exactly as Adam does.
+//! A memory-bandwidth ceiling for benchmarks: the memory traffic of an optimizer step with
+//! `N` rewritten streams (Adam's `x, v, h`: reads `x, g, v, h`, writes `x, v, h`; Adagrad's
+//! and Momentum's two) with the least arithmetic, `s += g` for every stream `s`, so that a
+//! benchmark can report an optimizer as a fraction of what the memory allows in the same run.
+//! An [`Optimizer`] of two and of three streams with no attributes, so it runs exactly as the
+//! optimizers do.
 
-use crate::optim::{Optimizer, Param};
+use core::marker::PhantomData;
+
+use crate::optim::{portable, Optimizer, Param};
 use crate::simd::Level;
-use crate::stream::Access;
 use crate::{Compute, Element};
 
-/// Elements per block of widened gradients (4 KiB of f32: stays in L1).
-const BLOCK: usize = 1024;
+/// The ceiling's coefficients: none (a type, so the shared SIMD dispatch can name it).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CeilingCoeffs<C>(PhantomData<C>);
 
-/// The yardstick, streams `X, V, H` like Adam's.
+/// The yardstick: streams `X, V, H` like Adam's, or `X, H` like Adagrad's (Momentum's
+/// `X, V` move the same bytes).
 #[derive(Debug, Clone, Copy)]
 pub struct MemoryCeiling;
 
-impl Optimizer<3> for MemoryCeiling {
-    type Attrs = ();
-    type Coeffs<C: Compute> = ();
-    const STREAMS: [&'static str; 3] = ["X", "V", "H"];
-
-    fn coeffs<C: Compute>(_: &(), _: f64, _: i64) {}
-
-    #[inline(always)]
-    fn update<C: Compute>(_: &(), [x, v, h]: [C; 3], g: C) -> [C; 3] {
-        [x + g, v + g, h + g]
+/// The streams' names: Adam's for three, Adagrad's for two.
+const fn names<const N: usize>() -> [&'static str; N] {
+    let mut a = ["S"; N];
+    if N > 0 {
+        a[0] = "X";
     }
-
-    fn reference<X: Element, G: Element<C = X::C>>(_: &(), _: f64, _: i64, streams: [&[X]; 3], g: &[G]) -> [Vec<X>; 3] {
-        streams.map(|s| s.iter().zip(g).map(|(e, g)| X::store(e.load() + g.load())).collect())
+    if N == 2 {
+        a[1] = "H";
     }
+    if N == 3 {
+        a[1] = "V";
+        a[2] = "H";
+    }
+    a
+}
 
-    /// In place (what benchmarks measure, with IOBinding): plain slices, vectorised, the
-    /// gradient widened a block at a time (a no-op copy in L1 when it is `X`).
-    fn chunk<X: Element, G: Element<C = X::C>>(_level: Level, _: &(), p: Param<'_, X, G, 3>) {
-        let Param { streams: [mut x, mut v, mut h], g } = p;
-        match (x.access(), v.access(), h.access()) {
-            (Access::InPlace(x), Access::InPlace(v), Access::InPlace(h)) => {
-                let mut wide = [X::C::from_f64(0.0); BLOCK];
-                for (((x, v), h), g) in
-                    x.chunks_mut(BLOCK).zip(v.chunks_mut(BLOCK)).zip(h.chunks_mut(BLOCK)).zip(g.chunks(BLOCK))
-                {
-                    let wide = &mut wide[..g.len()];
-                    G::load_slice(g, wide);
-                    for (((x, v), h), &g) in x.iter_mut().zip(v.iter_mut()).zip(h.iter_mut()).zip(wide.iter()) {
-                        *x = X::store(x.load() + g);
-                        *v = X::store(v.load() + g);
-                        *h = X::store(h.load() + g);
-                    }
-                }
+macro_rules! ceiling {
+    ($n:literal, $x86:ident) => {
+        impl Optimizer<$n> for MemoryCeiling {
+            type Attrs = ();
+            type Coeffs<C: Compute> = CeilingCoeffs<C>;
+            const STREAMS: [&'static str; $n] = names::<$n>();
+
+            fn coeffs<C: Compute>(_: &(), _: f64, _: i64) -> CeilingCoeffs<C> {
+                CeilingCoeffs(PhantomData)
             }
-            _ => {
-                for (i, &g) in g.iter().enumerate() {
-                    let g = g.load();
-                    x.set(i, X::store(x.get(i).load() + g));
-                    v.set(i, X::store(v.get(i).load() + g));
-                    h.set(i, X::store(h.get(i).load() + g));
-                }
+
+            #[inline(always)]
+            fn update<C: Compute>(_: &CeilingCoeffs<C>, s: [C; $n], g: C) -> [C; $n] {
+                s.map(|e| e + g)
+            }
+
+            fn reference<X: Element, G: Element<C = X::C>>(
+                _: &(),
+                _: f64,
+                _: i64,
+                streams: [&[X]; $n],
+                g: &[G],
+            ) -> [Vec<X>; $n] {
+                streams.map(|s| s.iter().zip(g).map(|(e, g)| X::store(e.load() + g.load())).collect())
+            }
+
+            /// The SIMD kernels of the level (the optimizers' loads, stores and dispatch, so
+            /// the yardstick moves memory as they do); else the portable loop.
+            fn chunk<X: Element, G: Element<C = X::C>>(level: Level, c: &CeilingCoeffs<X::C>, p: Param<'_, X, G, $n>) {
+                #[cfg(target_arch = "x86_64")]
+                let Err(p) = $x86::try_simd(level, c, p) else {
+                    return;
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                let _ = level;
+                portable(c, p, Self::update);
             }
         }
+    };
+}
+ceiling!(2, x86_2);
+ceiling!(3, x86_3);
+
+/// Whole groups of `$lanes`: every stream loaded, `g` added, stored (`simd_kernels!`).
+#[cfg(target_arch = "x86_64")]
+macro_rules! ceiling_lanes {
+    ($c:ident, $p:ident, $n:ident, $lanes:literal, $v:ident, $ld:path, $st:path, $load_g:path) => {{
+        let _ = $c;
+        let mut i = 0;
+        while i + $lanes <= $n {
+            // SAFETY: lanes i..i + $lanes are in bounds (i + $lanes <= n), each stream's
+            // lanes are loaded before they are stored, and unaligned access is allowed.
+            unsafe {
+                let g = $load_g($p.g.add(i));
+                // Every load of the group, then every store, as the optimizers do.
+                let mut sums = $p.s.map(|_| g);
+                for (sum, &(src, _)) in sums.iter_mut().zip(&$p.s) {
+                    *sum = $v::add($ld(src.add(i)), g);
+                }
+                for (&sum, &(_, dst)) in sums.iter().zip(&$p.s) {
+                    $st(dst.add(i), sum);
+                }
+            }
+            i += $lanes;
+        }
+    }};
+}
+
+/// The three-stream ceiling's x86 kernels.
+#[cfg(target_arch = "x86_64")]
+mod x86_3 {
+    use super::{CeilingCoeffs, MemoryCeiling};
+    use crate::optim::x86::{bf16x16, bf16x16_native, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
+    use crate::optim::Optimizer;
+
+    simd_kernels!(
+        ceiling_lanes,
+        CeilingCoeffs,
+        3,
+        <MemoryCeiling as Optimizer<3>>::update,
+        [
+            ceiling3_f32_avx512,
+            ceiling3_f16_avx512,
+            ceiling3_bf16_avx512,
+            ceiling3_bf16_avx512bf16,
+            ceiling3_f32_f16_avx512,
+            ceiling3_f32_bf16_avx512,
+            ceiling3_f64_avx512,
+            ceiling3_f32_avx2,
+            ceiling3_f64_avx2,
+        ]
+    );
+}
+
+/// The two-stream ceiling's x86 kernels.
+#[cfg(target_arch = "x86_64")]
+mod x86_2 {
+    use super::{CeilingCoeffs, MemoryCeiling};
+    use crate::optim::x86::{bf16x16, bf16x16_native, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
+    use crate::optim::Optimizer;
+
+    simd_kernels!(
+        ceiling_lanes,
+        CeilingCoeffs,
+        2,
+        <MemoryCeiling as Optimizer<2>>::update,
+        [
+            ceiling2_f32_avx512,
+            ceiling2_f16_avx512,
+            ceiling2_bf16_avx512,
+            ceiling2_bf16_avx512bf16,
+            ceiling2_f32_f16_avx512,
+            ceiling2_f32_bf16_avx512,
+            ceiling2_f64_avx512,
+            ceiling2_f32_avx2,
+            ceiling2_f64_avx2,
+        ]
+    );
+}
+
+/// The write-only yardstick of random-number fills: `out` zeroed with non-temporal 64-byte
+/// stores (AVX-512F; normal stores where it is absent or a line is partial), in the pieces
+/// [`crate::parallel::run_chunked`] makes, on `par`. Nothing can write memory faster.
+pub fn stream_fill(out: &mut [u32], par: &dyn crate::Parallelism) {
+    use crate::parallel::{run_chunked, CHUNK, SERIAL_BELOW};
+    run_chunked(vec![Words(out)], par, CHUNK, SERIAL_BELOW, |Words(w)| {
+        #[cfg(target_arch = "x86_64")]
+        if let Some(crate::simd::Isa::Avx512(t)) = Level::Avx512.isa() {
+            // SAFETY: the token proves the CPU has AVX-512F.
+            return unsafe { stream_zero_avx512(t, w) };
+        }
+        w.fill(0);
+    });
+}
+
+/// A piece of a fill's output.
+struct Words<'a>(&'a mut [u32]);
+
+impl crate::Splittable for Words<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
     }
+    fn split_at(self, mid: usize) -> (Self, Self) {
+        let (a, b) = self.0.split_at_mut(mid);
+        (Words(a), Words(b))
+    }
+}
+
+/// Zeroes `w`: whole 64-byte lines with non-temporal stores, the partial ones with normal
+/// stores, fenced before returning.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn stream_zero_avx512(_: crate::simd::Avx512, w: &mut [u32]) {
+    use core::arch::x86_64::{_mm512_setzero_si512, _mm512_stream_si512, _mm_sfence};
+    let head = w.as_ptr().align_offset(64).min(w.len());
+    let (head, rest) = w.split_at_mut(head);
+    head.fill(0);
+    let mut lines = rest.chunks_exact_mut(16);
+    for line in &mut lines {
+        // SAFETY: `line` is 16 words (64 bytes) starting on a 64-byte boundary (`rest`
+        // starts on one and every line is whole).
+        unsafe { _mm512_stream_si512(line.as_mut_ptr().cast(), _mm512_setzero_si512()) };
+    }
+    lines.into_remainder().fill(0);
+    _mm_sfence();
 }
 
 #[cfg(test)]
@@ -73,7 +214,7 @@ mod tests {
         let n = 3 * CHUNK + 5;
         let (mut x, g, mut v, mut h) = (vec![1.0f32; n], vec![0.5f32; n], vec![2.0f32; n], vec![3.0f32; n]);
         let t = MemoryCeiling::param([InOut::in_place(&mut x), InOut::in_place(&mut v), InOut::in_place(&mut h)], &g);
-        MemoryCeiling::step(&(), vec![t.unwrap()], &RayonPool(None));
+        MemoryCeiling::step(&CeilingCoeffs::default(), vec![t.unwrap()], &RayonPool(None));
         assert!(x.iter().all(|&e| e == 1.5) && v.iter().all(|&e| e == 2.5) && h.iter().all(|&e| e == 3.5));
         let (src, mut a, mut b, mut c) = (vec![1.0f64; 9], vec![0.0; 9], vec![0.0; 9], vec![0.0; 9]);
         let gs = vec![2.0f64; 9];
@@ -85,7 +226,67 @@ mod tests {
             ],
             &gs,
         );
-        MemoryCeiling::step(&(), vec![t.unwrap()], &crate::Sequential);
+        MemoryCeiling::step(&CeilingCoeffs::default(), vec![t.unwrap()], &crate::Sequential);
         assert_eq!((a[8], b[0], c[4], src[0]), (3.0, 3.0, 3.0, 1.0));
     }
+
+    #[test]
+    fn two_streams_in_place_and_out_of_place_match_the_reference() {
+        let n = 2 * CHUNK + 1029;
+        let (x, h, g): (Vec<f32>, Vec<f32>, Vec<f32>) =
+            (0..n).map(|i| (i as f32, 0.5 * i as f32, 0.25 * (i % 7) as f32)).collect();
+        let want = <MemoryCeiling as Optimizer<2>>::reference(&(), 0.0, 0, [&x, &h], &g);
+        let (mut xi, mut hi) = (x.clone(), h.clone());
+        let t = MemoryCeiling::param([InOut::in_place(&mut xi), InOut::in_place(&mut hi)], &g).unwrap();
+        MemoryCeiling::step(&CeilingCoeffs::default(), vec![t], &RayonPool(None));
+        assert_eq!([xi, hi], want);
+        let (mut xo, mut ho) = (vec![0f32; n], vec![0f32; n]);
+        let t = MemoryCeiling::param([InOut::split(&x, &mut xo).unwrap(), InOut::split(&h, &mut ho).unwrap()], &g);
+        MemoryCeiling::step(&CeilingCoeffs::default(), vec![t.unwrap()], &crate::Sequential);
+        assert_eq!([xo, ho], want);
+        assert_eq!(<MemoryCeiling as Optimizer<2>>::STREAMS, ["X", "H"]);
+        assert_eq!(<MemoryCeiling as Optimizer<3>>::STREAMS, ["X", "V", "H"]);
+    }
+
+    /// The shared optimizer harness: every SIMD level, placement, pool, edge length and
+    /// 16-bit pair is bitwise the reference, for both stream counts.
+    macro_rules! ceiling_harness {
+        ($m:ident, $n:literal) => {
+            mod $m {
+                use proptest::prelude::*;
+
+                use super::super::MemoryCeiling;
+                use crate::optim::harness::{optimizer_harness, Harness};
+
+                impl Harness<$n> for MemoryCeiling {
+                    fn fixed_attrs() -> Vec<()> {
+                        vec![()]
+                    }
+                    const T_FIXED: &'static [i64] = &[1];
+                    const T_RANGE: core::ops::Range<i64> = 0..2;
+                    fn attrs() -> BoxedStrategy<()> {
+                        Just(()).boxed()
+                    }
+                    fn value(_k: usize, u: f64) -> f64 {
+                        8.0 * u
+                    }
+                }
+
+                optimizer_harness!(MemoryCeiling, $n);
+            }
+        };
+    }
+    #[test]
+    fn stream_fill_zeroes_every_word_at_any_offset() {
+        let mut buf = vec![7u32; 3 * CHUNK + 100];
+        for offset in [0, 1, 5, 16] {
+            buf.fill(7);
+            stream_fill(&mut buf[offset..offset + 2 * CHUNK + 21], &RayonPool(None));
+            assert!(buf[offset..offset + 2 * CHUNK + 21].iter().all(|&w| w == 0));
+            assert!(buf[..offset].iter().chain(&buf[offset + 2 * CHUNK + 21..]).all(|&w| w == 7));
+        }
+    }
+
+    ceiling_harness!(two, 2);
+    ceiling_harness!(three, 3);
 }

@@ -55,6 +55,23 @@ pub struct Avx2(());
 #[derive(Debug, Clone, Copy)]
 pub struct Avx512(());
 
+/// Proof that the CPU has AVX-512F and AVX512_BF16 (`vcvtneps2bf16`): only
+/// [`Avx512::with_bf16`] makes one, after detection. Not a level of its own: the bfloat16
+/// kernels of the AVX-512 level use it where the CPU has it.
+#[derive(Debug, Clone, Copy)]
+pub struct Avx512Bf16(());
+
+impl Avx512 {
+    /// This token with AVX512_BF16 added, `None` when the CPU lacks it.
+    pub fn with_bf16(self) -> Option<Avx512Bf16> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512bf16") {
+            return Some(Avx512Bf16(()));
+        }
+        None
+    }
+}
+
 /// An available level, with its token.
 #[derive(Debug, Clone, Copy)]
 pub enum Isa {

@@ -26,16 +26,27 @@ const BLOCK: usize = 1024;
 /// one is given (`G / loss_scale` in the compute type may overflow where `G` does not).
 /// Stops early once any piece found a non-finite value; the verdict never depends on `par`.
 pub fn all_finite<G: Element>(tensors: &[&[G]], loss_scale: Option<G::C>, par: &dyn Parallelism) -> bool {
+    // Dividing by a finite scale of at least 1 cannot overflow (|g / s| <= |g|, and rounding
+    // is monotonic) and keeps infinities and NaN, so then the verdict on `G` is the verdict
+    // on `G / s`, without a division per element (which bound the check by the divider).
+    let one = G::C::from_f64(1.0);
+    let loss_scale = loss_scale.filter(|&s| !(s >= one && s.is_finite()));
     let verdict = AtomicBool::new(true);
     let work = tensors.iter().map(|t| Piece(t)).collect();
     run_chunked(work, par, CHUNK, SERIAL_BELOW, |p| {
+        // Each block widened first with the type's slice conversion (vectorised for 16-bit
+        // types; element by element, `half`'s scalar conversion kept the check at a third
+        // of the memory's speed), then checked branch-free.
+        let mut wide = [G::C::from_f64(0.0); BLOCK];
         for block in p.0.chunks(BLOCK) {
             if !verdict.load(Ordering::Relaxed) {
                 return;
             }
+            let wide = &mut wide[..block.len()];
+            G::load_slice(block, wide);
             let finite = match loss_scale {
-                Some(s) => block.iter().fold(true, |ok, g| ok & (g.load() / s).is_finite()),
-                None => block.iter().fold(true, |ok, g| ok & g.load().is_finite()),
+                Some(s) => wide.iter().fold(true, |ok, &g| ok & (g / s).is_finite()),
+                None => wide.iter().fold(true, |ok, &g| ok & g.is_finite()),
             };
             if !finite {
                 verdict.store(false, Ordering::Relaxed);
@@ -108,6 +119,16 @@ mod tests {
         assert!(!all_finite(&[&big[..]], Some(0.25), &Sequential));
         assert!(!all_finite(&[&[0.0f32][..]], Some(0.0), &Sequential));
         assert!(!all_finite(&[&[bf16::NAN][..]], None, &Sequential));
+        // Scales of at least 1 skip the division; every other scale divides.
+        for s in [1.0f32, 1.5, 65536.0, f32::MAX] {
+            assert!(all_finite(&[&big[..], &[f32::MAX, -f32::MAX][..]], Some(s), &Sequential));
+            assert!(!all_finite(&[&[1.0, f32::INFINITY][..]], Some(s), &Sequential));
+            assert!(!all_finite(&[&[f32::NAN][..]], Some(s), &Sequential));
+        }
+        for s in [f32::INFINITY, f32::NAN, 0.5, -1.0, -0.0] {
+            let want = [f32::MAX, 1.0, 0.0].iter().all(|&g| (g / s).is_finite());
+            assert_eq!(all_finite(&[&[f32::MAX, 1.0, 0.0][..]], Some(s), &Sequential), want, "{s}");
+        }
     }
 
     #[test]

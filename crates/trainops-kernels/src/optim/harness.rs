@@ -197,11 +197,45 @@ pub fn non_finite_values<O: Harness<N>, const N: usize>() {
         }
     });
     let cases = vec![(raw, pick(3)), (domain, pick(3))];
+    // The same through 16-bit weights and gradients (f32::MAX becomes an infinity,
+    // the smallest normal and subnormal f32 become zeros or 16-bit subnormals).
+    let narrow = |f: fn(f32) -> f32| -> Vec<Case<f32, f32, N>> {
+        cases.iter().map(|(s, g)| (s.clone().map(|v| convert(&v, f)), convert(g, f))).collect()
+    };
+    let (via16, viab) = (narrow(|e| f16::from_f32(e).to_f32()), narrow(|e| bf16::from_f32(e).to_f32()));
+    let all16 = convert_cases(&widen(&via16), f16::from_f64, f16::from_f64);
+    let allb = convert_cases(&widen(&viab), bf16::from_f64, bf16::from_f64);
+    // Signalling NaNs (and one of each sign and payload) in every stream and the gradient:
+    // the SIMD loads may leave them signalling, the first operation must quiet them as the
+    // reference's widening does.
+    let snan16 = [0x7C01u16, 0xFC01, 0x7D55, 0x7E00, 0x3C00, 0x0001];
+    let snanb = [0x7F81u16, 0xFF81, 0x7FAA, 0x7FC0, 0x3F80, 0x0001];
+    let sn = |w: &[u16; 6], k: usize| (0..48).map(|i| w[(i * (k + 1) + i / 6) % 6]).collect::<Vec<u16>>();
+    let sn16: Vec<Case<f16, f16, N>> = vec![(
+        core::array::from_fn(|k| sn(&snan16, k + 1).into_iter().map(f16::from_bits).collect()),
+        sn(&snan16, 0).into_iter().map(f16::from_bits).collect(),
+    )];
+    let snb: Vec<Case<bf16, bf16, N>> = vec![(
+        core::array::from_fn(|k| sn(&snanb, k + 1).into_iter().map(bf16::from_bits).collect()),
+        sn(&snanb, 0).into_iter().map(bf16::from_bits).collect(),
+    )];
+    let snf32: Vec<Case<f32, bf16, N>> =
+        snb.iter().map(|(s, g)| (s.each_ref().map(|v| convert(v, |e| e.to_f32())), g.clone())).collect();
     for a in O::fixed_attrs().into_iter().chain(O::extreme_attrs()) {
         for &t in O::T_FIXED {
             check::<O, f32, f32, N>(&a, 0.1, t, &cases);
+            check::<O, f16, f16, N>(&a, 0.1, t, &all16);
+            check::<O, bf16, bf16, N>(&a, 0.1, t, &allb);
+            check::<O, f16, f16, N>(&a, 0.1, t, &sn16);
+            check::<O, bf16, bf16, N>(&a, 0.1, t, &snb);
+            check::<O, f32, bf16, N>(&a, 0.1, t, &snf32);
         }
     }
+}
+
+/// `f32` cases widened to `f64` (exact).
+fn widen<const N: usize>(cases: &[Case<f32, f32, N>]) -> Vec<Case<f64, f64, N>> {
+    cases.iter().map(|(s, g)| (s.each_ref().map(|v| convert(v, f64::from)), convert(g, f64::from))).collect()
 }
 
 /// A gradient or a state stream of another length than the weights is refused, named.

@@ -19,8 +19,10 @@
 pub mod adagrad;
 pub mod adam;
 #[cfg(test)]
-mod harness;
+pub(crate) mod harness;
 pub mod momentum;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86;
 
 use core::fmt::Debug;
 

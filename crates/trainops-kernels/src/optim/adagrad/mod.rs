@@ -11,8 +11,11 @@
 //! (`(r * g) / (sqrt(h') + epsilon)`).
 
 pub mod reference;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
-use super::Optimizer;
+use super::{portable, Optimizer, Param};
+use crate::simd::Level;
 use crate::{Compute, Element};
 
 /// The operator's attributes, with ONNX's defaults.
@@ -96,6 +99,18 @@ impl Optimizer<2> for Adagrad {
     ) -> [Vec<X>; 2] {
         let (x, h) = reference::adagrad(attrs, r, t, x, g, h);
         [x, h]
+    }
+
+    /// The SIMD kernel of the level for `f32`, `f64` and 16-bit types (see `x86.rs`); the
+    /// portable loop otherwise.
+    fn chunk<X: Element, G: Element<C = X::C>>(level: Level, c: &AdagradCoeffs<X::C>, p: Param<'_, X, G, 2>) {
+        #[cfg(target_arch = "x86_64")]
+        let Err(p) = x86::try_simd(level, c, p) else {
+            return;
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = level;
+        portable(c, p, Self::update);
     }
 }
 

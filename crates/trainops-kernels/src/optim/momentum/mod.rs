@@ -11,6 +11,8 @@
 //! in the order of onnx's reference.
 
 pub mod reference;
+#[cfg(target_arch = "x86_64")]
+mod x86;
 
 use super::{portable, Optimizer, Param};
 use crate::simd::Level;
@@ -128,8 +130,15 @@ impl Optimizer<2> for Momentum {
         [x, v]
     }
 
-    /// The portable loop with the mode decided once per chunk, not per element.
-    fn chunk<X: Element, G: Element<C = X::C>>(_level: Level, c: &MomentumCoeffs<X::C>, p: Param<'_, X, G, 2>) {
+    /// The SIMD kernel of the level for `f32`, `f64` and 16-bit types (see `x86.rs`); else
+    /// the portable loop. Either way the mode is decided once per chunk, not per element.
+    fn chunk<X: Element, G: Element<C = X::C>>(level: Level, c: &MomentumCoeffs<X::C>, p: Param<'_, X, G, 2>) {
+        #[cfg(target_arch = "x86_64")]
+        let Err(p) = x86::try_simd(level, c, p) else {
+            return;
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = level;
         match c.mode {
             MomentumMode::Standard => portable(c, p, |c, [x, v], g| update::<_, false>(c, x, g, v).into()),
             MomentumMode::Nesterov => portable(c, p, |c, [x, v], g| update::<_, true>(c, x, g, v).into()),

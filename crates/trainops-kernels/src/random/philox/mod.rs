@@ -68,38 +68,95 @@ pub fn fill(state: &[u32; 6], out: &mut [u32], par: &dyn Parallelism) -> [u32; 6
     fill_with(detected(), state, out, par)
 }
 
-/// [`fill`] with a given level, for tests and benchmarks.
+/// [`fill`] with a given level, for tests and benchmarks. Outputs of [`STREAM_BYTES`] or
+/// more bypass the caches (non-temporal stores, fenced before each task returns); the bits
+/// are the same either way.
 ///
 /// # Panics
 ///
 /// When `level` is not available on this CPU (see [`Level::is_available`]).
 pub fn fill_with(level: Level, state: &[u32; 6], out: &mut [u32], par: &dyn Parallelism) -> [u32; 6] {
+    fill_stores(level, Stores::Auto, state, out, par)
+}
+
+/// Which stores a fill uses (benchmarks force each to choose [`STREAM_BYTES`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stores {
+    /// Streaming from [`STREAM_BYTES`] up, normal below.
+    Auto,
+    /// Normal (cached) stores at any size.
+    Normal,
+    /// Streaming stores at any size that has whole cache lines (SIMD levels only).
+    Streaming,
+}
+
+/// [`fill_with`] with the store policy given.
+///
+/// # Panics
+///
+/// When `level` is not available on this CPU (see [`Level::is_available`]).
+pub fn fill_stores(level: Level, stores: Stores, state: &[u32; 6], out: &mut [u32], par: &dyn Parallelism) -> [u32; 6] {
     let isa = level.isa().unwrap_or_else(|| panic!("philox: {level:?} is not available on this CPU"));
     let (counter, key) = (counter_of(state), [state[4], state[5]]);
+    let stream = match stores {
+        Stores::Auto => streams(isa, out),
+        Stores::Normal => false,
+        Stores::Streaming => !matches!(isa, Isa::Scalar) && head_words(out).is_multiple_of(4),
+    };
     if out.len() < SERIAL_BELOW {
-        run(isa, counter, key, out);
+        run(isa, counter, key, out, stream);
     } else {
-        let items: Vec<(u128, &mut [u32])> = out
-            .chunks_mut(CHUNK)
-            .enumerate()
-            .map(|(i, chunk)| (counter.wrapping_add(blocks_for(i * CHUNK)), chunk))
+        // With streaming stores, the first piece runs up to the first 64-byte boundary, so
+        // every later one starts on a cache line (and still on a block: `streams` checked
+        // that the head is whole blocks).
+        let head = if stream { head_words(out) } else { 0 };
+        let (first, rest) = out.split_at_mut(head);
+        let items: Vec<(u128, &mut [u32])> = core::iter::once(first)
+            .filter(|f| !f.is_empty())
+            .chain(rest.chunks_mut(CHUNK))
+            .scan(0usize, |offset, chunk| {
+                let item = (counter.wrapping_add(blocks_for(*offset)), chunk);
+                *offset += item.1.len();
+                Some(item)
+            })
             .collect();
-        for_each_item(par, items, |(counter, chunk)| run(isa, counter, key, chunk));
+        for_each_item(par, items, |(counter, chunk)| run(isa, counter, key, chunk, stream));
     }
     advance(state, blocks_for(out.len()))
 }
 
+/// Outputs of this many bytes or more are written with non-temporal (streaming) stores,
+/// which skip reading each line before writing it and leave the caches to other data.
+/// Chosen by measurement (`benches/philox_stream.rs`; the README's Performance section): on
+/// the 2-core AVX-512 host streaming was 1.0-1.2x the normal stores at every size from
+/// 1 MiB, so the fill alone would stream everywhere; but an output that fits in the L2 of
+/// the cores writing it (2 x 2 MiB there) is read next by its consumer (a dropout mask, a
+/// uniform draw) from cache, so only outputs that could not stay there anyway stream.
+pub const STREAM_BYTES: usize = 4 << 20;
+
+/// Words before the first 64-byte boundary of `out`.
+fn head_words(out: &[u32]) -> usize {
+    (out.as_ptr().align_offset(64)).min(out.len())
+}
+
+/// Whether a call on `out` streams: a SIMD level, at least [`STREAM_BYTES`], and an output
+/// whose first cache line starts on a whole block (every buffer onnxruntime allocates is
+/// 64-byte aligned; an odd offset keeps the normal stores).
+fn streams(isa: Isa, out: &[u32]) -> bool {
+    !matches!(isa, Isa::Scalar) && out.len() * 4 >= STREAM_BYTES && head_words(out).is_multiple_of(4)
+}
+
 /// Fills `out` with the blocks of counters `counter, counter + 1, ..` under `key`, with the
-/// kernel of `isa`.
-fn run(isa: Isa, counter: u128, key: [u32; 2], out: &mut [u32]) {
+/// kernel of `isa`; with streaming stores where `stream` and `out` is 64-byte aligned.
+fn run(isa: Isa, counter: u128, key: [u32; 2], out: &mut [u32], stream: bool) {
     match isa {
         Isa::Scalar => philox_scalar(counter, key, out),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the token proves the CPU has AVX2.
-        Isa::Avx2(token) => unsafe { x86::philox_avx2(token, counter, key, out) },
+        Isa::Avx2(token) => unsafe { x86::philox_avx2(token, counter, key, out, stream) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the token proves the CPU has AVX-512F.
-        Isa::Avx512(token) => unsafe { x86::philox_avx512(token, counter, key, out) },
+        Isa::Avx512(token) => unsafe { x86::philox_avx512(token, counter, key, out, stream) },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx2(_) | Isa::Avx512(_) => unreachable!("SIMD levels are never available off x86_64"),
     }

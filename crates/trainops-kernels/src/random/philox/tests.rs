@@ -183,6 +183,37 @@ fn large_outputs_split_over_threads_are_bitwise_the_reference() {
     }
 }
 
+/// Outputs large enough for streaming stores, starting at every kind of offset from a cache
+/// line (none; whole blocks, which stream after a head piece; part of a block, which keeps
+/// the normal stores), with a tail that is not a whole batch, are bitwise the reference on
+/// every level, on one thread and on a pool, and stale words never leak through.
+#[test]
+fn streamed_outputs_at_any_alignment_are_bitwise_the_reference() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    let len = STREAM_BYTES / 4 + 4 * 56 + 37;
+    let s = [u32::MAX - 70_000, 7, 0, 0, 9, 10];
+    let expected = slow(&s, len);
+    let mut buf = vec![0u32; len + 32];
+    let base = buf.as_ptr().align_offset(64);
+    for offset in [0, 1, 2, 4, 8, 12, 15] {
+        assert!(!streams(Isa::Scalar, &buf[base + offset..base + offset + len]));
+        for level in available_levels() {
+            for par in [&Sequential as &dyn Parallelism, &RayonPool(Some(&pool))] {
+                let out = &mut buf[base + offset..base + offset + len];
+                out.fill(0xDEAD_BEEF);
+                let next = fill_with(level, &s, out, par);
+                assert!((next, &*out) == (expected.1, &expected.0[..]), "{level:?} offset {offset}");
+            }
+            if level != Level::Scalar {
+                let out = &buf[base + offset..base + offset + len];
+                assert_eq!(streams(level.isa().unwrap(), out), offset % 4 == 0, "offset {offset}");
+            }
+        }
+    }
+    // Just below the threshold: the normal stores.
+    assert!(!streams(detected().isa().unwrap(), &buf[base..base + STREAM_BYTES / 4 - 1]));
+}
+
 /// Random states, some with a counter just below a word boundary.
 fn states() -> impl Strategy<Value = [u32; 6]> {
     let near = |hi: u128| (0u128..64).prop_map(move |back| hi.wrapping_sub(back + 1));

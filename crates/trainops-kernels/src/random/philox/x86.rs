@@ -37,25 +37,37 @@ const SETS_256: usize = 2;
 /// Blocks per AVX2 batch.
 const BATCH_256: usize = 4 * SETS_256;
 
-/// Fills `out` with the blocks of counters `counter, counter + 1, ..` under `key`.
+/// Fills `out` with the blocks of counters `counter, counter + 1, ..` under `key`; when
+/// `stream` and `out` starts on a cache line, whole batches go out with non-temporal stores
+/// (a batch is 14 whole lines, so every one stays aligned), fenced before returning.
 #[target_feature(enable = "avx512f")]
-pub(super) fn philox_avx512(_: Avx512, counter: u128, key: [u32; 2], out: &mut [u32]) {
+pub(super) fn philox_avx512(_: Avx512, counter: u128, key: [u32; 2], out: &mut [u32], stream: bool) {
     let mut keys = [(_mm512_setzero_si512(), _mm512_setzero_si512()); ROUNDS];
     for (k, [k0, k1]) in keys.iter_mut().zip(round_keys(key)) {
         *k = (_mm512_set1_epi32(k0 as i32), _mm512_set1_epi32(k1 as i32));
     }
     let mut counter = counter;
+    let stream = stream && out.as_ptr().cast::<u8>().align_offset(64) == 0;
     let mut batches = out.chunks_exact_mut(4 * BATCH_512);
     for dst in &mut batches {
         let dst: &mut [u32; 4 * BATCH_512] = dst.try_into().expect("chunks_exact_mut gives whole batches");
-        batch512(counter, &keys, dst);
+        if stream {
+            batch512::<true>(counter, &keys, dst);
+        } else {
+            batch512::<false>(counter, &keys, dst);
+        }
         counter = counter.wrapping_add(BATCH_512 as u128);
     }
     let tail = batches.into_remainder();
     if !tail.is_empty() {
         let mut buf = [0u32; 4 * BATCH_512];
-        batch512(counter, &keys, &mut buf);
+        batch512::<false>(counter, &keys, &mut buf);
         tail.copy_from_slice(&buf[..tail.len()]);
+    }
+    if stream {
+        // Non-temporal stores are weakly ordered: fence them before anyone is told the
+        // output is written.
+        _mm_sfence();
     }
 }
 
@@ -99,10 +111,11 @@ fn round512(x: &mut [[__m512i; 4]; SETS_512], (k0, k1): (__m512i, __m512i)) {
     }
 }
 
-/// Blocks `counter .. counter + BATCH_512` into `dst`.
+/// Blocks `counter .. counter + BATCH_512` into `dst`, with non-temporal stores when `NT`
+/// (then `dst` must start on a 64-byte boundary, which `philox_avx512` checked).
 #[target_feature(enable = "avx512f")]
 #[inline]
-fn batch512(counter: u128, keys: &[(__m512i, __m512i); ROUNDS], dst: &mut [u32; 4 * BATCH_512]) {
+fn batch512<const NT: bool>(counter: u128, keys: &[(__m512i, __m512i); ROUNDS], dst: &mut [u32; 4 * BATCH_512]) {
     let mut x = counters512(counter);
     // Written out: left as a loop, the rounds are not unrolled and pay register copies.
     round512(&mut x, keys[0]);
@@ -126,33 +139,52 @@ fn batch512(counter: u128, keys: &[(__m512i, __m512i); ROUNDS], dst: &mut [u32; 
         // Lanes 0, 2, 4, 6 hold blocks 0..4 of a set and lanes 1, 3, 5, 7 blocks 4..8.
         let (lo, hi) = (_mm512_unpacklo_epi64(c01, c23), _mm512_unpackhi_epi64(c01, c23));
         // SAFETY: `dst` holds `32 * SETS_512` words and these write words
-        // `32 * s .. 32 * s + 32`, `s < SETS_512`; `storeu` needs no alignment.
+        // `32 * s .. 32 * s + 32`, `s < SETS_512`; `storeu` needs no alignment, and with
+        // `NT` `dst` starts on a 64-byte boundary (the caller), so both 64-byte stores do.
         unsafe {
-            _mm512_storeu_si512(dst.as_mut_ptr().add(32 * s).cast(), lo);
-            _mm512_storeu_si512(dst.as_mut_ptr().add(32 * s + 16).cast(), hi);
+            let at = dst.as_mut_ptr().add(32 * s);
+            if NT {
+                _mm512_stream_si512(at.cast(), lo);
+                _mm512_stream_si512(at.add(16).cast(), hi);
+            } else {
+                _mm512_storeu_si512(at.cast(), lo);
+                _mm512_storeu_si512(at.add(16).cast(), hi);
+            }
         }
     }
 }
 
-/// Fills `out` with the blocks of counters `counter, counter + 1, ..` under `key`.
+/// Fills `out` with the blocks of counters `counter, counter + 1, ..` under `key`; when
+/// `stream` and `out` starts on a cache line, whole batches go out with non-temporal stores
+/// (a batch is 2 whole lines), fenced before returning.
 #[target_feature(enable = "avx2")]
-pub(super) fn philox_avx2(_: Avx2, counter: u128, key: [u32; 2], out: &mut [u32]) {
+pub(super) fn philox_avx2(_: Avx2, counter: u128, key: [u32; 2], out: &mut [u32], stream: bool) {
     let mut keys = [(_mm256_setzero_si256(), _mm256_setzero_si256()); ROUNDS];
     for (k, [k0, k1]) in keys.iter_mut().zip(round_keys(key)) {
         *k = (_mm256_set1_epi32(k0 as i32), _mm256_set1_epi32(k1 as i32));
     }
     let mut counter = counter;
+    let stream = stream && out.as_ptr().cast::<u8>().align_offset(64) == 0;
     let mut batches = out.chunks_exact_mut(4 * BATCH_256);
     for dst in &mut batches {
         let dst: &mut [u32; 4 * BATCH_256] = dst.try_into().expect("chunks_exact_mut gives whole batches");
-        batch256(counter, &keys, dst);
+        if stream {
+            batch256::<true>(counter, &keys, dst);
+        } else {
+            batch256::<false>(counter, &keys, dst);
+        }
         counter = counter.wrapping_add(BATCH_256 as u128);
     }
     let tail = batches.into_remainder();
     if !tail.is_empty() {
         let mut buf = [0u32; 4 * BATCH_256];
-        batch256(counter, &keys, &mut buf);
+        batch256::<false>(counter, &keys, &mut buf);
         tail.copy_from_slice(&buf[..tail.len()]);
+    }
+    if stream {
+        // Non-temporal stores are weakly ordered: fence them before anyone is told the
+        // output is written.
+        _mm_sfence();
     }
 }
 
@@ -195,10 +227,11 @@ fn round256(x: &mut [[__m256i; 4]; SETS_256], (k0, k1): (__m256i, __m256i)) {
     }
 }
 
-/// Blocks `counter .. counter + BATCH_256` into `dst`.
+/// Blocks `counter .. counter + BATCH_256` into `dst`, with non-temporal stores when `NT`
+/// (then `dst` must start on a 64-byte boundary, which `philox_avx2` checked).
 #[target_feature(enable = "avx2")]
 #[inline]
-fn batch256(counter: u128, keys: &[(__m256i, __m256i); ROUNDS], dst: &mut [u32; 4 * BATCH_256]) {
+fn batch256<const NT: bool>(counter: u128, keys: &[(__m256i, __m256i); ROUNDS], dst: &mut [u32; 4 * BATCH_256]) {
     let mut x = counters256(counter);
     // Written out: left as a loop, the rounds are not unrolled and pay register copies.
     round256(&mut x, keys[0]);
@@ -223,10 +256,18 @@ fn batch256(counter: u128, keys: &[(__m256i, __m256i); ROUNDS], dst: &mut [u32; 
         // Lanes 0, 2 hold blocks 0, 1 of a set and lanes 1, 3 blocks 2, 3.
         let (lo, hi) = (_mm256_unpacklo_epi64(c01, c23), _mm256_unpackhi_epi64(c01, c23));
         // SAFETY: `dst` holds `16 * SETS_256` words and these write words
-        // `16 * s .. 16 * s + 16`, `s < SETS_256`; `storeu` needs no alignment.
+        // `16 * s .. 16 * s + 16`, `s < SETS_256`; `storeu` needs no alignment, and with
+        // `NT` `dst` starts on a 64-byte boundary (the caller), so both 32-byte stores are
+        // 32-byte aligned.
         unsafe {
-            _mm256_storeu_si256(dst.as_mut_ptr().add(16 * s).cast(), lo);
-            _mm256_storeu_si256(dst.as_mut_ptr().add(16 * s + 8).cast(), hi);
+            let at = dst.as_mut_ptr().add(16 * s);
+            if NT {
+                _mm256_stream_si256(at.cast(), lo);
+                _mm256_stream_si256(at.add(8).cast(), hi);
+            } else {
+                _mm256_storeu_si256(at.cast(), lo);
+                _mm256_storeu_si256(at.add(8).cast(), hi);
+            }
         }
     }
 }
