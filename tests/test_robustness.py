@@ -1238,6 +1238,36 @@ for op in RANDOM_DISTS:
         assert_clear(str(info.value), [("tensor(double)", "attribute 'dtype'"), ("output", "dtype")])
         h.assert_usable(op)
 
+    def shape_input_declared_enormous(h, op=op):
+        """A ``shape`` input declared with 2^40 elements (the output's rank): session creation
+        once aborted the process, allocating 2^40 unknown dimensions in shape inference
+        (onnxruntime 1.24+, where the library infers). Run in a child process with a 4 GiB
+        address-space limit, so that a regression fails this case instead of the machine."""
+        import subprocess
+        import sys
+        import textwrap
+
+        code = textwrap.dedent(f"""
+            import resource, numpy as np, onnxruntime as ort
+            from trainops.models import node_model
+            resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+            so = ort.SessionOptions()
+            so.log_severity_level = 4
+            so.register_custom_ops_library({h.library!r})
+            for n in (1 << 40, 1 << 62, 1025):
+                m = node_model({op!r}, [("state", np.uint32, [6]), ("shape", np.int64, [n])],
+                               [("output", np.float32, None)], domain="com.trainops")
+                ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            print("loaded")
+        """)
+        import os
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                              timeout=120)
+        assert proc.returncode == 0 and "loaded" in proc.stdout, (proc.returncode, proc.stderr[-2000:])
+        h.assert_usable(op)
+
+    CASES.append(Case(op, "shape-input-declared-enormous", shape_input_declared_enormous))
     CASES.append(Case(op, "dtype-double", dtype_double))
     CASES.append(Case(op, "dtype-disagrees-with-output", dtype_disagrees))
 
