@@ -703,27 +703,35 @@ def pfeeds(state=None, shape=None):
     return f
 
 
+def state_and_shape_cases(op):
+    """The state and ``shape`` input checks Philox, PhiloxUniform and PhiloxNormal share
+    (ops/random/state.rs), each named under ``op``; feeds named ``state`` and ``shape``."""
+    run_error(op, "state-5-elements", pfeeds(state=np.zeros(5, U32)),
+              [op, "input 0 (state)", "exactly 6 elements", "shape [5]"])
+    run_error(op, "state-7-elements", pfeeds(state=np.zeros(7, U32)),
+              [op, "input 0 (state)", "exactly 6 elements", "shape [7]"])
+    run_error(op, "state-empty", pfeeds(state=np.zeros((0, 6), U32)),
+              [op, "input 0 (state)", "exactly 6 elements", "shape [0, 6]"])
+    run_error(op, "shape-2-D", pfeeds(shape=np.array([[3, 5]], I64)),
+              [op, "input 1 (shape)", "1-D tensor(int64)", "shape [1, 2]"])
+    run_error(op, "shape-scalar", pfeeds(shape=np.array(4, I64)),
+              [op, "input 1 (shape)", "1-D tensor(int64)", "shape []"])
+    run_error(op, "shape-negative", pfeeds(shape=[3, -5]),
+              [op, "input 1 (shape)", "non-negative dimensions", "negative dimension -5"])
+    run_error(op, "shape-i64-min", pfeeds(shape=[-(1 << 63)]),
+              [op, "input 1 (shape)", "negative dimension"])
+    run_error(op, "shape-over-limit", pfeeds(shape=[(1 << 31) + 1]),
+              [op, "input 1 (shape)", "limit of 2147483648 elements"])
+    run_error(op, "shape-over-limit-2-D", pfeeds(shape=[1 << 16, (1 << 15) + 1]),
+              [op, "input 1 (shape)", "limit of 2147483648 elements"])
+    run_error(op, "shape-count-overflows", pfeeds(shape=[1 << 62, 1 << 62, 1 << 62]),
+              [op, "input 1 (shape)", "limit"])
+    run_error(op, "shape-i64-max-squared", pfeeds(shape=[(1 << 63) - 1, (1 << 63) - 1]),
+              [op, "input 1 (shape)", "limit"])
+
+
 P = "Philox"
-run_error(P, "state-5-elements", pfeeds(state=np.zeros(5, U32)),
-          [P, "input 0 (state)", "exactly 6 elements", "shape [5]"])
-run_error(P, "state-7-elements", pfeeds(state=np.zeros(7, U32)),
-          [P, "input 0 (state)", "exactly 6 elements", "shape [7]"])
-run_error(P, "state-empty", pfeeds(state=np.zeros((0, 6), U32)),
-          [P, "input 0 (state)", "exactly 6 elements", "shape [0, 6]"])
-run_error(P, "shape-2-D", pfeeds(shape=np.array([[3, 5]], I64)),
-          [P, "input 1 (shape)", "1-D tensor(int64)", "shape [1, 2]"])
-run_error(P, "shape-scalar", pfeeds(shape=np.array(4, I64)),
-          [P, "input 1 (shape)", "1-D tensor(int64)", "shape []"])
-run_error(P, "shape-negative", pfeeds(shape=[3, -5]),
-          [P, "input 1 (shape)", "non-negative dimensions", "negative dimension -5"])
-run_error(P, "shape-i64-min", pfeeds(shape=[-(1 << 63)]),
-          [P, "input 1 (shape)", "negative dimension"])
-run_error(P, "shape-over-limit", pfeeds(shape=[(1 << 31) + 1]),
-          [P, "input 1 (shape)", "limit of 2147483648 elements"])
-run_error(P, "shape-count-overflows", pfeeds(shape=[1 << 62, 1 << 62, 1 << 62]),
-          [P, "input 1 (shape)", "limit"])
-run_error(P, "shape-i64-max-squared", pfeeds(shape=[(1 << 63) - 1, (1 << 63) - 1]),
-          [P, "input 1 (shape)", "limit"])
+state_and_shape_cases(P)
 load_error(P, "shape-int32", lambda: philox_model(shape_dtype=I32),
            [P, ("shape", "input parameter"), ("int32", "tensor(int32)")],
            feeds=lambda: {**philox_feeds(), "shape": np.array([3, 5], I32)})
@@ -1090,29 +1098,7 @@ def typed_note() -> str | None:
 
 
 for op in RANDOM_DISTS:
-    # pfeeds: the same input names as Philox (state, shape).
-    run_error(op, "state-5-elements", pfeeds(state=np.zeros(5, U32)),
-              [op, "input 0 (state)", "exactly 6 elements", "shape [5]"])
-    run_error(op, "state-7-elements", pfeeds(state=np.zeros(7, U32)),
-              [op, "input 0 (state)", "exactly 6 elements", "shape [7]"])
-    run_error(op, "state-empty", pfeeds(state=np.zeros((0, 6), U32)),
-              [op, "input 0 (state)", "exactly 6 elements", "shape [0, 6]"])
-    run_error(op, "shape-2-D", pfeeds(shape=np.array([[3, 5]], I64)),
-              [op, "input 1 (shape)", "1-D tensor(int64)", "shape [1, 2]"])
-    run_error(op, "shape-scalar", pfeeds(shape=np.array(4, I64)),
-              [op, "input 1 (shape)", "1-D tensor(int64)", "shape []"])
-    run_error(op, "shape-negative", pfeeds(shape=[3, -5]),
-              [op, "input 1 (shape)", "non-negative dimensions", "negative dimension -5"])
-    run_error(op, "shape-i64-min", pfeeds(shape=[-(1 << 63)]),
-              [op, "input 1 (shape)", "negative dimension"])
-    run_error(op, "shape-over-limit", pfeeds(shape=[(1 << 31) + 1]),
-              [op, "input 1 (shape)", "limit of 2147483648 elements"])
-    run_error(op, "shape-over-limit-2-D", pfeeds(shape=[1 << 16, (1 << 15) + 1]),
-              [op, "input 1 (shape)", "limit of 2147483648 elements"])
-    run_error(op, "shape-count-overflows", pfeeds(shape=[1 << 62, 1 << 62, 1 << 62]),
-              [op, "input 1 (shape)", "limit"])
-    run_error(op, "shape-i64-max-squared", pfeeds(shape=[(1 << 63) - 1, (1 << 63) - 1]),
-              [op, "input 1 (shape)", "limit"])
+    state_and_shape_cases(op)
     for label, kw, feed, needles in [
             ("state-int32", {"state_dtype": I32}, {"state": np.zeros(6, I32)}, ["state", "tensor(int32)"]),
             ("state-float", {"state_dtype": F32}, {"state": np.zeros(6, F32)}, ["state", "tensor(float)"]),
