@@ -10,7 +10,7 @@ use trainops_kernels::random::philox::{self, advance, blocks_for, counter_of, fi
 use trainops_kernels::{Parallelism, Sequential};
 
 mod common;
-use common::{counter, Scrambled};
+use common::{counter, near_carry, Scrambled};
 
 #[derive(Debug, Arbitrary)]
 struct Case {
@@ -26,13 +26,7 @@ struct Case {
 }
 
 fuzz_target!(|case: Case| {
-    let mut state = case.state;
-    if let Some((word, below)) = case.near {
-        // Just below a 32-, 64-, 96- or 128-bit carry.
-        let bit = 32 * (u32::from(word % 4) + 1);
-        let c = if bit == 128 { 0u128 } else { 1u128 << bit }.wrapping_sub(u128::from(below));
-        state = with_counter(&state, c);
-    }
+    let state = near_carry(case.state, case.near);
     let c = counter(&state);
     assert_eq!(counter_of(&state), c);
     assert_eq!(with_counter(&state, c), state);
