@@ -759,24 +759,25 @@ for label, value, got in [("floats", [3.0, 5.0], "a list of floats"), ("int", 15
                feeds=lambda: {"state": philox_feeds()["state"]})
 
 
-def philox_always_failing(bad_model):
+def always_failing(op, id_, bad_model, needles, feeds=None):
     """A node that is wrong whatever the input: the error (twice), and a fresh correct session
     working after each."""
-    def run(h: Harness, needles):
+    def run(h: Harness):
         sess = h.session(bad_model())
+        fed = feeds() if feeds else good_feeds(op)
+        names = {i.name for i in sess.get_inputs()}
         for _ in range(2):
             with pytest.raises(Exception) as info:
-                sess.run(None, {k: v for k, v in philox_feeds().items()
-                                if k in {i.name for i in sess.get_inputs()}})
+                sess.run(None, {k: v for k, v in fed.items() if k in names})
             assert_clear(str(info.value), needles)
-            h.assert_usable(P)
-    return run
+            h.assert_usable(op)
+    CASES.append(Case(op, id_, run))
 
 
-CASES.append(Case(P, "shape-input-and-attribute", lambda h: philox_always_failing(
-    lambda: philox_model(shape_attr=[3, 5]))(h, [P, "input 1 (shape)", "exactly one", "got both"])))
-CASES.append(Case(P, "neither-shape-source", lambda h: philox_always_failing(
-    lambda: philox_model(shape_input=False))(h, [P, "input 1 (shape)", "exactly one", "got neither"])))
+always_failing(P, "shape-input-and-attribute", lambda: philox_model(shape_attr=[3, 5]),
+               [P, "input 1 (shape)", "exactly one", "got both"])
+always_failing(P, "neither-shape-source", lambda: philox_model(shape_input=False),
+               [P, "input 1 (shape)", "exactly one", "got neither"])
 
 
 def philox_zero_check(h, outs, fed):
@@ -800,36 +801,41 @@ result(P, "unknown-attribute-ignored", lambda f: f,
        model=lambda: philox_model(attrs={"seed": 5, "dtype": "uint32"}))
 
 
-def philox_empty_optional_input(h):
-    """The optional ``shape`` input given as "" (absent) with the attribute: ONNX Runtime 1.17
-    crashed building the shape-inference context (the op now registers none)."""
-    model = philox_model(shape_attr=[3, 5], shape_input=False)
-    model.graph.node[0].input.append("")
-    sess = h.session(model)
-    assert_same(sess.run(None, {"state": philox_feeds()["state"]}), h.baseline(P), "empty optional input")
-    h.assert_usable(P)
+def optional_io_cases(op, build, feeds):
+    """The optional ``shape`` input and ``state_out`` output of Philox, PhiloxUniform and
+    PhiloxNormal (``build(**kw)`` makes the node, ``feeds()`` its correct input)."""
+
+    def empty_optional_input(h):
+        """``shape`` given as "" with the attribute: ONNX Runtime 1.17 crashed building the
+        shape-inference context for Philox (it now registers none), and up to 1.23 for the
+        distributions (the library installs their inference callback on 1.24+ only)."""
+        model = build(shape_attr=[3, 5], shape_input=False)
+        model.graph.node[0].input.append("")
+        sess = h.session(model)
+        assert_same(sess.run(None, {"state": feeds()["state"]}), h.baseline(op), "empty optional input")
+        h.assert_usable(op)
+
+    def without_state_out(h):
+        """No ``state_out`` (ONNX Runtime 1.17 aborted when inference named the absent output)."""
+        sess = h.session(build(state_out=False))
+        assert_same(sess.run(None, feeds()), h.baseline(op)[:1], "without state_out")
+        h.assert_usable(op)
+
+    def empty_optional_output(h):
+        """``state_out`` given as "" (left out): the output is computed. The random ops once
+        failed with "KernelContext_GetOutput failed: no value for output 1" (ops/random/state.rs)."""
+        model = build(state_out=False)
+        model.graph.node[0].output.append("")
+        sess = h.session(model)
+        assert_same(sess.run(None, feeds()), h.baseline(op)[:1], "empty optional output")
+        h.assert_usable(op)
+
+    CASES.append(Case(op, "empty-optional-input", empty_optional_input))
+    CASES.append(Case(op, "without-state-out", without_state_out))
+    CASES.append(Case(op, "empty-optional-output", empty_optional_output))
 
 
-def philox_without_state_out(h):
-    """No ``state_out`` (ONNX Runtime 1.17 aborted when inference named the absent output)."""
-    sess = h.session(philox_model(state_out=False))
-    assert_same(sess.run(None, philox_feeds()), h.baseline(P)[:1], "without state_out")
-    h.assert_usable(P)
-
-
-def philox_empty_optional_output(h):
-    """``state_out`` given as "" (left out): the output is computed. The random ops once
-    failed with "KernelContext_GetOutput failed: no value for output 1" (ops/random/state.rs)."""
-    model = philox_model(state_out=False)
-    model.graph.node[0].output.append("")
-    sess = h.session(model)
-    assert_same(sess.run(None, philox_feeds()), h.baseline(P)[:1], "empty optional output")
-    h.assert_usable(P)
-
-
-CASES.append(Case(P, "empty-optional-input", philox_empty_optional_input))
-CASES.append(Case(P, "without-state-out", philox_without_state_out))
-CASES.append(Case(P, "empty-optional-output", philox_empty_optional_output))
+optional_io_cases(P, philox_model, philox_feeds)
 
 
 def philox_outputs_overlap(h):
@@ -1067,21 +1073,6 @@ REFERENCE_CHECKS = {
 }
 
 
-def always_failing(op, id_, bad_model, needles, feeds=None):
-    """A node that is wrong whatever the input: the error (twice), and a fresh correct session
-    working after each."""
-    def run(h: Harness):
-        sess = h.session(bad_model())
-        fed = feeds() if feeds else good_feeds(op)
-        names = {i.name for i in sess.get_inputs()}
-        for _ in range(2):
-            with pytest.raises(Exception) as info:
-                sess.run(None, {k: v for k, v in fed.items() if k in names})
-            assert_clear(str(info.value), needles)
-            h.assert_usable(op)
-    CASES.append(Case(op, id_, run))
-
-
 def at_value(output: str, input_: str, dtype, shape):
     """Binds ``output`` (``dtype``, ``shape``) to input ``input_``'s buffer, whatever its type."""
     return lambda binding, values: binding.bind_output(output, "cpu", 0, dtype, list(shape),
@@ -1178,31 +1169,7 @@ for op in RANDOM_DISTS:
            lambda h, outs, fed, op=op: assert_same(outs, h.baseline(op)),
            model=lambda op=op: dist_model(op, attrs={"seed": 5, "trainops_no_such_attribute": "x"}))
 
-    def empty_optional_input(h, op=op):
-        """``shape`` given as "" with the attribute (ONNX Runtime up to 1.23 crashes building
-        an inference context for such a node; the library installs none there)."""
-        model = dist_model(op, shape_attr=[3, 5], shape_input=False)
-        model.graph.node[0].input.append("")
-        fed = {"state": dist_feeds()["state"]}
-        assert_same(h.session(model).run(None, fed), h.baseline(op), "empty optional input")
-        h.assert_usable(op)
-
-    def without_state_out(h, op=op):
-        sess = h.session(dist_model(op, state_out=False))
-        assert_same(sess.run(None, dist_feeds()), h.baseline(op)[:1], "without state_out")
-        h.assert_usable(op)
-
-    def empty_optional_output(h, op=op):
-        """``state_out`` named "": computed without it (once "no value for output 1")."""
-        model = dist_model(op, state_out=False)
-        model.graph.node[0].output.append("")
-        sess = h.session(model)
-        assert_same(sess.run(None, dist_feeds()), h.baseline(op)[:1], "state_out named \"\"")
-        h.assert_usable(op)
-
-    CASES.append(Case(op, "empty-optional-input", empty_optional_input))
-    CASES.append(Case(op, "without-state-out", without_state_out))
-    CASES.append(Case(op, "empty-optional-output", empty_optional_output))
+    optional_io_cases(op, lambda op=op, **kw: dist_model(op, **kw), dist_feeds)
 
     def dtype_double(h, op=op):
         """dtype 11 with a double output: the contract's values on onnxruntime 1.24+; before,
