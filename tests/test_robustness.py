@@ -838,15 +838,19 @@ def optional_io_cases(op, build, feeds):
 optional_io_cases(P, philox_model, philox_feeds)
 
 
-def philox_outputs_overlap(h):
-    sess = h.session(good_model(P))
-    buf = np.zeros(32, U32)
-
-    custom = {"output": at("output", buf, 0, U32, (3, 5)), "state_out": at("state_out", buf, 8, U32, (6,))}
-    with pytest.raises(Exception) as info:
-        bound_run(h, sess, philox_feeds(), custom)
-    assert_clear(str(info.value), [P, "output 0 (output)", "output 1 (state_out)", "overlapping memory"])
-    h.assert_usable(P, sess)
+def outputs_overlap_case(op, out_dtype, feeds):
+    """``output`` ([3, 5]) and ``state_out`` bound to overlapping memory: an error naming both
+    (Philox, PhiloxUniform, PhiloxNormal)."""
+    def run(h):
+        sess = h.session(good_model(op))
+        buf = np.zeros(32, U32)
+        custom = {"output": at("output", buf, 0, out_dtype, (3, 5)),
+                  "state_out": at("state_out", buf, 8, U32, (6,))}
+        with pytest.raises(Exception) as info:
+            bound_run(h, sess, feeds(), custom)
+        assert_clear(str(info.value), [op, "output 0 (output)", "output 1 (state_out)", "overlapping memory"])
+        h.assert_usable(op, sess)
+    return run
 
 
 def philox_output_over_state(h):
@@ -861,7 +865,7 @@ def philox_output_over_state(h):
     h.assert_usable(P, sess)
 
 
-CASES.append(Case(P, "outputs-overlap", philox_outputs_overlap))
+CASES.append(Case(P, "outputs-overlap", outputs_overlap_case(P, U32, philox_feeds)))
 CASES.append(Case(P, "output-over-state-input", philox_output_over_state))
 
 
@@ -1232,15 +1236,6 @@ for op in RANDOM_DISTS:
         assert_same([values["state"].numpy()], [h.baseline(op)[1]], "state's buffer holds state_out")
         h.assert_usable(op, sess)
 
-    def outputs_overlap(h, op=op):
-        sess = h.session(good_model(op))
-        buf = np.zeros(32, U32)
-        custom = {"output": at("output", buf, 0, F32, (3, 5)), "state_out": at("state_out", buf, 40, U32, (6,))}
-        with pytest.raises(Exception) as info:
-            bound_run(h, sess, dist_feeds(), custom)
-        assert_clear(str(info.value), [op, "output 0 (output)", "output 1 (state_out)", "overlapping memory"])
-        h.assert_usable(op, sess)
-
     def output_over_state(h, op=op):
         """``output`` (6 floats, 24 bytes) over the state's buffer: the state is read first."""
         sess = h.session(good_model(op))
@@ -1273,7 +1268,7 @@ for op in RANDOM_DISTS:
         h.assert_usable(op, sess)
 
     CASES.append(Case(op, "state-out-over-state-in-place", state_in_place))
-    CASES.append(Case(op, "outputs-overlap", outputs_overlap))
+    CASES.append(Case(op, "outputs-overlap", outputs_overlap_case(op, F32, dist_feeds)))
     CASES.append(Case(op, "output-over-state-input", output_over_state))
     CASES.append(Case(op, "output-over-shape-input", output_over_shape))
     CASES.append(Case(op, "state-out-over-shape-input", state_out_over_shape))
