@@ -1,7 +1,7 @@
 """Leak check of the trainops library in onnxruntime (issue 6), driven by scripts/leaks.
 
-    python scripts/leak_check.py rss  [--runs 10000] [--bound-kib 2048]
-    python scripts/leak_check.py loop [--runs 200]            # under valgrind
+    python scripts/leak_check.py rss  [--runs 10000] [--bound-kib 2048] [--ops OP,...]
+    python scripts/leak_check.py loop [--runs 200] [--ops OP,...]   # under valgrind
     python scripts/leak_check.py reload [--runs 10]           # under valgrind: load, use, unload
     python scripts/leak_check.py valgrind-report LOG          # definitely lost in libtrainops
 
@@ -10,7 +10,8 @@ with nothing else holding the library, so onnxruntime unloads it (dlclose) and t
 registration loads it afresh. ``rss``: every workload (each op's correct run, each op's failing run, and session
 creation with a correct and a refused node) runs ``--runs`` times in this one process
 (sessions: a twentieth as many); after a warm-up of a tenth of the runs the resident set may
-grow by at most ``--bound-kib`` per workload. ``loop``: the same workloads, fewer times, for
+grow by at most ``--bound-kib`` per workload. ``--ops`` limits the workloads to some ops
+(``test_robustness.KITS`` names; the Adam-only extras run when Adam is among them). ``loop``: the same workloads, fewer times, for
 valgrind. ``valgrind-report``: sums valgrind's "definitely lost" records whose stack has a
 frame in libtrainops (crate ``trainops`` or ``trainops_kernels``), apart from what the library
 keeps alive on purpose, which it lists separately.
@@ -36,8 +37,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def workloads(library: str):
-    """(name, kind, callable) for every workload: kind "run" or "session"."""
+def workloads(library: str, ops=None):
+    """(name, kind, callable) for every workload (of ``ops`` only, when given): kind "run" or
+    "session"."""
     sys.path[:0] = [str(ROOT / "tests"), str(ROOT / "python")]
     import numpy as np
 
@@ -45,7 +47,10 @@ def workloads(library: str):
 
     h = rb.Harness(library)
     out = []
-    for op in rb.KITS:
+    unknown = set(ops or ()) - set(rb.KITS)
+    if unknown:
+        raise SystemExit(f"unknown ops {sorted(unknown)}; known: {', '.join(rb.KITS)}")
+    for op in ops or rb.KITS:
         if h.missing(op):
             print(f"  ({op} is not registered by this library: skipped)")
             continue
@@ -63,6 +68,17 @@ def workloads(library: str):
             raise AssertionError("the bad input ran")
         out.append((f"{op} error", "run", fail))
         out.append((f"{op} session", "session", lambda m=rb.good_model(op): h.session(m)))
+        refused_model = refused_node(rb, op)
+        if refused_model is not None:
+            def refused_op(m=refused_model):
+                try:
+                    h.session(m)
+                except Exception:  # noqa: BLE001
+                    return
+                raise AssertionError("the bad node loaded")
+            out.append((f"{op} refused node", "session", refused_op))
+    if ops and "Adam" not in ops:
+        return out
     # Refused at kernel creation (a wrong-typed attribute) and an error through IOBinding.
     bad_attr = rb.opt_model(rb.KITS["Adam"], attrs={"alpha": "x"})
 
@@ -99,13 +115,22 @@ def bad_input(rb, op, feeds):
     kit = rb.KITS[op]
     if kit.optimizer:
         return None, {**feeds, "X_1": np.zeros((3, 3), np.float32)}
-    if op == "Philox":
+    if op in ("Philox", "PhiloxUniform", "PhiloxNormal"):
         return None, {**feeds, "state": np.zeros(5, np.uint32)}
+    if op == "PhiloxDropout":  # a ratio outside [0, 1) in training mode
+        return None, {**feeds, "ratio": np.array(1.5, np.float32)}
     if op == "DynamicLossScale":
         return None, {**feeds, "scale": np.ones(2, np.float32)}
     # AllFinite: an int32 tensor.
     return rb.all_finite_model((np.float32, np.int32)), {"X_1": np.zeros(3, np.float32),
                                                          "X_2": np.zeros(3, np.int32)}
+
+
+def refused_node(rb, op):
+    """A node of ``op`` refused when the session is made (kernel creation), or None."""
+    if op in ("PhiloxUniform", "PhiloxNormal"):
+        return rb.dist_model(op, attrs={"dtype": 6})
+    return None
 
 
 def rss_kib() -> int:
@@ -120,6 +145,7 @@ def main(argv) -> int:
     ap.add_argument("--runs", type=int, default=None)
     ap.add_argument("--bound-kib", type=int, default=2048)
     ap.add_argument("--library", default=None)
+    ap.add_argument("--ops", default=None, help="comma-separated ops (default: every registered op)")
     args = ap.parse_args(argv)
     if args.mode == "valgrind-report":
         return valgrind_report(args.log)
@@ -134,7 +160,7 @@ def main(argv) -> int:
     total = 0
     worst = (0, "")
     print(f"library: {library}; {runs} runs per workload (sessions: {max(1, runs // 20)})")
-    for name, kind, fn in workloads(library):
+    for name, kind, fn in workloads(library, args.ops.split(",") if args.ops else None):
         n = runs if kind == "run" else max(1, runs // 20)
         warm = max(1, n // 10)
         for _ in range(warm):

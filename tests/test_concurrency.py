@@ -1,7 +1,9 @@
 """Concurrency through onnxruntime: one session run from 8 Python threads at once
 (onnxruntime releases the GIL while it runs), and 8 sessions sharing the library run at
-once, for Adam (large enough for the threaded path, and small), Philox and
-MixedPrecisionAdam. Every result is bitwise the sequential one for the same input."""
+once, for Adam (large enough for the threaded path, and small), Philox, MixedPrecisionAdam,
+PhiloxUniform, PhiloxNormal and PhiloxDropout. Every result is bitwise the sequential one
+for the same input; the random ops' concurrent results are also checked against the numpy
+reference of their contract, and sessions with different intra-op thread counts agree."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 
+from helpers import random_reference as ref
 from helpers.checks import same_bits
 from trainops.models import adam_model, node_model, philox_model
+from trainops.random import dropout_model, normal_model, uniform_model
 
 THREADS = 8
 ROUNDS = 4  # runs per thread, each with its own input
@@ -54,6 +58,23 @@ def philox_feeds(seed: int, n: int) -> dict[str, np.ndarray]:
     return {"state": state, "shape": np.array([n + seed], I64)}
 
 
+def dist_feeds(seed: int, n: int) -> dict[str, np.ndarray]:
+    """PhiloxUniform/PhiloxNormal: a random state (counters near a carry for odd seeds) and
+    ``n + seed`` elements (odd and even counts)."""
+    feeds = philox_feeds(seed, n)
+    if seed % 2:
+        feeds["state"][:2] = 0xFFFFFFFF
+    return feeds
+
+
+def drop_feeds(seed: int, n: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {"data": rng.standard_normal(n + seed).astype(F32),
+            "ratio": np.array(0.1 + 0.05 * (seed % 10), F32),
+            "training_mode": np.array(seed % 5 != 4),  # some runs not in training
+            "state": philox_feeds(seed, 0)["state"]}
+
+
 BIG = [(300_000,), (3, 5)]
 SMALL = [(5,), (2, 3)]
 WORKLOADS = {
@@ -62,7 +83,37 @@ WORKLOADS = {
     "philox-1M": (lambda: philox_model(dynamic=True), lambda s: philox_feeds(s, 1 << 20)),
     "philox-small": (lambda: philox_model(dynamic=True), lambda s: philox_feeds(s, 13)),
     "mixed-300k": (lambda: mixed_model(2), lambda s: mixed_feeds(s, BIG)),
+    "uniform-1M": (lambda: uniform_model(dynamic=True, low=-1.0, high=3.0), lambda s: dist_feeds(s, 1 << 20)),
+    "uniform-small": (lambda: uniform_model(dynamic=True), lambda s: dist_feeds(s, 13)),
+    "normal-300k": (lambda: normal_model(dynamic=True, mean=0.5, scale=2.0), lambda s: dist_feeds(s, 300_000)),
+    "normal-small": (lambda: normal_model(dynamic=True), lambda s: dist_feeds(s, 13)),
+    "dropout-300k": (lambda: dropout_model(F32), lambda s: drop_feeds(s, 300_000)),
+    "dropout-small": (lambda: dropout_model(F32), lambda s: drop_feeds(s, 13)),
 }
+RANDOM = [name for name in WORKLOADS if name.split("-")[0] in ("uniform", "normal", "dropout")]
+
+
+def check_reference(name: str, feeds: dict, got) -> None:
+    """The random ops' outputs against the numpy reference of their contract (bit for bit for
+    uniform, dropout and the state; normal within its tolerance)."""
+    kind = name.split("-")[0]
+    if kind == "dropout":
+        if feeds["training_mode"]:
+            want, keep, nxt = ref.dropout(feeds["state"], feeds["data"], float(feeds["ratio"]))
+        else:
+            want, keep, nxt = feeds["data"], np.ones(feeds["data"].shape, bool), ref.counter(feeds["state"])
+        assert same_bits(got[0], want) and same_bits(got[1], keep)
+    else:
+        n = int(feeds["shape"][0])
+        if kind == "uniform":
+            want, nxt = ref.uniform(feeds["state"], n, ref.FLOAT, -1.0 if n > 1000 else 0.0, 3.0 if n > 1000 else 1.0)
+            assert same_bits(got[0], want)
+        else:
+            mean, scale = (0.5, 2.0) if n > 1000 else (0.0, 1.0)
+            want, _, r, nxt = ref.normal(feeds["state"], n, ref.FLOAT, mean, scale)
+            err = np.abs(got[0].astype(np.float64) - want.astype(np.float64))
+            assert (err <= 4e-6 * np.maximum(1, r) * scale + 4 * np.spacing(np.abs(want))).all(), err.max()
+    assert ref.counter(got[-1]) == nxt and same_bits(got[-1][4:], feeds["state"][4:])
 
 
 def run_all_at_once(jobs):
@@ -91,6 +142,8 @@ def test_one_session_eight_threads(make_session, name):
     for row in run_all_at_once([job(row) for row in seeds]):
         for s, got in row:
             assert same_bits(got, expected[s]), f"{name}: seed {s} differs from the sequential run"
+            if name in RANDOM and s % 8 == 0:
+                check_reference(name, inputs[s], got)
 
 
 @pytest.mark.parametrize("name", list(WORKLOADS))
@@ -119,3 +172,17 @@ def test_thread_counts_agree_under_concurrency(make_session):
     results = run_all_at_once([lambda s=s: s.run(None, feeds) for s in sessions])
     for got in results[1:]:
         assert same_bits(got, results[0])
+
+
+@pytest.mark.parametrize("name", ["uniform-1M", "normal-300k", "dropout-300k"])
+def test_random_thread_counts_agree_under_concurrency(make_session, name):
+    """The random ops with 1, 2 and 4 intra-op threads, all running at once, agree bitwise
+    (each threaded chunk starts at its own counter offset)."""
+    build, feeds_of = WORKLOADS[name]
+    model = build()
+    sessions = [make_session(model, threads=k) for k in (1, 2, 4, 1, 2, 4)]
+    feeds = feeds_of(3)
+    results = run_all_at_once([lambda s=s: s.run(None, feeds) for s in sessions])
+    for got in results[1:]:
+        assert same_bits(got, results[0])
+    check_reference(name, feeds, results[0])

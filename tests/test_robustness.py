@@ -15,7 +15,11 @@ gradient divided by the loss scale is not finite, and otherwise propagates like 
 AllFinite answers false; DynamicLossScale is its rule applied to the value (a NaN scale
 stays NaN on a finite step and becomes ``min_scale`` on a non-finite one). Unknown
 attributes are ignored (ONNX Runtime passes them through; the result equals the node's
-without them).
+without them). PhiloxUniform and PhiloxNormal are their formulas for NaN or infinite
+attributes (NaN and Inf come out where the float64 formula has them); PhiloxDropout
+propagates non-finite data as IEEE arithmetic does, refuses a ratio outside [0, 1) in
+training mode and ignores it otherwise. Their correct runs are checked against the numpy
+reference of their contract (helpers.random_reference), not only against a fresh session.
 
 Ops are listed in ``KITS``; an op the loaded library does not register (checked with a
 session load) skips its cases with a reason, so ops added later are picked up by adding a
@@ -31,6 +35,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from helpers import random_reference as ref
 from trainops.models import TRAINING_DOMAIN, node_model
 
 F16, F32, F64, I32, I64, U32 = np.float16, np.float32, np.float64, np.int32, np.int64, np.uint32
@@ -69,6 +74,9 @@ KITS = {
     "Philox": Kit("Philox", MP_DOMAIN),
     "DynamicLossScale": Kit("DynamicLossScale", MP_DOMAIN),
     "AllFinite": Kit("AllFinite", MP_DOMAIN),
+    "PhiloxUniform": Kit("PhiloxUniform", MP_DOMAIN, attrs={"low": -2.0, "high": 3.0}),
+    "PhiloxNormal": Kit("PhiloxNormal", MP_DOMAIN, attrs={"mean": 1.5, "scale": 2.0}),
+    "PhiloxDropout": Kit("PhiloxDropout", MP_DOMAIN),
 }
 OPTIMIZERS = [k for k, kit in KITS.items() if kit.optimizer]
 
@@ -167,8 +175,10 @@ def good_model(op: str):
     kit = KITS[op]
     if kit.optimizer:
         return opt_model(kit)
+    if op in ("PhiloxUniform", "PhiloxNormal"):
+        return dist_model(op)
     return {"Philox": philox_model, "DynamicLossScale": loss_scale_model,
-            "AllFinite": all_finite_model}[op]()
+            "AllFinite": all_finite_model, "PhiloxDropout": drop_model}[op]()
 
 
 def good_feeds(op: str) -> dict[str, np.ndarray]:
@@ -176,7 +186,8 @@ def good_feeds(op: str) -> dict[str, np.ndarray]:
     if kit.optimizer:
         return opt_feeds(kit)
     return {"Philox": philox_feeds, "DynamicLossScale": loss_scale_feeds,
-            "AllFinite": all_finite_feeds}[op]()
+            "AllFinite": all_finite_feeds, "PhiloxUniform": dist_feeds, "PhiloxNormal": dist_feeds,
+            "PhiloxDropout": drop_feeds}[op]()
 
 
 # --- the harness ---------------------------------------------------------------------------
@@ -221,9 +232,13 @@ class Harness:
         return self._registered[op]
 
     def baseline(self, op: str) -> list[np.ndarray]:
-        """The correct run's outputs from a fresh session."""
+        """The correct run's outputs from a fresh session (for the random distributions also
+        checked against the numpy reference of their contract)."""
         if op not in self._baseline:
-            self._baseline[op] = self.session(good_model(op)).run(None, good_feeds(op))
+            outs = self.session(good_model(op)).run(None, good_feeds(op))
+            if op in REFERENCE_CHECKS:
+                REFERENCE_CHECKS[op](outs, good_feeds(op))
+            self._baseline[op] = outs
         return self._baseline[op]
 
     def assert_usable(self, op: str, sess=None) -> None:
@@ -688,27 +703,35 @@ def pfeeds(state=None, shape=None):
     return f
 
 
+def state_and_shape_cases(op):
+    """The state and ``shape`` input checks Philox, PhiloxUniform and PhiloxNormal share
+    (ops/random/state.rs), each named under ``op``; feeds named ``state`` and ``shape``."""
+    run_error(op, "state-5-elements", pfeeds(state=np.zeros(5, U32)),
+              [op, "input 0 (state)", "exactly 6 elements", "shape [5]"])
+    run_error(op, "state-7-elements", pfeeds(state=np.zeros(7, U32)),
+              [op, "input 0 (state)", "exactly 6 elements", "shape [7]"])
+    run_error(op, "state-empty", pfeeds(state=np.zeros((0, 6), U32)),
+              [op, "input 0 (state)", "exactly 6 elements", "shape [0, 6]"])
+    run_error(op, "shape-2-D", pfeeds(shape=np.array([[3, 5]], I64)),
+              [op, "input 1 (shape)", "1-D tensor(int64)", "shape [1, 2]"])
+    run_error(op, "shape-scalar", pfeeds(shape=np.array(4, I64)),
+              [op, "input 1 (shape)", "1-D tensor(int64)", "shape []"])
+    run_error(op, "shape-negative", pfeeds(shape=[3, -5]),
+              [op, "input 1 (shape)", "non-negative dimensions", "negative dimension -5"])
+    run_error(op, "shape-i64-min", pfeeds(shape=[-(1 << 63)]),
+              [op, "input 1 (shape)", "negative dimension"])
+    run_error(op, "shape-over-limit", pfeeds(shape=[(1 << 31) + 1]),
+              [op, "input 1 (shape)", "limit of 2147483648 elements"])
+    run_error(op, "shape-over-limit-2-D", pfeeds(shape=[1 << 16, (1 << 15) + 1]),
+              [op, "input 1 (shape)", "limit of 2147483648 elements"])
+    run_error(op, "shape-count-overflows", pfeeds(shape=[1 << 62, 1 << 62, 1 << 62]),
+              [op, "input 1 (shape)", "limit"])
+    run_error(op, "shape-i64-max-squared", pfeeds(shape=[(1 << 63) - 1, (1 << 63) - 1]),
+              [op, "input 1 (shape)", "limit"])
+
+
 P = "Philox"
-run_error(P, "state-5-elements", pfeeds(state=np.zeros(5, U32)),
-          [P, "input 0 (state)", "exactly 6 elements", "shape [5]"])
-run_error(P, "state-7-elements", pfeeds(state=np.zeros(7, U32)),
-          [P, "input 0 (state)", "exactly 6 elements", "shape [7]"])
-run_error(P, "state-empty", pfeeds(state=np.zeros((0, 6), U32)),
-          [P, "input 0 (state)", "exactly 6 elements", "shape [0, 6]"])
-run_error(P, "shape-2-D", pfeeds(shape=np.array([[3, 5]], I64)),
-          [P, "input 1 (shape)", "1-D tensor(int64)", "shape [1, 2]"])
-run_error(P, "shape-scalar", pfeeds(shape=np.array(4, I64)),
-          [P, "input 1 (shape)", "1-D tensor(int64)", "shape []"])
-run_error(P, "shape-negative", pfeeds(shape=[3, -5]),
-          [P, "input 1 (shape)", "non-negative dimensions", "negative dimension -5"])
-run_error(P, "shape-i64-min", pfeeds(shape=[-(1 << 63)]),
-          [P, "input 1 (shape)", "negative dimension"])
-run_error(P, "shape-over-limit", pfeeds(shape=[(1 << 31) + 1]),
-          [P, "input 1 (shape)", "limit of 2147483648 elements"])
-run_error(P, "shape-count-overflows", pfeeds(shape=[1 << 62, 1 << 62, 1 << 62]),
-          [P, "input 1 (shape)", "limit"])
-run_error(P, "shape-i64-max-squared", pfeeds(shape=[(1 << 63) - 1, (1 << 63) - 1]),
-          [P, "input 1 (shape)", "limit"])
+state_and_shape_cases(P)
 load_error(P, "shape-int32", lambda: philox_model(shape_dtype=I32),
            [P, ("shape", "input parameter"), ("int32", "tensor(int32)")],
            feeds=lambda: {**philox_feeds(), "shape": np.array([3, 5], I32)})
@@ -736,24 +759,25 @@ for label, value, got in [("floats", [3.0, 5.0], "a list of floats"), ("int", 15
                feeds=lambda: {"state": philox_feeds()["state"]})
 
 
-def philox_always_failing(bad_model):
+def always_failing(op, id_, bad_model, needles, feeds=None):
     """A node that is wrong whatever the input: the error (twice), and a fresh correct session
     working after each."""
-    def run(h: Harness, needles):
+    def run(h: Harness):
         sess = h.session(bad_model())
+        fed = feeds() if feeds else good_feeds(op)
+        names = {i.name for i in sess.get_inputs()}
         for _ in range(2):
             with pytest.raises(Exception) as info:
-                sess.run(None, {k: v for k, v in philox_feeds().items()
-                                if k in {i.name for i in sess.get_inputs()}})
+                sess.run(None, {k: v for k, v in fed.items() if k in names})
             assert_clear(str(info.value), needles)
-            h.assert_usable(P)
-    return run
+            h.assert_usable(op)
+    CASES.append(Case(op, id_, run))
 
 
-CASES.append(Case(P, "shape-input-and-attribute", lambda h: philox_always_failing(
-    lambda: philox_model(shape_attr=[3, 5]))(h, [P, "input 1 (shape)", "exactly one", "got both"])))
-CASES.append(Case(P, "neither-shape-source", lambda h: philox_always_failing(
-    lambda: philox_model(shape_input=False))(h, [P, "input 1 (shape)", "exactly one", "got neither"])))
+always_failing(P, "shape-input-and-attribute", lambda: philox_model(shape_attr=[3, 5]),
+               [P, "input 1 (shape)", "exactly one", "got both"])
+always_failing(P, "neither-shape-source", lambda: philox_model(shape_input=False),
+               [P, "input 1 (shape)", "exactly one", "got neither"])
 
 
 def philox_zero_check(h, outs, fed):
@@ -777,51 +801,56 @@ result(P, "unknown-attribute-ignored", lambda f: f,
        model=lambda: philox_model(attrs={"seed": 5, "dtype": "uint32"}))
 
 
-def philox_empty_optional_input(h):
-    """The optional ``shape`` input given as "" (absent) with the attribute: ONNX Runtime 1.17
-    crashed building the shape-inference context (the op now registers none)."""
-    model = philox_model(shape_attr=[3, 5], shape_input=False)
-    model.graph.node[0].input.append("")
-    sess = h.session(model)
-    assert_same(sess.run(None, {"state": philox_feeds()["state"]}), h.baseline(P), "empty optional input")
-    h.assert_usable(P)
+def optional_io_cases(op, build, feeds):
+    """The optional ``shape`` input and ``state_out`` output of Philox, PhiloxUniform and
+    PhiloxNormal (``build(**kw)`` makes the node, ``feeds()`` its correct input)."""
+
+    def empty_optional_input(h):
+        """``shape`` given as "" with the attribute: ONNX Runtime 1.17 crashed building the
+        shape-inference context for Philox (it now registers none), and up to 1.23 for the
+        distributions (the library installs their inference callback on 1.24+ only)."""
+        model = build(shape_attr=[3, 5], shape_input=False)
+        model.graph.node[0].input.append("")
+        sess = h.session(model)
+        assert_same(sess.run(None, {"state": feeds()["state"]}), h.baseline(op), "empty optional input")
+        h.assert_usable(op)
+
+    def without_state_out(h):
+        """No ``state_out`` (ONNX Runtime 1.17 aborted when inference named the absent output)."""
+        sess = h.session(build(state_out=False))
+        assert_same(sess.run(None, feeds()), h.baseline(op)[:1], "without state_out")
+        h.assert_usable(op)
+
+    def empty_optional_output(h):
+        """``state_out`` given as "" (left out): the output is computed. The random ops once
+        failed with "KernelContext_GetOutput failed: no value for output 1" (ops/random/state.rs)."""
+        model = build(state_out=False)
+        model.graph.node[0].output.append("")
+        sess = h.session(model)
+        assert_same(sess.run(None, feeds()), h.baseline(op)[:1], "empty optional output")
+        h.assert_usable(op)
+
+    CASES.append(Case(op, "empty-optional-input", empty_optional_input))
+    CASES.append(Case(op, "without-state-out", without_state_out))
+    CASES.append(Case(op, "empty-optional-output", empty_optional_output))
 
 
-def philox_without_state_out(h):
-    """No ``state_out`` (ONNX Runtime 1.17 aborted when inference named the absent output)."""
-    sess = h.session(philox_model(state_out=False))
-    assert_same(sess.run(None, philox_feeds()), h.baseline(P)[:1], "without state_out")
-    h.assert_usable(P)
+optional_io_cases(P, philox_model, philox_feeds)
 
 
-def philox_empty_optional_output(h):
-    """``state_out`` given as "": the output is computed, or a clear error names output 1."""
-    model = philox_model(state_out=False)
-    model.graph.node[0].output.append("")
-    sess = h.session(model)
-    try:
-        got = sess.run(None, philox_feeds())
-    except Exception as exc:  # noqa: BLE001
-        assert_clear(str(exc), [P, "output 1"])
-    else:
-        assert_same(got, h.baseline(P)[:1], "empty optional output")
-    h.assert_usable(P)
-
-
-CASES.append(Case(P, "empty-optional-input", philox_empty_optional_input))
-CASES.append(Case(P, "without-state-out", philox_without_state_out))
-CASES.append(Case(P, "empty-optional-output", philox_empty_optional_output))
-
-
-def philox_outputs_overlap(h):
-    sess = h.session(good_model(P))
-    buf = np.zeros(32, U32)
-
-    custom = {"output": at("output", buf, 0, U32, (3, 5)), "state_out": at("state_out", buf, 8, U32, (6,))}
-    with pytest.raises(Exception) as info:
-        bound_run(h, sess, philox_feeds(), custom)
-    assert_clear(str(info.value), [P, "output 0 (output)", "output 1 (state_out)", "overlapping memory"])
-    h.assert_usable(P, sess)
+def outputs_overlap_case(op, out_dtype, feeds):
+    """``output`` ([3, 5]) and ``state_out`` bound to overlapping memory: an error naming both
+    (Philox, PhiloxUniform, PhiloxNormal)."""
+    def run(h):
+        sess = h.session(good_model(op))
+        buf = np.zeros(32, U32)
+        custom = {"output": at("output", buf, 0, out_dtype, (3, 5)),
+                  "state_out": at("state_out", buf, 8, U32, (6,))}
+        with pytest.raises(Exception) as info:
+            bound_run(h, sess, feeds(), custom)
+        assert_clear(str(info.value), [op, "output 0 (output)", "output 1 (state_out)", "overlapping memory"])
+        h.assert_usable(op, sess)
+    return run
 
 
 def philox_output_over_state(h):
@@ -836,7 +865,7 @@ def philox_output_over_state(h):
     h.assert_usable(P, sess)
 
 
-CASES.append(Case(P, "outputs-overlap", philox_outputs_overlap))
+CASES.append(Case(P, "outputs-overlap", outputs_overlap_case(P, U32, philox_feeds)))
 CASES.append(Case(P, "output-over-state-input", philox_output_over_state))
 
 
@@ -919,6 +948,480 @@ def _guarded_fresh(h, op, model, feeds, needles):
             sess.run(None, feeds)
         assert_clear(str(info.value), needles)
         h.assert_usable(op)
+
+
+# --- PhiloxUniform, PhiloxNormal, PhiloxDropout -------------------------------------------
+#
+# Every correct run here is also checked against the contract re-implemented in numpy on
+# randomgen's Philox (helpers.random_reference): bit for bit for uniform and dropout, within
+# the contract's tolerance for normal (``Harness.baseline`` checks the baselines the same way).
+
+U, N, DR = "PhiloxUniform", "PhiloxNormal", "PhiloxDropout"
+RANDOM_DISTS = (U, N)
+DIST_ATTRS = {U: ("low", "high"), N: ("mean", "scale")}
+
+
+def dist_model(op, *, shape_attr=None, shape_input=True, state_dtype=U32, shape_dtype=I64,
+               out_dtype=F32, state_out=True, extra_inputs=0, extra_outputs=0, attrs=None,
+               drop_attrs=()):
+    """A PhiloxUniform/PhiloxNormal node, every shape unknown; the kit's attributes unless
+    dropped or overridden."""
+    inputs = [("state", state_dtype, None)]
+    if shape_input:
+        inputs.append(("shape", shape_dtype, None))
+    inputs += [(f"Z_{j}", I64, None) for j in range(extra_inputs)]
+    outputs = [("output", out_dtype, None)] + ([("state_out", U32, None)] if state_out else [])
+    outputs += [(f"Y_{j}", U32, None) for j in range(extra_outputs)]
+    node_attrs = {k: v for k, v in KITS[op].attrs.items() if k not in drop_attrs}
+    node_attrs.update(attrs or {})
+    if shape_attr is not None:
+        node_attrs["shape"] = shape_attr
+    return node_model(op, inputs, outputs, domain=MP_DOMAIN, **node_attrs)
+
+
+def dist_feeds() -> dict[str, np.ndarray]:
+    # A counter whose blocks carry into the third word.
+    return {"state": ref.make_state((1 << 64) - 3, 0xDEADBEEF, 0x12345678),
+            "shape": np.array([3, 5], I64)}
+
+
+DROP_INPUTS = ("data", "ratio", "training_mode", "state")
+DROP_OUTPUTS = ("output", "mask", "state_out")
+
+
+def drop_model(*, dtype=F32, ratio=F32, training=np.bool_, state=U32, inputs=DROP_INPUTS,
+               outputs=DROP_OUTPUTS, attrs=None):
+    """A PhiloxDropout node, every shape unknown; ``inputs``/``outputs`` are the node's names
+    ("" leaves an optional one out; a name of none of the four is an extra float input)."""
+    types = {"data": dtype, "ratio": ratio, "training_mode": training, "state": state}
+    out_types = {"output": dtype, "mask": np.bool_, "state_out": U32}
+    model = node_model(DR, [(n, types.get(n, F32), None) for n in inputs if n],
+                       [(n, out_types.get(n, F32), None) for n in outputs if n],
+                       domain=MP_DOMAIN, **dict(attrs or {}))
+    node = model.graph.node[0]
+    del node.input[:]
+    node.input.extend(inputs)
+    del node.output[:]
+    node.output.extend(outputs)
+    return model
+
+
+def drop_feeds(ratio=0.3, training=True) -> dict[str, np.ndarray]:
+    data = np.random.default_rng(11).standard_normal((3, 5)).astype(F32)
+    return {"data": data, "ratio": np.array(ratio, F32), "training_mode": np.array(training),
+            "state": ref.make_state((1 << 96) - 2, 0x0BADF00D, 7)}
+
+
+def dist_reference(op, fed, attrs, elem=ref.FLOAT):
+    """(values, z or None, r or None, state_out) the contract gives for ``fed`` and ``attrs``."""
+    state = fed["state"]
+    shape = tuple(int(d) for d in (attrs["shape"] if "shape" in attrs else fed["shape"]))
+    n = int(np.prod(shape, dtype=np.int64))
+    with np.errstate(all="ignore"):
+        if op == U:
+            vals, nxt = ref.uniform(state, n, elem, attrs.get("low", 0.0), attrs.get("high", 1.0))
+            z = r = None
+        else:
+            vals, z, r, nxt = ref.normal(state, n, elem, attrs.get("mean", 0.0), attrs.get("scale", 1.0))
+    s = np.asarray(state).ravel()
+    nxt_state = ref.make_state(nxt, int(s[4]), int(s[5])).reshape(np.shape(state))
+    return np.asarray(vals).reshape(shape), z, r, nxt_state
+
+
+def assert_dist(op, outs, fed, attrs=None, elem=ref.FLOAT, state_out=True):
+    """``outs`` are the contract's values for ``fed`` with ``attrs`` (the kit's by default):
+    bit for bit for uniform and the state; for normal NaN, +-Inf where the float64 formula
+    has them and the rest within the contract's tolerance (scaled by ``|scale|``)."""
+    attrs = {**KITS[op].attrs, **(attrs or {})}
+    want, z, r, nxt = dist_reference(op, fed, attrs, elem)
+    got = outs[0]
+    assert got.shape == want.shape and got.dtype == want.dtype, (got.shape, got.dtype, want.shape, want.dtype)
+    if op == U:
+        assert_same([got], [want], f"{op} against the numpy reference")
+    else:
+        g, w = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
+        for test in (np.isnan, np.isposinf, np.isneginf):
+            np.testing.assert_array_equal(test(g), test(w), err_msg=f"{op}: {test.__name__}")
+        fin = np.isfinite(w)
+        scale = abs(float(np.float32(attrs.get("scale", 1.0))))
+        eps = {ref.DOUBLE: 1e-12, ref.FLOAT: 4e-6}.get(elem, 4e-3)
+        tol = eps * np.maximum(1.0, r.reshape(-1)[fin]) * max(scale, 1.0) + 4 * np.spacing(np.abs(w[fin]).astype(got.dtype)).astype(np.float64)
+        assert (np.abs(g[fin] - w[fin]) <= tol).all(), f"{op}: {np.abs(g[fin] - w[fin]).max()} beyond the tolerance"
+    if state_out:
+        assert_same([outs[1]], [nxt], f"{op}: state_out")
+    else:
+        assert len(outs) == 1
+
+
+def assert_dropout(outs, fed, outputs=DROP_OUTPUTS):
+    """``outs`` (of the outputs the node names) are the contract's for ``fed``, bit for bit."""
+    training = "training_mode" in fed and bool(fed["training_mode"])
+    data, state = fed["data"], fed["state"]
+    if training:
+        ratio = float(fed["ratio"]) if "ratio" in fed else 0.5
+        out, keep, nxt = ref.dropout(state, data, ratio)
+        s = np.asarray(state).ravel()
+        nxt = ref.make_state(nxt, int(s[4]), int(s[5])).reshape(np.shape(state))
+    else:
+        out, keep, nxt = data, np.ones(data.shape, np.bool_), state
+    want = {"output": out, "mask": keep, "state_out": nxt}
+    named = [n for n in outputs if n]
+    assert len(outs) == len(named), (len(outs), named)
+    assert_same(outs, [want[n] for n in named], f"{DR} against the numpy reference")
+
+
+REFERENCE_CHECKS = {
+    U: lambda outs, fed: assert_dist(U, outs, fed),
+    N: lambda outs, fed: assert_dist(N, outs, fed),
+    DR: lambda outs, fed: assert_dropout(outs, fed),
+}
+
+
+def at_value(output: str, input_: str, dtype, shape):
+    """Binds ``output`` (``dtype``, ``shape``) to input ``input_``'s buffer, whatever its type."""
+    return lambda binding, values: binding.bind_output(output, "cpu", 0, dtype, list(shape),
+                                                       values[input_].data_ptr())
+
+
+def typed_note() -> str | None:
+    """Why this onnxruntime cannot give PhiloxUniform/PhiloxNormal non-float outputs, or None."""
+    if ref.typed_outputs_supported():
+        return None
+    import onnxruntime as ort
+    return (f"onnxruntime {ort.__version__}: PhiloxUniform/PhiloxNormal give float outputs only "
+            "(non-float outputs need onnxruntime 1.24+; README)")
+
+
+for op in RANDOM_DISTS:
+    state_and_shape_cases(op)
+    for label, kw, feed, needles in [
+            ("state-int32", {"state_dtype": I32}, {"state": np.zeros(6, I32)}, ["state", "tensor(int32)"]),
+            ("state-float", {"state_dtype": F32}, {"state": np.zeros(6, F32)}, ["state", "tensor(float)"]),
+            ("state-int64", {"state_dtype": I64}, {"state": np.zeros(6, I64)}, ["state", "tensor(int64)"]),
+            ("shape-int32", {"shape_dtype": I32}, {"shape": np.array([3, 5], I32)},
+             [("shape", "input parameter"), "tensor(int32)"]),
+            ("three-inputs", {"extra_inputs": 1}, {"Z_0": np.zeros(1, I64)}, [("input", "Input")]),
+            ("three-outputs", {"extra_outputs": 1}, {}, [("output", "Output")])]:
+        load_error(op, label, lambda op=op, kw=kw: dist_model(op, **kw), [op] + needles,
+                   feeds=lambda feed=feed: {**dist_feeds(), **feed})
+    load_error(op, "no-inputs", lambda op=op: node_model(op, [], [("output", F32, None)], domain=MP_DOMAIN,
+                                                         shape=[3]),
+               [op, ("input", "Input")], feeds=dict)
+    always = [("shape-input-and-attribute", dict(shape_attr=[3, 5]), ["exactly one", "got both"]),
+              ("neither-shape-source", dict(shape_input=False), ["exactly one", "got neither"])]
+    for label, kw, needles in always:
+        always_failing(op, label, lambda op=op, kw=kw: dist_model(op, **kw), [op, "input 1 (shape)"] + needles)
+    for label, shape_attr, needles in [
+            ("attribute-negative", [4, -1], ["negative dimension -1"]),
+            ("attribute-over-limit", [(1 << 31) + 1], ["limit of 2147483648 elements"]),
+            ("attribute-overflows", [1 << 62, 1 << 62], ["limit"])]:
+        load_error(op, label, lambda op=op, s=shape_attr: dist_model(op, shape_attr=s, shape_input=False),
+                   [op, "attribute 'shape'"] + needles, feeds=lambda: {"state": dist_feeds()["state"]})
+    for label, value, got in [("floats", [3.0, 5.0], "a list of floats"), ("string", "3,5", "a string"),
+                              ("int", 15, "an int")]:
+        load_error(op, f"shape-attribute-as-{label}",
+                   lambda op=op, value=value: dist_model(op, shape_attr=value, shape_input=False),
+                   [op, "attribute 'shape'", "expected a list of ints attribute", f"got {got} attribute"],
+                   feeds=lambda: {"state": dist_feeds()["state"]})
+    # dtype outside the list: refused when the session is made, naming the attribute.
+    for value in (6, 0, 7, -1):
+        load_error(op, f"dtype-{value}", lambda op=op, value=value: dist_model(op, attrs={"dtype": value}),
+                   [op, "attribute 'dtype'", "1 (float), 11 (double), 10 (float16) or 16 (bfloat16)",
+                    f"got {value}"])
+    for label, value, got in [("float", 1.0, "a float"), ("string", "float", "a string"),
+                              ("ints", [1, 1], "a list of ints")]:
+        load_error(op, f"dtype-as-{label}", lambda op=op, value=value: dist_model(op, attrs={"dtype": value}),
+                   [op, "attribute 'dtype'", "expected an int attribute", f"got {got} attribute"])
+    for attr in DIST_ATTRS[op]:
+        for label, value, got in [("int", 1, "an int"), ("string", "0.5", "a string"),
+                                  ("floats", [0.5, 1.0], "a list of floats"),
+                                  ("tensor", helper.make_tensor("a", TensorProto.FLOAT, [], [0.5]), "a tensor")]:
+            load_error(op, f"{attr}-as-{label}",
+                       lambda op=op, attr=attr, value=value: dist_model(op, attrs={attr: value}),
+                       [op, f"attribute '{attr}'", "expected a float attribute", f"got {got} attribute"])
+        # NaN and infinite attributes are arithmetic: the contract's values, NaN included.
+        for label, value in [("nan", np.nan), ("inf", np.inf), ("neg-inf", -np.inf)]:
+            result(op, f"{attr}-{label}", lambda f: f,
+                   lambda h, outs, fed, op=op, a={attr: float(value)}: assert_dist(op, outs, fed, a),
+                   model=lambda op=op, attr=attr, value=value: dist_model(op, attrs={attr: float(value)}))
+    lo, hi = DIST_ATTRS[op]
+    reversed_attrs = {lo: 3.0, hi: -2.0} if op == U else {lo: -1.0, hi: -0.5}
+    result(op, "reversed-range" if op == U else "negative-scale", lambda f: f,
+           lambda h, outs, fed, op=op, a=reversed_attrs: assert_dist(op, outs, fed, a),
+           model=lambda op=op, a=reversed_attrs: dist_model(op, attrs=a))
+    defaults = {U: {"low": 0.0, "high": 1.0}, N: {"mean": 0.0, "scale": 1.0}}[op]
+
+    def missing_defaults(h, outs, fed, op=op, defaults=defaults):
+        explicit = h.session(dist_model(op, attrs={**defaults, "dtype": 1})).run(None, fed)
+        assert_same(outs, explicit, "missing attributes = explicit defaults")
+        assert_dist(op, outs, fed, defaults)
+    result(op, "missing-attributes-are-defaults", lambda f: f, missing_defaults,
+           model=lambda op=op: dist_model(op, drop_attrs=DIST_ATTRS[op]))
+
+    def zero_check(h, outs, fed):
+        assert outs[0].shape == (0, 1 << 40) and outs[0].dtype == F32
+        assert_same([outs[1]], [fed["state"]], "no words used: state unchanged")
+    result(op, "zero-elements-enormous-dim", pfeeds(shape=[0, 1 << 40]), zero_check)
+
+    def directml_check(h, outs, fed, op=op):
+        base = h.baseline(op)
+        assert_same([outs[0]], [base[0]])
+        assert outs[1].shape == (1, 1, 1, 6) and outs[1].ravel().tolist() == base[1].tolist()
+    result(op, "state-directml-shape",
+           lambda f: {**f, "state": f["state"].reshape(1, 1, 1, 6)}, directml_check)
+    result(op, "unknown-attribute-ignored", lambda f: f,
+           lambda h, outs, fed, op=op: assert_same(outs, h.baseline(op)),
+           model=lambda op=op: dist_model(op, attrs={"seed": 5, "trainops_no_such_attribute": "x"}))
+
+    optional_io_cases(op, lambda op=op, **kw: dist_model(op, **kw), dist_feeds)
+
+    def dtype_double(h, op=op):
+        """dtype 11 with a double output: the contract's values on onnxruntime 1.24+; before,
+        the documented refusal at session creation (float outputs only)."""
+        model = dist_model(op, out_dtype=F64, attrs={"dtype": 11})
+        if typed_note():
+            with pytest.raises(Exception) as info:
+                h.session(model)
+            assert_clear(str(info.value), ["Type Error", "does not match expected type (tensor(float))"])
+        else:
+            outs = h.session(model).run(None, dist_feeds())
+            assert_dist(op, outs, dist_feeds(), elem=ref.DOUBLE)
+        h.assert_usable(op)
+
+    def dtype_disagrees(h, op=op):
+        """dtype 11 but the graph declares a float output: refused when the session is made."""
+        with pytest.raises(Exception) as info:
+            h.session(dist_model(op, attrs={"dtype": 11}))
+        assert_clear(str(info.value), [("tensor(double)", "attribute 'dtype'"), ("output", "dtype")])
+        h.assert_usable(op)
+
+    def shape_input_declared_enormous(h, op=op):
+        """A ``shape`` input declared with 2^40 elements (the output's rank): session creation
+        once aborted the process, allocating 2^40 unknown dimensions in shape inference
+        (onnxruntime 1.24+, where the library infers). Run in a child process with a 4 GiB
+        address-space limit, so that a regression fails this case instead of the machine."""
+        import subprocess
+        import sys
+        import textwrap
+
+        code = textwrap.dedent(f"""
+            import resource, numpy as np, onnxruntime as ort
+            from trainops.models import node_model
+            resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+            so = ort.SessionOptions()
+            so.log_severity_level = 4
+            so.register_custom_ops_library({h.library!r})
+            for n in (1 << 40, 1 << 62, 1025):
+                m = node_model({op!r}, [("state", np.uint32, [6]), ("shape", np.int64, [n])],
+                               [("output", np.float32, None)], domain="com.trainops")
+                ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+            print("loaded")
+        """)
+        import os
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                              timeout=120)
+        assert proc.returncode == 0 and "loaded" in proc.stdout, (proc.returncode, proc.stderr[-2000:])
+        h.assert_usable(op)
+
+    CASES.append(Case(op, "shape-input-declared-enormous", shape_input_declared_enormous))
+    CASES.append(Case(op, "dtype-double", dtype_double))
+    CASES.append(Case(op, "dtype-disagrees-with-output", dtype_disagrees))
+
+    # --- IOBinding.
+    def state_in_place(h, op=op):
+        sess = h.session(good_model(op))
+        got, values = bound_run(h, sess, dist_feeds(), {"state_out": over("state_out", "state")})
+        assert_same(got, h.baseline(op), "state_out over state")
+        assert_same([values["state"].numpy()], [h.baseline(op)[1]], "state's buffer holds state_out")
+        h.assert_usable(op, sess)
+
+    def output_over_state(h, op=op):
+        """``output`` (6 floats, 24 bytes) over the state's buffer: the state is read first."""
+        sess = h.session(good_model(op))
+        fed = {**dist_feeds(), "shape": np.array([6], I64)}
+        want = sess.run(None, fed)
+        assert_dist(op, want, fed)
+        got, values = bound_run(h, sess, fed, {"output": at_value("output", "state", F32, (6,))})
+        assert_same(got, want, "output over state")
+        assert values["state"].numpy().tobytes() == want[0].tobytes()
+        h.assert_usable(op, sess)
+
+    def output_over_shape(h, op=op):
+        """``output`` (4 floats) over the ``shape`` input ([2, 2], 16 bytes): read first."""
+        sess = h.session(good_model(op))
+        fed = {**dist_feeds(), "shape": np.array([2, 2], I64)}
+        want = sess.run(None, fed)
+        assert_dist(op, want, fed)
+        got, values = bound_run(h, sess, fed, {"output": at_value("output", "shape", F32, (2, 2))})
+        assert_same(got, want, "output over shape")
+        h.assert_usable(op, sess)
+
+    def state_out_over_shape(h, op=op):
+        """``state_out`` (6 words) over the ``shape`` input ([1, 2, 3], 24 bytes): read first."""
+        sess = h.session(good_model(op))
+        fed = {**dist_feeds(), "shape": np.array([1, 2, 3], I64)}
+        want = sess.run(None, fed)
+        assert_dist(op, want, fed)
+        got, values = bound_run(h, sess, fed, {"state_out": at_value("state_out", "shape", U32, (6,))})
+        assert_same(got, want, "state_out over shape")
+        h.assert_usable(op, sess)
+
+    CASES.append(Case(op, "state-out-over-state-in-place", state_in_place))
+    CASES.append(Case(op, "outputs-overlap", outputs_overlap_case(op, F32, dist_feeds)))
+    CASES.append(Case(op, "output-over-state-input", output_over_state))
+    CASES.append(Case(op, "output-over-shape-input", output_over_shape))
+    CASES.append(Case(op, "state-out-over-shape-input", state_out_over_shape))
+
+
+# PhiloxDropout.
+for label, dtype, needles in [("data-int32", I32, ["input 0 (data)", "got tensor(int32)"]),
+                              ("data-int64", I64, ["input 0 (data)", "got tensor(int64)"]),
+                              ("data-bool", np.bool_, ["input 0 (data)", "got tensor(bool)"])]:
+    load_error(DR, label, lambda dtype=dtype: drop_model(dtype=dtype),
+               [DR, "tensor(float), tensor(double), tensor(float16) or tensor(bfloat16)"] + needles,
+               feeds=lambda dtype=dtype: {**drop_feeds(), "data": np.ones((3, 5), dtype)})
+for label, kw, feed, needles in [
+        ("ratio-double", {"ratio": F64}, {"ratio": np.array(0.3)}, ["ratio", "tensor(double)"]),
+        ("ratio-int64", {"ratio": I64}, {"ratio": np.array(0, I64)}, ["ratio", "tensor(int64)"]),
+        ("ratio-float16", {"ratio": F16}, {"ratio": np.array(0.3, F16)}, ["ratio", "tensor(float16)"]),
+        ("training-mode-float", {"training": F32}, {"training_mode": np.array(1, F32)},
+         ["training_mode", "tensor(float)"]),
+        ("training-mode-int32", {"training": I32}, {"training_mode": np.array(1, I32)},
+         ["training_mode", "tensor(int32)"]),
+        ("state-int32", {"state": I32}, {"state": np.zeros(6, I32)}, ["state", "tensor(int32)"]),
+        ("state-float", {"state": F32}, {"state": np.zeros(6, F32)}, ["state", "tensor(float)"])]:
+    load_error(DR, label, lambda kw=kw: drop_model(**kw), [DR] + needles,
+               feeds=lambda feed=feed: {**drop_feeds(), **feed})
+for label, inputs, outputs in [("no-state-input", DROP_INPUTS[:3], DROP_OUTPUTS),
+                               ("data-only", DROP_INPUTS[:1], DROP_OUTPUTS),
+                               ("five-inputs", DROP_INPUTS + ("Z_0",), DROP_OUTPUTS),
+                               ("four-outputs", DROP_INPUTS, DROP_OUTPUTS + ("Y_0",))]:
+    load_error(DR, label, lambda i=inputs, o=outputs: drop_model(inputs=i, outputs=o),
+               [DR, ("input", "Input", "output", "Output")],
+               feeds=lambda i=inputs: {k: v for k, v in {**drop_feeds(), "Z_0": np.ones(1, F32)}.items()
+                                       if k in i})
+for label, feed, needles in [
+        ("ratio-two-elements", {"ratio": np.array([0.1, 0.2], F32)},
+         ["input 1 (ratio)", "exactly one element", "shape [2]"]),
+        ("ratio-empty", {"ratio": np.zeros((0,), F32)}, ["input 1 (ratio)", "exactly one element", "shape [0]"]),
+        ("training-mode-two-elements", {"training_mode": np.array([True, False])},
+         ["input 2 (training_mode)", "tensor(bool) with exactly one element", "shape [2]"]),
+        ("training-mode-empty", {"training_mode": np.zeros((1, 0), np.bool_)},
+         ["input 2 (training_mode)", "exactly one element", "shape [1, 0]"]),
+        ("state-5-elements", {"state": np.zeros(5, U32)}, ["input 3 (state)", "exactly 6 elements", "shape [5]"]),
+        ("state-7-elements", {"state": np.zeros(7, U32)}, ["input 3 (state)", "exactly 6 elements", "shape [7]"]),
+        ("state-empty", {"state": np.zeros((0, 6), U32)}, ["input 3 (state)", "exactly 6 elements", "shape [0, 6]"]),
+        ("data-misaligned", {"data": np.frombuffer(np.zeros(61, np.uint8).data, F32, 15, 1).reshape(3, 5)},
+         ["input 0 (data)", "aligned"])]:
+    run_error(DR, label, replace(**feed), [DR] + needles)
+# ratio outside [0, 1) in training mode: an error naming it; outside training it is ignored.
+for label, value, shown in [("one", 1.0, "got 1"), ("above-one", 1.5, "got 1.5"),
+                            ("negative", -0.25, "got -0.25"), ("nan", np.nan, "got NaN"),
+                            ("inf", np.inf, "got inf"), ("neg-inf", -np.inf, "got -inf")]:
+    run_error(DR, f"ratio-{label}", replace(ratio=np.array(value, F32)),
+              [DR, "input 1 (ratio)", "a value in [0, 1) in training mode", shown])
+for label, value in [("above-one", 1.5), ("nan", np.nan), ("negative", -3.0)]:
+    result(DR, f"ratio-{label}-not-training", replace(ratio=np.array(value, F32),
+                                                      training_mode=np.array(False)),
+           lambda h, outs, fed: assert_dropout(outs, fed))
+# Edge ratios in training mode, and non-finite or huge data: the contract's bits.
+for label, value in [("zero", 0.0), ("negative-zero", -0.0),
+                     ("below-one", float(np.nextafter(F32(1), F32(0)))), ("tiny", 1e-45)]:
+    result(DR, f"ratio-{label}", replace(ratio=np.array(value, F32)),
+           lambda h, outs, fed: assert_dropout(outs, fed))
+for label, value in [("nan", np.nan), ("inf", np.inf), ("neg-inf", -np.inf), ("neg-zero", -0.0),
+                     ("float-max", float(np.finfo(F32).max))]:
+    def poke_all(feeds, value=value):
+        d = np.array(feeds["data"], copy=True)
+        d.reshape(-1)[::2] = value  # kept and dropped elements alike
+        return {**feeds, "data": d}
+    result(DR, f"{label}-in-data", poke_all, lambda h, outs, fed: assert_dropout(outs, fed))
+
+
+def drop_zero_check(h, outs, fed):
+    assert [o.shape for o in outs[:2]] == [(0, 1 << 40)] * 2
+    assert_same([outs[2]], [fed["state"]], "no words used: state unchanged")
+
+
+result(DR, "zero-elements-enormous-dim", replace(data=np.zeros((0, 1 << 40), F32)), drop_zero_check)
+result(DR, "state-2x3-shape", lambda f: {**f, "state": f["state"].reshape(2, 3)},
+       lambda h, outs, fed: assert_dropout(outs, fed))
+result(DR, "unknown-attribute-ignored", lambda f: f,
+       lambda h, outs, fed: assert_same(outs, h.baseline(DR)),
+       model=lambda: drop_model(attrs={"seed": 5, "trainops_no_such_attribute": 1.5}))
+for label, inputs in [("ratio-named-empty", ("data", "", "training_mode", "state")),
+                      ("training-mode-named-empty", ("data", "ratio", "", "state")),
+                      ("both-optional-inputs-named-empty", ("data", "", "", "state"))]:
+    # "" ratio: the default 0.5; "" training_mode: not training (identity).
+    result(DR, label, lambda f, i=inputs: {k: v for k, v in f.items() if k in i},
+           lambda h, outs, fed: assert_dropout(outs, fed),
+           model=lambda i=inputs: drop_model(inputs=i))
+for label, outputs in [("mask-named-empty", ("output", "", "state_out")),
+                       ("state-out-named-empty", ("output", "mask", "")),
+                       ("both-optional-outputs-named-empty", ("output", "", "")),
+                       ("output-only", ("output",))]:
+    result(DR, label, lambda f: f, lambda h, outs, fed, o=outputs: assert_dropout(outs, fed, o),
+           model=lambda o=outputs: drop_model(outputs=o))
+
+
+def drop_in_place(h, custom_for, what):
+    sess = h.session(good_model(DR))
+    got, values = bound_run(h, sess, drop_feeds(), custom_for)
+    assert_same(got, h.baseline(DR), what)
+    return sess, values
+
+
+def drop_output_over_data(h):
+    sess, values = drop_in_place(h, {"output": over("output", "data")}, "output over data")
+    assert_same([values["data"].numpy()], [h.baseline(DR)[0]], "data's buffer holds output")
+    h.assert_usable(DR, sess)
+
+
+def drop_state_in_place(h):
+    sess, values = drop_in_place(h, {"state_out": over("state_out", "state")}, "state_out over state")
+    assert_same([values["state"].numpy()], [h.baseline(DR)[2]], "state's buffer holds state_out")
+    h.assert_usable(DR, sess)
+
+
+def drop_both_in_place(h):
+    sess, values = drop_in_place(h, {"output": over("output", "data"), "state_out": over("state_out", "state")},
+                                 "output and state_out in place")
+    assert_same([values["data"].numpy(), values["state"].numpy()],
+                [h.baseline(DR)[0], h.baseline(DR)[2]], "buffers hold the outputs")
+    h.assert_usable(DR, sess)
+
+
+def drop_mask_over_state(h):
+    """``mask`` (15 bools) over the state's 24 bytes: the state is read first."""
+    sess, values = drop_in_place(h, {"mask": at_value("mask", "state", np.bool_, (3, 5))}, "mask over state")
+    h.assert_usable(DR, sess)
+
+
+def drop_error_binding(custom_for, needles):
+    def run(h):
+        sess = h.session(good_model(DR))
+        with pytest.raises(Exception) as info:
+            bound_run(h, sess, drop_feeds(), custom_for())
+        assert_clear(str(info.value), [DR] + needles)
+        h.assert_usable(DR, sess)
+    return run
+
+
+CASES.append(Case(DR, "output-over-data-in-place", drop_output_over_data))
+CASES.append(Case(DR, "state-out-over-state-in-place", drop_state_in_place))
+CASES.append(Case(DR, "output-and-state-out-in-place", drop_both_in_place))
+CASES.append(Case(DR, "mask-over-state-input", drop_mask_over_state))
+CASES.append(Case(DR, "mask-over-data", drop_error_binding(
+    lambda: {"mask": at_value("mask", "data", np.bool_, (3, 5))},
+    ["input 0 (data)", "output 1 (mask)", "overlapping memory"])))
+CASES.append(Case(DR, "state-out-over-data", drop_error_binding(
+    lambda: {"state_out": at_value("state_out", "data", U32, (6,))},
+    ["input 0 (data)", "output 2 (state_out)", "overlapping memory"])))
+_drop_buf = np.zeros(64, U32)
+CASES.append(Case(DR, "outputs-overlap", drop_error_binding(
+    lambda: {"output": at("output", _drop_buf, 0, F32, (3, 5)), "state_out": at("state_out", _drop_buf, 32, U32, (6,))},
+    ["output 0 (output)", "output 2 (state_out)", "overlapping memory"])))
 
 
 # --- the library as a whole ---------------------------------------------------------------

@@ -9,6 +9,9 @@ use libfuzzer_sys::fuzz_target;
 use trainops_kernels::random::philox::{self, advance, blocks_for, counter_of, fill_with, reference, with_counter};
 use trainops_kernels::{Parallelism, Sequential};
 
+mod common;
+use common::{counter, near_carry, Scrambled};
+
 #[derive(Debug, Arbitrary)]
 struct Case {
     state: [u32; 6],
@@ -22,37 +25,9 @@ struct Case {
     order: u8,
 }
 
-/// Runs the tasks on this thread in a scrambled order (results must not depend on it).
-struct Scrambled(u8);
-
-impl Parallelism for Scrambled {
-    fn run(&self, tasks: usize, f: &(dyn Fn(usize) + Sync)) {
-        let step = [1, 3, 5, 7][usize::from(self.0 % 4)];
-        let mut order: Vec<usize> = (0..tasks).collect();
-        if self.0 & 4 != 0 {
-            order.reverse();
-        }
-        if tasks.is_multiple_of(step) {
-            order.iter().for_each(|&i| f(i));
-        } else {
-            // `step` is prime and does not divide `tasks`: striding visits every task once.
-            (0..tasks).for_each(|i| f(order[(i * step) % tasks]));
-        }
-    }
-}
-
 fuzz_target!(|case: Case| {
-    let mut state = case.state;
-    if let Some((word, below)) = case.near {
-        // Just below a 32-, 64-, 96- or 128-bit carry.
-        let bit = 32 * (u32::from(word % 4) + 1);
-        let c = if bit == 128 { 0u128 } else { 1u128 << bit }.wrapping_sub(u128::from(below));
-        state = with_counter(&state, c);
-    }
-    let c = u128::from(state[0])
-        | (u128::from(state[1]) << 32)
-        | (u128::from(state[2]) << 64)
-        | (u128::from(state[3]) << 96);
+    let state = near_carry(case.state, case.near);
+    let c = counter(&state);
     assert_eq!(counter_of(&state), c);
     assert_eq!(with_counter(&state, c), state);
     let moved = advance(&state, case.blocks);

@@ -1,13 +1,17 @@
 //! The checks a node's inputs meet before any buffer is touched, on arbitrary arities,
 //! element types, shapes and attributes: the optimizers' `Layout`s (the library's own, through `trainops::fuzzing`) (arity, output count,
 //! names, `check_group`), `broadcastable` / `same_shape` (against a reference and against
-//! the kernels' own broadcasting), the element count of a shape, `DType`, and Philox's
-//! output-size check. None may panic, and each must agree with arithmetic done here.
+//! the kernels' own broadcasting), the element count of a shape, `DType`, and the output-size
+//! check of the shape-driven random ops (Philox, PhiloxUniform, PhiloxNormal: the one in
+//! `ops/random/state.rs`, from the attribute or the input). None may panic, and each must
+//! agree with arithmetic done here.
 #![no_main]
 
 use libfuzzer_sys::arbitrary::{self, Arbitrary};
 use libfuzzer_sys::fuzz_target;
-use trainops::fuzzing::{broadcastable, layouts, numel, philox_output_numel, same_shape, DType, InputInfo, Layout};
+use trainops::fuzzing::{
+    broadcastable, layouts, numel, output_numel, philox_output_numel, same_shape, DType, InputInfo, Layout, ShapeFrom,
+};
 use trainops_kernels::broadcast::broadcast_to;
 
 /// One of the registered optimizer-shaped ops' layouts (Adam, Adagrad, Momentum,
@@ -198,6 +202,20 @@ fuzz_target!(|case: Case| {
             let msg = got.expect_err("accepted a negative or too large shape").to_string();
             let head = if case.attribute { "Philox: attribute 'shape'" } else { "Philox: input 1 (shape)" };
             assert!(msg.starts_with(head), "{msg}");
+        }
+    }
+    // The distributions share the check, under their own names in the messages.
+    let from = if case.attribute { ShapeFrom::Attribute } else { ShapeFrom::Input };
+    for op in ["PhiloxUniform", "PhiloxNormal"] {
+        let got = output_numel(op, &p, from);
+        match exact_count(&p) {
+            Some(c) if c <= 1 << 31 => assert_eq!(got.ok(), Some(c as usize), "{op} {p:?}"),
+            _ => {
+                let msg = got.expect_err("accepted a negative or too large shape").to_string();
+                let head = if case.attribute { "attribute 'shape'" } else { "input 1 (shape)" };
+                assert!(msg.starts_with(&format!("{op}: {head}")), "{msg}");
+                assert!(msg.contains("expected non-negative dimensions"), "{msg}");
+            }
         }
     }
 });

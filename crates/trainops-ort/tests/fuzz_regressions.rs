@@ -36,3 +36,27 @@ fn alias_plan_edge_shapes() {
     assert_eq!(p.snapshot, [false, true]);
     assert!(plan("t", &[], &[out(0..8, None), out(7..9, None)]).is_err());
 }
+
+/// PhiloxUniform with both `low` and `high` NaN (different payloads), long enough for the
+/// threaded path and a SIMD tail: every element is NaN at every level, but which NaN (the
+/// payload the final sum keeps) is the compiler's choice and differed between the SIMD
+/// loops' scalar tails and the reference (the `distributions` fuzz target, 69,905 elements).
+/// The state and every non-NaN value stay bit for bit.
+#[test]
+fn uniform_with_nan_low_and_high_is_nan_at_every_level() {
+    use trainops_kernels::random::draw::Output;
+    use trainops_kernels::random::philox::available_levels;
+    use trainops_kernels::random::uniform;
+    use trainops_kernels::Sequential;
+
+    let (low, high) = (f32::from_bits(0xFFFF_FF11), f32::from_bits(0xFFFF_FFFF));
+    let state = [7, 0, 0, 0, 1, 2];
+    let mut want = vec![0f32; 69_905];
+    let next = uniform::reference(&state, low, high, Output::F32(&mut want));
+    assert!(want.iter().all(|x| x.is_nan()));
+    for level in available_levels() {
+        let mut got = vec![0f32; want.len()];
+        assert_eq!(uniform::fill_with(level, &state, low, high, Output::F32(&mut got), &Sequential), next);
+        assert!(got.iter().all(|x| x.is_nan()), "{level:?}");
+    }
+}

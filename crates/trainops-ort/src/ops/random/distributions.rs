@@ -96,6 +96,9 @@ dist_ops! {
 pub static DIST_OPS: [&DistOp; 8] =
     [&UNIFORM_F32, &UNIFORM_F64, &UNIFORM_F16, &UNIFORM_BF16, &NORMAL_F32, &NORMAL_F64, &NORMAL_F16, &NORMAL_BF16];
 
+/// The longest `shape` input whose length shape inference turns into the output's rank.
+const MAX_INFERRED_RANK: i64 = 1024;
+
 /// Output 0's type from the `dtype` attribute and its dimensions from the `shape` attribute
 /// (or, as unknowns, from the length of the `shape` input); `state_out` like `state`.
 fn infer_dist(op: &'static str, ctx: &mut ShapeInfer<'_>) -> Result<()> {
@@ -110,7 +113,12 @@ fn infer_dist(op: &'static str, ctx: &mut ShapeInfer<'_>) -> Result<()> {
     let dims: Option<Vec<Option<i64>>> = match ctx.attr_i64s(c"shape") {
         Some(d) => Some(d.into_iter().map(Some).collect()),
         None => match ctx.input(1) {
-            Some((_, shape)) if shape.len() == 1 && shape[0] >= 0 => Some(vec![None; shape[0] as usize]),
+            // The output's rank is the input's declared length, whatever the model says: a
+            // vector of that many unknowns once aborted the process (a failed allocation)
+            // for a length of 2^40. Longer than MAX_INFERRED_RANK, the rank is left unknown.
+            Some((_, shape)) if shape.len() == 1 && (0..=MAX_INFERRED_RANK).contains(&shape[0]) => {
+                Some(vec![None; shape[0] as usize])
+            }
             _ => None,
         },
     };

@@ -123,15 +123,13 @@ pub struct Outputs {
 }
 
 impl Outputs {
-    /// Allocates output 0 (`dtype`, `dims`) and `state_out` (like `state`), checks them and
-    /// that they do not overlap.
+    /// Allocates output 0 (`dtype`, `dims`) and, unless the node leaves it out, `state_out`
+    /// (like `state`); checks them and that they do not overlap.
     pub fn new(ctx: &mut Context<'_>, op: &'static str, dtype: DType, dims: &[i64], state: &Tensor) -> Result<Self> {
         let output = io::output(ctx, op, 0, "output", dtype, dims)?;
-        let state_out = if ctx.output_count()? > 1 {
-            Some(io::output(ctx, op, 1, "state_out", DType::Uint32, &state.shape)?)
-        } else {
-            None
-        };
+        // Absent when the node has one output or names output 1 "" (the runtime then gives
+        // no value for it).
+        let state_out = io::optional_output(ctx, op, 1, "state_out", DType::Uint32, &state.shape)?;
         if let Some(s) = &state_out {
             let (a, b) = (output.bytes(), s.bytes());
             if !a.is_empty() && a.start < b.end && b.start < a.end {
