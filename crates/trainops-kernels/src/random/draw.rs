@@ -9,8 +9,9 @@
 
 use half::{bf16, f16};
 
-use super::philox::{self, Level};
+use super::philox::{self, Level, Stores};
 use crate::parallel::{for_each_item, Parallelism, Sequential, Splittable};
+use crate::simd::Isa;
 
 /// Elements per threaded task (the kernels' shared chunk, a multiple of 4, so every task
 /// starts on a block), and the length below which everything runs on the calling thread.
@@ -122,11 +123,14 @@ impl<T: Send> Splittable for Piece<'_, T> {
 
 /// Runs `f(state, piece)` over `work`: whole on the calling thread below [`SERIAL_BELOW`]
 /// elements, else in pieces of [`CHUNK`] elements on `par`, each piece with the state at its
-/// own first element. Returns the state after the whole output.
+/// own first element; with `head > 0` the first piece is the `head` elements before the
+/// output's first cache line (see [`stream_head`]), so that every later piece starts on one.
+/// Returns the state after the whole output.
 pub(crate) fn split<W: Splittable>(
     state: &[u32; 6],
     work: W,
     words: Words,
+    head: usize,
     par: &dyn Parallelism,
     f: impl Fn(&[u32; 6], W) + Sync,
 ) -> [u32; 6] {
@@ -136,14 +140,19 @@ pub(crate) fn split<W: Splittable>(
         f(state, work);
         return next;
     }
-    let mut items = Vec::with_capacity(n.div_ceil(CHUNK));
+    let mut items = Vec::with_capacity(n.div_ceil(CHUNK) + 1);
     let (mut rest, mut start) = (work, 0);
+    let mut take = head.min(n);
+    if take == 0 {
+        take = CHUNK;
+    }
     while !rest.is_empty() {
-        let take = rest.len().min(CHUNK);
-        let (head, tail) = rest.split_at(take);
-        items.push((words.after(state, start), head));
-        start += CHUNK;
+        let take_now = take.min(rest.len());
+        let (first, tail) = rest.split_at(take_now);
+        items.push((words.after(state, start), first));
+        start += take;
         rest = tail;
+        take = CHUNK;
     }
     for_each_item(par, items, |(s, w)| f(&s, w));
     next
@@ -172,4 +181,104 @@ pub(crate) fn for_each_sub(
         g(&buf[..w], start, n);
         start += n;
     }
+}
+
+/// Whether an output of `n` elements of `T` goes out with non-temporal stores under
+/// `stores`: a SIMD level, and (for [`Stores::Auto`]) at least [`philox::STREAM_BYTES`],
+/// the same threshold as Philox's own fill.
+pub(crate) fn streams<T>(isa: Isa, stores: Stores, n: usize) -> bool {
+    !matches!(isa, Isa::Scalar)
+        && match stores {
+            Stores::Auto => n * size_of::<T>() >= philox::STREAM_BYTES,
+            Stores::Normal => false,
+            Stores::Streaming => true,
+        }
+}
+
+/// Elements of `out` before its first 64-byte boundary (all of it when it has none).
+pub(crate) fn head_elems<T>(out: &[T]) -> usize {
+    (out.as_ptr().cast::<u8>().align_offset(64) / size_of::<T>()).min(out.len())
+}
+
+/// The first piece [`split`] should cut when streaming into `out`: the elements before its
+/// first cache line, when they are whole Philox blocks (and whole pairs for the normal
+/// draws), so that every later piece starts on a cache line; else 0 (plain [`CHUNK`]
+/// pieces, whose unaligned edges [`Sink`] writes with normal stores).
+pub(crate) fn stream_head<T>(stream: bool, words: Words, out: &[T]) -> usize {
+    let head = head_elems(out);
+    let pairs = matches!(words, Words::PairsOfTwo | Words::PairsOfFour);
+    if stream && words.of(head).is_multiple_of(4) && (!pairs || head.is_multiple_of(2)) {
+        head
+    } else {
+        0
+    }
+}
+
+/// Where a piece's values go: straight into the output, or (streaming) into an L1 buffer
+/// of [`SUB`] elements first, copied out with non-temporal stores for the whole cache lines
+/// and normal stores for the unaligned edges; fenced when dropped, so before the piece's
+/// task returns.
+pub(crate) struct Sink<T> {
+    isa: Isa,
+    buf: Vec<T>,
+}
+
+impl<T: Copy + Default> Sink<T> {
+    /// A sink for one piece; `stream` as from [`streams`].
+    pub(crate) fn new(isa: Isa, stream: bool) -> Self {
+        let stream = stream && !matches!(isa, Isa::Scalar);
+        Sink { isa, buf: if stream { vec![T::default(); SUB] } else { Vec::new() } }
+    }
+
+    /// `f(dst)`, or its effect through the buffer; `dst` has at most [`SUB`] elements.
+    pub(crate) fn write(&mut self, dst: &mut [T], f: impl FnOnce(&mut [T])) {
+        if self.buf.is_empty() {
+            f(dst);
+        } else {
+            let tmp = &mut self.buf[..dst.len()];
+            f(tmp);
+            stream_copy(self.isa, tmp, dst);
+        }
+    }
+}
+
+impl<T> Drop for Sink<T> {
+    fn drop(&mut self) {
+        if !self.buf.is_empty() {
+            fence();
+        }
+    }
+}
+
+/// Orders this thread's non-temporal stores before anything it does next.
+fn fence() {
+    #[cfg(target_arch = "x86_64")]
+    super::x86::sfence();
+}
+
+/// `dst.copy_from_slice(src)`, the 64-byte lines of `dst` with non-temporal stores at a SIMD
+/// `isa` (unfenced: [`Sink`] fences), its unaligned head and tail with normal stores.
+pub(crate) fn stream_copy<T: Copy>(isa: Isa, src: &[T], dst: &mut [T]) {
+    assert_eq!(src.len(), dst.len(), "stream_copy: lengths differ");
+    let size = size_of::<T>();
+    let head = head_elems(dst);
+    let line = if size == 0 || 64 % size != 0 { 0 } else { 64 / size };
+    let lines = if line == 0 { 0 } else { (dst.len() - head) / line };
+    let body = head + lines * line;
+    dst[..head].copy_from_slice(&src[..head]);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `src[head..body]` and `dst[head..body]` are `64 * lines` bytes of distinct
+        // slices, and `dst[head..]` starts on a 64-byte boundary; the token proves AVX-512F.
+        Isa::Avx512(token) => unsafe {
+            super::x86::stream_lines_avx512(token, src[head..].as_ptr().cast(), dst[head..].as_mut_ptr().cast(), lines)
+        },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as for AVX-512F; the token proves AVX2.
+        Isa::Avx2(token) => unsafe {
+            super::x86::stream_lines_avx2(token, src[head..].as_ptr().cast(), dst[head..].as_mut_ptr().cast(), lines)
+        },
+        _ => dst[head..body].copy_from_slice(&src[head..body]),
+    }
+    dst[body..].copy_from_slice(&src[body..]);
 }

@@ -144,20 +144,20 @@ pub fn fill_with(
     let from = keep_from(ratio);
     let scale32 = 1.0f32 / (1.0f32 - ratio as f32);
     Ok(match data {
-        Data::F32(d) => split(state, Work { data: d, mask }, Words::One, par, |s, w| {
+        Data::F32(d) => split(state, Work { data: d, mask }, Words::One, 0, par, |s, w| {
             piece(level, s, w, from, |words, d| drop_f32(isa, words, d, from, scale32))
         }),
         Data::F64(d) => {
             let scale = 1.0 / (1.0 - ratio);
-            split(state, Work { data: d, mask }, Words::One, par, |s, w| {
+            split(state, Work { data: d, mask }, Words::One, 0, par, |s, w| {
                 piece(level, s, w, from, |words, d| drop_f64(isa, words, d, from, scale))
             })
         }
         Data::F16(d) => {
-            split(state, Work { data: d, mask }, Words::One, par, |s, w| half_piece(level, isa, s, w, from, scale32))
+            split(state, Work { data: d, mask }, Words::One, 0, par, |s, w| half_piece(level, isa, s, w, from, scale32))
         }
         Data::BF16(d) => {
-            split(state, Work { data: d, mask }, Words::One, par, |s, w| half_piece(level, isa, s, w, from, scale32))
+            split(state, Work { data: d, mask }, Words::One, 0, par, |s, w| half_piece(level, isa, s, w, from, scale32))
         }
     })
 }

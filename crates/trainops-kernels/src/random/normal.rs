@@ -8,8 +8,8 @@
 
 use core::f64::consts::PI;
 
-use super::draw::{f32_of, f64_of, for_each_sub, split, Output, Piece, Words, SUB};
-use super::philox::{self, reference as philox_ref, Level};
+use super::draw::{f32_of, f64_of, for_each_sub, split, stream_head, streams, Output, Piece, Sink, Words, SUB};
+use super::philox::{self, reference as philox_ref, Level, Stores};
 use super::uniform::Half;
 use crate::Parallelism;
 
@@ -64,33 +64,55 @@ pub fn fill_with(
     out: Output<'_>,
     par: &dyn Parallelism,
 ) -> [u32; 6] {
+    let isa = level.isa().unwrap_or_else(|| panic!("normal: {level:?} is not available on this CPU"));
     let words = words_kind(&out);
     match out {
-        Output::F32(o) => split(state, Piece(o), words, par, |s, p| {
-            for_each_sub(level, s, p.0.len(), words, |w, start, n| {
-                pairs_f32(w, &mut p.0[start..start + n], mean, scale);
-            });
-        }),
-        Output::F16(o) => split(state, Piece(o), words, par, |s, p| half_piece(level, s, p.0, mean, scale)),
-        Output::BF16(o) => split(state, Piece(o), words, par, |s, p| half_piece(level, s, p.0, mean, scale)),
+        Output::F32(o) => {
+            let stream = streams::<f32>(isa, Stores::Auto, o.len());
+            let head = stream_head(stream, words, o);
+            split(state, Piece(o), words, head, par, |s, p| {
+                let mut sink = Sink::new(isa, stream);
+                for_each_sub(level, s, p.0.len(), words, |w, start, n| {
+                    sink.write(&mut p.0[start..start + n], |o| pairs_f32(w, o, mean, scale));
+                });
+            })
+        }
+        Output::F16(o) => {
+            let stream = streams::<half::f16>(isa, Stores::Auto, o.len());
+            let head = stream_head(stream, words, o);
+            split(state, Piece(o), words, head, par, |s, p| {
+                half_piece(level, stream, s, p.0, mean, scale);
+            })
+        }
+        Output::BF16(o) => {
+            let stream = streams::<half::bf16>(isa, Stores::Auto, o.len());
+            let head = stream_head(stream, words, o);
+            split(state, Piece(o), words, head, par, |s, p| {
+                half_piece(level, stream, s, p.0, mean, scale);
+            })
+        }
         Output::F64(o) => {
             let (mean, scale) = (f64::from(mean), f64::from(scale));
-            split(state, Piece(o), words, par, |s, p| {
+            let stream = streams::<f64>(isa, Stores::Auto, o.len());
+            let head = stream_head(stream, words, o);
+            split(state, Piece(o), words, head, par, |s, p| {
+                let mut sink = Sink::new(isa, stream);
                 for_each_sub(level, s, p.0.len(), words, |w, start, n| {
-                    for (o, x) in p.0[start..start + n].chunks_mut(2).zip(w.chunks_exact(4)) {
-                        let (z0, z1) = box_muller_f64(x);
-                        o[0] = z0 * scale + mean;
-                        if let Some(o1) = o.get_mut(1) {
-                            *o1 = z1 * scale + mean;
+                    sink.write(&mut p.0[start..start + n], |o| {
+                        for (o, x) in o.chunks_mut(2).zip(w.chunks_exact(4)) {
+                            let (z0, z1) = box_muller_f64(x);
+                            o[0] = z0 * scale + mean;
+                            if let Some(o1) = o.get_mut(1) {
+                                *o1 = z1 * scale + mean;
+                            }
                         }
-                    }
+                    });
                 });
             })
         }
     }
 }
 
-/// `out[2j], out[2j+1] = z0, z1 of words 2j, 2j+1`, times `scale` plus `mean` in float32.
 fn pairs_f32(words: &[u32], out: &mut [f32], mean: f32, scale: f32) {
     for (o, x) in out.chunks_mut(2).zip(words.chunks_exact(2)) {
         let (z0, z1) = box_muller_f32(x[0], x[1]);
@@ -101,11 +123,13 @@ fn pairs_f32(words: &[u32], out: &mut [f32], mean: f32, scale: f32) {
     }
 }
 
-fn half_piece<H: Half>(level: Level, state: &[u32; 6], out: &mut [H], mean: f32, scale: f32) {
+fn half_piece<H: Half + Default>(level: Level, stream: bool, state: &[u32; 6], out: &mut [H], mean: f32, scale: f32) {
+    let isa = level.isa().expect("checked by fill_with");
     let mut tmp = [0f32; SUB];
+    let mut sink = Sink::new(isa, stream);
     for_each_sub(level, state, out.len(), Words::PairsOfTwo, |w, start, n| {
         pairs_f32(w, &mut tmp[..n], mean, scale);
-        H::store(&tmp[..n], &mut out[start..start + n]);
+        sink.write(&mut out[start..start + n], |o| H::store(&tmp[..n], o));
     });
 }
 

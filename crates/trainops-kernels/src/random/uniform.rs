@@ -9,8 +9,10 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-use super::draw::{bf16_of, f16_of, f32_of, f64_of, for_each_sub, split, Output, Piece, Words, SUB};
-use super::philox::{self, reference as philox_ref, Level};
+use super::draw::{
+    bf16_of, f16_of, f32_of, f64_of, for_each_sub, split, stream_head, streams, Output, Piece, Sink, Words, SUB,
+};
+use super::philox::{self, reference as philox_ref, Level, Stores};
 use crate::simd::Isa;
 use crate::Parallelism;
 
@@ -47,7 +49,8 @@ pub fn fill(state: &[u32; 6], low: f32, high: f32, out: Output<'_>, par: &dyn Pa
     fill_with(philox::detected(), state, low, high, out, par)
 }
 
-/// [`fill`] at a given level.
+/// [`fill`] at a given level. Outputs of [`philox::STREAM_BYTES`] or more go out with
+/// non-temporal stores, as Philox's own; the bits are the same either way.
 ///
 /// # Panics
 ///
@@ -60,26 +63,60 @@ pub fn fill_with(
     out: Output<'_>,
     par: &dyn Parallelism,
 ) -> [u32; 6] {
+    fill_stores(level, Stores::Auto, state, low, high, out, par)
+}
+
+/// [`fill_with`] with the store policy given (benchmarks force each to measure the
+/// threshold; [`Stores::Streaming`] streams at any size on a SIMD level).
+///
+/// # Panics
+///
+/// When `level` is not available on this CPU.
+pub fn fill_stores(
+    level: Level,
+    stores: Stores,
+    state: &[u32; 6],
+    low: f32,
+    high: f32,
+    out: Output<'_>,
+    par: &dyn Parallelism,
+) -> [u32; 6] {
     let isa = level.isa().unwrap_or_else(|| panic!("uniform: {level:?} is not available on this CPU"));
     let words = words_kind(&out);
     let range = high - low;
     match out {
-        Output::F32(o) => split(state, Piece(o), words, par, |s, p| {
-            for_each_sub(level, s, p.0.len(), words, |w, start, n| {
-                convert_f32(isa, w, &mut p.0[start..start + n], F32_BITS, range, low);
-            });
-        }),
+        Output::F32(o) => {
+            let stream = streams::<f32>(isa, stores, o.len());
+            let head = stream_head(stream, words, o);
+            split(state, Piece(o), words, head, par, |s, p| {
+                let mut sink = Sink::new(isa, stream);
+                for_each_sub(level, s, p.0.len(), words, |w, start, n| {
+                    sink.write(&mut p.0[start..start + n], |o| convert_f32(isa, w, o, F32_BITS, range, low));
+                });
+            })
+        }
         Output::F16(o) => {
-            split(state, Piece(o), words, par, |s, p| half_piece(level, isa, s, p.0, F16_BITS, range, low))
+            let stream = streams::<f16>(isa, stores, o.len());
+            let head = stream_head(stream, words, o);
+            split(state, Piece(o), words, head, par, |s, p| {
+                half_piece(level, isa, stream, s, p.0, F16_BITS, range, low);
+            })
         }
         Output::BF16(o) => {
-            split(state, Piece(o), words, par, |s, p| half_piece(level, isa, s, p.0, BF16_BITS, range, low))
+            let stream = streams::<bf16>(isa, stores, o.len());
+            let head = stream_head(stream, words, o);
+            split(state, Piece(o), words, head, par, |s, p| {
+                half_piece(level, isa, stream, s, p.0, BF16_BITS, range, low);
+            })
         }
         Output::F64(o) => {
             let (low, range) = (f64::from(low), f64::from(high) - f64::from(low));
-            split(state, Piece(o), words, par, |s, p| {
+            let stream = streams::<f64>(isa, stores, o.len());
+            let head = stream_head(stream, words, o);
+            split(state, Piece(o), words, head, par, |s, p| {
+                let mut sink = Sink::new(isa, stream);
                 for_each_sub(level, s, p.0.len(), words, |w, start, n| {
-                    convert_f64(isa, w, &mut p.0[start..start + n], range, low);
+                    sink.write(&mut p.0[start..start + n], |o| convert_f64(isa, w, o, range, low));
                 });
             })
         }
@@ -87,11 +124,22 @@ pub fn fill_with(
 }
 
 /// A 16-bit output through a float32 buffer, rounded once at the end.
-fn half_piece<H: Half>(level: Level, isa: Isa, state: &[u32; 6], out: &mut [H], bits: Bits, range: f32, low: f32) {
+#[allow(clippy::too_many_arguments)]
+fn half_piece<H: Half + Default>(
+    level: Level,
+    isa: Isa,
+    stream: bool,
+    state: &[u32; 6],
+    out: &mut [H],
+    bits: Bits,
+    range: f32,
+    low: f32,
+) {
     let mut tmp = [0f32; SUB];
+    let mut sink = Sink::new(isa, stream);
     for_each_sub(level, state, out.len(), Words::One, |w, start, n| {
         convert_f32(isa, w, &mut tmp[..n], bits, range, low);
-        H::store(&tmp[..n], &mut out[start..start + n]);
+        sink.write(&mut out[start..start + n], |o| H::store(&tmp[..n], o));
     });
 }
 

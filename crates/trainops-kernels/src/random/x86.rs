@@ -193,3 +193,45 @@ pub(super) fn dropout_f64_avx512(_: Avx512, words: &[u32], mut data: InOut<'_, f
     let (_, tail) = data.split_at(i);
     dropout_scalar(&words[i..n], tail, keep_from, scale);
 }
+
+/// Copies `lines` 64-byte lines from `src` to `dst` with non-temporal stores (unfenced).
+///
+/// # Safety
+///
+/// `src` is readable and `dst` writable for `64 * lines` bytes, they do not overlap, and
+/// `dst` is 64-byte aligned.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn stream_lines_avx512(_: Avx512, src: *const u8, dst: *mut u8, lines: usize) {
+    for i in 0..lines {
+        // SAFETY: line `i < lines` is inside both ranges, and `dst + 64 i` is aligned.
+        unsafe {
+            let v = _mm512_loadu_si512(src.add(64 * i).cast());
+            _mm512_stream_si512(dst.add(64 * i).cast(), v);
+        }
+    }
+}
+
+/// [`stream_lines_avx512`] with AVX2, two 32-byte stores a line.
+///
+/// # Safety
+///
+/// As for [`stream_lines_avx512`].
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn stream_lines_avx2(_: Avx2, src: *const u8, dst: *mut u8, lines: usize) {
+    for i in 0..lines {
+        // SAFETY: line `i < lines` is inside both ranges, and `dst + 64 i` is aligned.
+        unsafe {
+            let (s, d) = (src.add(64 * i), dst.add(64 * i));
+            let lo = _mm256_loadu_si256(s.cast());
+            let hi = _mm256_loadu_si256(s.add(32).cast());
+            _mm256_stream_si256(d.cast(), lo);
+            _mm256_stream_si256(d.add(32).cast(), hi);
+        }
+    }
+}
+
+/// Fences this thread's non-temporal stores (SSE, baseline on x86_64).
+pub(super) fn sfence() {
+    // SAFETY: SSE is part of the x86_64 baseline.
+    unsafe { _mm_sfence() };
+}
