@@ -263,7 +263,7 @@ pub(crate) fn stream_copy<T: Copy>(isa: Isa, src: &[T], dst: &mut [T]) {
     let size = size_of::<T>();
     let head = head_elems(dst);
     let line = if size == 0 || 64 % size != 0 { 0 } else { 64 / size };
-    let lines = if line == 0 { 0 } else { (dst.len() - head) / line };
+    let lines = (dst.len() - head).checked_div(line).unwrap_or(0);
     let body = head + lines * line;
     dst[..head].copy_from_slice(&src[..head]);
     match isa {
