@@ -431,3 +431,62 @@ fn normal_streams_the_scalar_levels_bits_above_the_threshold_at_odd_offsets() {
         }
     }
 }
+
+/// Dropout out of place above the threshold (data and mask streamed) and in place (normal
+/// stores), at odd offsets of the output and mask: the reference's bits at every level and
+/// thread count.
+#[test]
+fn dropout_streams_the_reference_above_the_threshold_at_odd_offsets() {
+    use super::philox::STREAM_BYTES;
+    let state = states()[3];
+    let ratio = 0.3;
+    let s32 = 1.0f32 / (1.0 - ratio as f32);
+    let factor = |k: bool| if k { 1.0f32 } else { 0.0 };
+    // float32: a 16 MiB output and a 4 MiB mask, both at the threshold or above.
+    let n = STREAM_BYTES + 37;
+    let (keep, next) = dropout::reference_keep(&state, ratio, n);
+    let d32: Vec<f32> = special_data(n, 9).iter().map(|&d| d as f32).collect();
+    let w32: Vec<u32> = d32.iter().zip(&keep).map(|(&d, &k)| (d * s32 * factor(k)).to_bits()).collect();
+    // float16: a 4 MiB output, no mask.
+    let n16 = STREAM_BYTES / 2 + 5;
+    let d16: Vec<f16> = special_data(n16, 10).iter().map(|&d| f16::from_f64(d)).collect();
+    let w16: Vec<u16> =
+        d16.iter().zip(&keep).map(|(&d, &k)| f16::from_f32(d.to_f32() * s32 * factor(k)).to_bits()).collect();
+    let (mut b32, mut bm, mut b16) = (Vec::new(), Vec::new(), Vec::new());
+    for level in available_levels() {
+        for par in pools() {
+            for offset in [0usize, 1, 3] {
+                for in_place in [false, true] {
+                    let ctx = format!("{level:?} offset={offset} in_place={in_place}");
+                    let o = at_offset(&mut b32, 0f32, n, offset);
+                    o.copy_from_slice(&d32);
+                    let m = at_offset(&mut bm, false, n, 2 * offset + 1);
+                    let st = dropout::fill_with(
+                        level,
+                        &state,
+                        ratio,
+                        dropout::Data::F32(stream(&d32, o, in_place)),
+                        Some(m),
+                        &*par,
+                    )
+                    .unwrap();
+                    assert_eq!(st, next, "{ctx}");
+                    assert!(m.iter().eq(keep.iter()), "mask {ctx}");
+                    assert!(o.iter().map(|x| x.to_bits()).eq(w32.iter().copied()), "float {ctx}");
+                    let o = at_offset(&mut b16, f16::ZERO, n16, offset);
+                    o.copy_from_slice(&d16);
+                    dropout::fill_with(
+                        level,
+                        &state,
+                        ratio,
+                        dropout::Data::F16(stream(&d16, o, in_place)),
+                        None,
+                        &*par,
+                    )
+                    .unwrap();
+                    assert!(o.iter().map(|x| x.to_bits()).eq(w16.iter().copied()), "float16 {ctx}");
+                }
+            }
+        }
+    }
+}
