@@ -183,6 +183,37 @@ pub(crate) fn for_each_sub(
     }
 }
 
+/// [`split`] over an output slice under the store policy `stores`: `f(state, piece, stream)`,
+/// with the first piece cut at the output's first cache line when it streams.
+pub(crate) fn split_out<T: Copy + Send>(
+    isa: Isa,
+    stores: Stores,
+    state: &[u32; 6],
+    out: &mut [T],
+    words: Words,
+    par: &dyn Parallelism,
+    f: impl Fn(&[u32; 6], &mut [T], bool) + Sync,
+) -> [u32; 6] {
+    let stream = streams::<T>(isa, stores, out.len());
+    let head = stream_head(stream, words, out);
+    split(state, Piece(out), words, head, par, |s, p| f(s, p.0, stream))
+}
+
+/// Fills the piece `out` drawn from `state` a sub-chunk at a time: `g(words, values)` writes
+/// a sub-chunk's values, into `out` itself or (`stream`) through a [`Sink`].
+pub(crate) fn fill_piece<T: Copy + Default>(
+    level: Level,
+    stream: bool,
+    state: &[u32; 6],
+    out: &mut [T],
+    words: Words,
+    mut g: impl FnMut(&[u32], &mut [T]),
+) {
+    let isa = level.isa().unwrap_or_else(|| panic!("random: {level:?} is not available on this CPU"));
+    let mut sink = Sink::new(isa, stream);
+    for_each_sub(level, state, out.len(), words, |w, start, n| sink.write(&mut out[start..start + n], |o| g(w, o)));
+}
+
 /// Whether an output of `n` elements of `T` goes out with non-temporal stores under
 /// `stores`: a SIMD level, and (for [`Stores::Auto`]) at least [`philox::STREAM_BYTES`],
 /// the same threshold as Philox's own fill.

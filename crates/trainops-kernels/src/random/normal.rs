@@ -8,7 +8,7 @@
 
 use core::f64::consts::PI;
 
-use super::draw::{f32_of, f64_of, for_each_sub, split, stream_head, streams, Output, Piece, Sink, Words, SUB};
+use super::draw::{f32_of, f64_of, fill_piece, split_out, Output, Words, SUB};
 use super::philox::{self, reference as philox_ref, Level, Stores};
 use super::uniform::Half;
 use crate::Parallelism;
@@ -66,47 +66,28 @@ pub fn fill_with(
 ) -> [u32; 6] {
     let isa = level.isa().unwrap_or_else(|| panic!("normal: {level:?} is not available on this CPU"));
     let words = words_kind(&out);
+    let auto = Stores::Auto;
     match out {
-        Output::F32(o) => {
-            let stream = streams::<f32>(isa, Stores::Auto, o.len());
-            let head = stream_head(stream, words, o);
-            split(state, Piece(o), words, head, par, |s, p| {
-                let mut sink = Sink::new(isa, stream);
-                for_each_sub(level, s, p.0.len(), words, |w, start, n| {
-                    sink.write(&mut p.0[start..start + n], |o| pairs_f32(w, o, mean, scale));
-                });
-            })
-        }
+        Output::F32(o) => split_out(isa, auto, state, o, words, par, |s, p, stream| {
+            fill_piece(level, stream, s, p, words, |w, o| pairs_f32(w, o, mean, scale));
+        }),
         Output::F16(o) => {
-            let stream = streams::<half::f16>(isa, Stores::Auto, o.len());
-            let head = stream_head(stream, words, o);
-            split(state, Piece(o), words, head, par, |s, p| {
-                half_piece(level, stream, s, p.0, mean, scale);
-            })
+            split_out(isa, auto, state, o, words, par, |s, p, stream| half_piece(level, stream, s, p, mean, scale))
         }
         Output::BF16(o) => {
-            let stream = streams::<half::bf16>(isa, Stores::Auto, o.len());
-            let head = stream_head(stream, words, o);
-            split(state, Piece(o), words, head, par, |s, p| {
-                half_piece(level, stream, s, p.0, mean, scale);
-            })
+            split_out(isa, auto, state, o, words, par, |s, p, stream| half_piece(level, stream, s, p, mean, scale))
         }
         Output::F64(o) => {
             let (mean, scale) = (f64::from(mean), f64::from(scale));
-            let stream = streams::<f64>(isa, Stores::Auto, o.len());
-            let head = stream_head(stream, words, o);
-            split(state, Piece(o), words, head, par, |s, p| {
-                let mut sink = Sink::new(isa, stream);
-                for_each_sub(level, s, p.0.len(), words, |w, start, n| {
-                    sink.write(&mut p.0[start..start + n], |o| {
-                        for (o, x) in o.chunks_mut(2).zip(w.chunks_exact(4)) {
-                            let (z0, z1) = box_muller_f64(x);
-                            o[0] = z0 * scale + mean;
-                            if let Some(o1) = o.get_mut(1) {
-                                *o1 = z1 * scale + mean;
-                            }
+            split_out(isa, auto, state, o, words, par, |s, p, stream| {
+                fill_piece(level, stream, s, p, words, |w, o| {
+                    for (o, x) in o.chunks_mut(2).zip(w.chunks_exact(4)) {
+                        let (z0, z1) = box_muller_f64(x);
+                        o[0] = z0 * scale + mean;
+                        if let Some(o1) = o.get_mut(1) {
+                            *o1 = z1 * scale + mean;
                         }
-                    });
+                    }
                 });
             })
         }
@@ -124,12 +105,11 @@ fn pairs_f32(words: &[u32], out: &mut [f32], mean: f32, scale: f32) {
 }
 
 fn half_piece<H: Half + Default>(level: Level, stream: bool, state: &[u32; 6], out: &mut [H], mean: f32, scale: f32) {
-    let isa = level.isa().expect("checked by fill_with");
     let mut tmp = [0f32; SUB];
-    let mut sink = Sink::new(isa, stream);
-    for_each_sub(level, state, out.len(), Words::PairsOfTwo, |w, start, n| {
-        pairs_f32(w, &mut tmp[..n], mean, scale);
-        sink.write(&mut out[start..start + n], |o| H::store(&tmp[..n], o));
+    fill_piece(level, stream, state, out, Words::PairsOfTwo, |w, o| {
+        let t = &mut tmp[..o.len()];
+        pairs_f32(w, t, mean, scale);
+        H::store(t, o);
     });
 }
 

@@ -9,9 +9,7 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-use super::draw::{
-    bf16_of, f16_of, f32_of, f64_of, for_each_sub, split, stream_head, streams, Output, Piece, Sink, Words, SUB,
-};
+use super::draw::{bf16_of, f16_of, f32_of, f64_of, fill_piece, split_out, Output, Words, SUB};
 use super::philox::{self, reference as philox_ref, Level, Stores};
 use crate::simd::Isa;
 use crate::Parallelism;
@@ -85,39 +83,19 @@ pub fn fill_stores(
     let words = words_kind(&out);
     let range = high - low;
     match out {
-        Output::F32(o) => {
-            let stream = streams::<f32>(isa, stores, o.len());
-            let head = stream_head(stream, words, o);
-            split(state, Piece(o), words, head, par, |s, p| {
-                let mut sink = Sink::new(isa, stream);
-                for_each_sub(level, s, p.0.len(), words, |w, start, n| {
-                    sink.write(&mut p.0[start..start + n], |o| convert_f32(isa, w, o, F32_BITS, range, low));
-                });
-            })
-        }
-        Output::F16(o) => {
-            let stream = streams::<f16>(isa, stores, o.len());
-            let head = stream_head(stream, words, o);
-            split(state, Piece(o), words, head, par, |s, p| {
-                half_piece(level, isa, stream, s, p.0, F16_BITS, range, low);
-            })
-        }
-        Output::BF16(o) => {
-            let stream = streams::<bf16>(isa, stores, o.len());
-            let head = stream_head(stream, words, o);
-            split(state, Piece(o), words, head, par, |s, p| {
-                half_piece(level, isa, stream, s, p.0, BF16_BITS, range, low);
-            })
-        }
+        Output::F32(o) => split_out(isa, stores, state, o, words, par, |s, p, stream| {
+            fill_piece(level, stream, s, p, words, |w, o| convert_f32(isa, w, o, F32_BITS, range, low));
+        }),
+        Output::F16(o) => split_out(isa, stores, state, o, words, par, |s, p, stream| {
+            half_piece(level, isa, stream, s, p, F16_BITS, range, low);
+        }),
+        Output::BF16(o) => split_out(isa, stores, state, o, words, par, |s, p, stream| {
+            half_piece(level, isa, stream, s, p, BF16_BITS, range, low);
+        }),
         Output::F64(o) => {
             let (low, range) = (f64::from(low), f64::from(high) - f64::from(low));
-            let stream = streams::<f64>(isa, stores, o.len());
-            let head = stream_head(stream, words, o);
-            split(state, Piece(o), words, head, par, |s, p| {
-                let mut sink = Sink::new(isa, stream);
-                for_each_sub(level, s, p.0.len(), words, |w, start, n| {
-                    sink.write(&mut p.0[start..start + n], |o| convert_f64(isa, w, o, range, low));
-                });
+            split_out(isa, stores, state, o, words, par, |s, p, stream| {
+                fill_piece(level, stream, s, p, words, |w, o| convert_f64(isa, w, o, range, low));
             })
         }
     }
@@ -136,10 +114,10 @@ fn half_piece<H: Half + Default>(
     low: f32,
 ) {
     let mut tmp = [0f32; SUB];
-    let mut sink = Sink::new(isa, stream);
-    for_each_sub(level, state, out.len(), Words::One, |w, start, n| {
-        convert_f32(isa, w, &mut tmp[..n], bits, range, low);
-        sink.write(&mut out[start..start + n], |o| H::store(&tmp[..n], o));
+    fill_piece(level, stream, state, out, Words::One, |w, o| {
+        let t = &mut tmp[..o.len()];
+        convert_f32(isa, w, t, bits, range, low);
+        H::store(t, o);
     });
 }
 
