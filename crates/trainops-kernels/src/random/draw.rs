@@ -281,6 +281,17 @@ impl<T> Drop for Sink<T> {
     }
 }
 
+/// Fences this thread's non-temporal stores when dropped (for loops that stream without a
+/// [`Sink`]).
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub(crate) struct Fenced;
+
+impl Drop for Fenced {
+    fn drop(&mut self) {
+        fence();
+    }
+}
+
 /// Orders this thread's non-temporal stores before anything it does next.
 fn fence() {
     #[cfg(target_arch = "x86_64")]

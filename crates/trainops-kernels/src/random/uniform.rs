@@ -9,7 +9,7 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-use super::draw::{bf16_of, f16_of, f32_of, f64_of, fill_piece, split_out, Output, Words, SUB};
+use super::draw::{bf16_of, f16_of, f32_of, f64_of, fill_piece, for_each_sub, split_out, Fenced, Output, Words, SUB};
 use super::philox::{self, reference as philox_ref, Level, Stores};
 use crate::simd::Isa;
 use crate::Parallelism;
@@ -83,8 +83,26 @@ pub fn fill_stores(
     let words = words_kind(&out);
     let range = high - low;
     match out {
-        Output::F32(o) => split_out(isa, stores, state, o, words, par, |s, p, stream| {
-            fill_piece(level, stream, s, p, words, |w, o| convert_f32(isa, w, o, F32_BITS, range, low));
+        Output::F32(o) => split_out(isa, stores, state, o, words, par, |s, p, stream| match isa {
+            // AVX-512: the conversion loop's own stores stream, no copy through a buffer.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512(token) if stream => {
+                let _fenced = Fenced;
+                for_each_sub(level, s, p.len(), words, |w, start, n| {
+                    // SAFETY: the token proves the CPU has AVX-512F.
+                    unsafe {
+                        super::x86::uniform_f32_avx512::<true>(
+                            token,
+                            w,
+                            &mut p[start..start + n],
+                            F32_BITS,
+                            range,
+                            low,
+                        );
+                    }
+                });
+            }
+            _ => fill_piece(level, stream, s, p, words, |w, o| convert_f32(isa, w, o, F32_BITS, range, low)),
         }),
         Output::F16(o) => split_out(isa, stores, state, o, words, par, |s, p, stream| {
             half_piece(level, isa, stream, s, p, F16_BITS, range, low);
@@ -157,7 +175,7 @@ pub(crate) fn convert_f32(isa: Isa, words: &[u32], out: &mut [f32], bits: Bits, 
         Isa::Avx2(token) => unsafe { super::x86::uniform_f32_avx2(token, words, out, bits, range, low) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the token proves the CPU has AVX-512F.
-        Isa::Avx512(token) => unsafe { super::x86::uniform_f32_avx512(token, words, out, bits, range, low) },
+        Isa::Avx512(token) => unsafe { super::x86::uniform_f32_avx512::<false>(token, words, out, bits, range, low) },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx2(_) | Isa::Avx512(_) => unreachable!("SIMD levels are never available off x86_64"),
     }

@@ -35,12 +35,23 @@ pub(super) fn uniform_f32_avx2(_: Avx2, words: &[u32], out: &mut [f32], bits: Bi
 
 /// [`convert_f32_scalar`] with AVX-512F, 16 elements a step.
 #[target_feature(enable = "avx512f")]
-pub(super) fn uniform_f32_avx512(_: Avx512, words: &[u32], out: &mut [f32], bits: Bits, range: f32, low: f32) {
+pub(super) fn uniform_f32_avx512<const NT: bool>(
+    _: Avx512,
+    words: &[u32],
+    out: &mut [f32],
+    bits: Bits,
+    range: f32,
+    low: f32,
+) {
     let n = out.len().min(words.len());
     let (mask, exp) = (_mm512_set1_epi32(bits.mask as i32), _mm512_set1_epi32(0x3F80_0000));
     let shift = _mm_cvtsi32_si128(bits.shift as i32);
     let (one, r, l) = (_mm512_set1_ps(1.0), _mm512_set1_ps(range), _mm512_set1_ps(low));
-    let mut i = 0;
+    // Streaming: the elements before the first cache line with normal stores, then every
+    // vector store on a line of its own.
+    let head = if NT { (out.as_ptr().cast::<u8>().align_offset(64) / 4).min(n) } else { 0 };
+    convert_f32_scalar(&words[..head], &mut out[..head], bits, range, low);
+    let mut i = head;
     while i + 16 <= n {
         // SAFETY: `i + 16 <= n`, and `n` is at most either slice's length.
         let x = unsafe { _mm512_loadu_si512(words.as_ptr().add(i).cast()) };
@@ -49,8 +60,14 @@ pub(super) fn uniform_f32_avx512(_: Avx512, words: &[u32], out: &mut [f32], bits
             one,
         );
         let v = _mm512_add_ps(_mm512_mul_ps(u, r), l);
-        // SAFETY: as for the load.
-        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(i), v) };
+        if NT {
+            // SAFETY: as for the load; `out + i` is 64-byte aligned (`head` reached a line
+            // boundary and every step is 64 bytes).
+            unsafe { _mm512_stream_ps(out.as_mut_ptr().add(i), v) };
+        } else {
+            // SAFETY: as for the load.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(i), v) };
+        }
         i += 16;
     }
     convert_f32_scalar(&words[i..n], &mut out[i..n], bits, range, low);
