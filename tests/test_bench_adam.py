@@ -47,3 +47,57 @@ def test_adam_target_runs(library_path, capsys):
     for peer in ("trainops Adam, IOBinding in place", "memory ceiling (MemoryCeiling op)",
                  "decomposed ONNX Adam", "numpy, in place", "Identity model, same inputs"):
         assert peer in out, out
+
+
+def test_optimizer_rows_run_against_their_own_ceilings(library_path, capsys):
+    """``bench adam --optimizers`` at a tiny size: every row and its ceiling appear, each
+    row's ratio is over its own ceiling (timings are not asserted)."""
+    from trainops import bench
+    from trainops.bench.optimizers import ROWS
+
+    code = bench.main(["adam", "--optimizers", "--sizes", "1e3", "--threads", "1", "--repeat", "2",
+                       "--warmup", "1", "--min-time", "0", "--library", library_path])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for row in ROWS:
+        assert f"| {row.name} | {row.bytes_per_param} |" in out, out
+        assert f"ratio over {row.ceiling_name()}, 1 thread" in out, out
+    assert "| ceiling, 2 streams bfloat16 | 10 |" in out and "| ceiling, 3 streams float16 | 14 |" in out
+
+
+def test_memory_ceiling_streams_attribute(make_session):
+    """MemoryCeiling with ``streams=2`` (Adagrad's layout) and 16-bit types adds G to X and H;
+    the default (3, Adam's layout) still adds it to X, V and H. (bfloat16 runs in the smoke
+    test above; ``session.run`` takes no ml_dtypes arrays.)"""
+    from trainops.bench.yardsticks import memory_ceiling_model
+
+    rng = np.random.default_rng(5)
+    for streams, dt in [(2, np.float32), (2, np.float16), (3, np.float16),
+                        (3, np.float32)]:
+        sizes = [7, 3]
+        sess = make_session(memory_ceiling_model([(n,) for n in sizes], streams=streams, dtype=dt))
+        groups = "XGVH" if streams == 3 else "XGH"
+        feeds = {"R": np.array(1e-3, np.float32), "T": np.array(1, np.int64)}
+        for i, n in enumerate(sizes, 1):
+            feeds.update({f"{p}_{i}": rng.standard_normal(n).astype(np.float32).astype(dt) for p in groups})
+        got = dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
+        assert sorted(got) == sorted(f"{p}_{i}_new" for p in groups if p != "G" for i in (1, 2))
+        for name, value in got.items():
+            p, i = name.split("_")[:2]
+            want = (feeds[f"{p}_{i}"].astype(np.float32) + feeds[f"G_{i}"].astype(np.float32)).astype(dt)
+            assert value.dtype == dt
+            np.testing.assert_array_equal(value.view(np.uint8), want.view(np.uint8), err_msg=name)
+
+
+def test_memory_ceiling_rejects_other_stream_counts(make_session):
+    from onnx import helper
+
+    from trainops.bench.yardsticks import memory_ceiling_model
+
+    model = memory_ceiling_model([(4,)])
+    model.graph.node[0].attribute.append(helper.make_attribute("streams", 4))
+    with pytest.raises(Exception, match="streams"):
+        sess = make_session(model)
+        feeds = {"R": np.array(1e-3, np.float32), "T": np.array(1, np.int64)}
+        feeds.update({f"{p}_1": np.ones(4, np.float32) for p in "XGVH"})
+        sess.run(None, feeds)

@@ -10,7 +10,9 @@ size runs in one process, interleaved, and is reported as a ratio to a baseline 
 - :mod:`.yardsticks`: peers with a target's memory traffic and no work (memset,
   ``com.trainops.bench::MemoryCeiling``);
 - one module per target, each defining ``TARGET`` (a :class:`Target`): :mod:`.adam`,
-  :mod:`.philox`, :mod:`.distributions` (target ``random``), :mod:`.train` (a training
+  :mod:`.philox`, :mod:`.distributions` (target ``random``), with :mod:`.optimizers` (the
+  rows of ``adam --optimizers``: every optimizer and weight type against its own
+  ``MemoryCeiling``), :mod:`.train` (a training
   step against PyTorch eager: a target with its own command line, ``Target(...,
   command=)``), :mod:`.distributed` (data-parallel scaling over MPI, likewise).
 

@@ -18,6 +18,13 @@ process for each size:
 ``--sizes`` gives parameter counts (default 1e4 1e6 16e6 64e6); ``--tensors K`` splits
 each size into K tensors of log-uniform sizes from 10k to 1M elements (a real model's
 node); ``--plot FILE`` writes a PNG of throughput against N (needs matplotlib).
+
+``--optimizers`` measures instead every optimizer and weight type against its own memory
+ceiling in one run (:mod:`.optimizers`): Adam, Adagrad, Momentum (standard, Nesterov) in
+float32, float16 and bfloat16, and MixedPrecisionAdam; it prints a summary table with a
+ratio column, and ``--plot FILE`` then draws those ratios. The README's table and
+``docs/bench-adam.png`` come from ``python -m trainops bench adam --optimizers --sizes 16e6
+--markdown --plot docs/bench-adam.png``.
 """
 
 from __future__ import annotations
@@ -53,6 +60,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="gradient type with float32 weights (mixed precision: 26 bytes per "
                         "parameter; only trainops and the ceiling take part)")
     p.add_argument("--ort-spin", action="store_true", help="leave onnxruntime's spinning on")
+    p.add_argument("--optimizers", action="store_true",
+                   help="every optimizer (Adam, Adagrad, Momentum standard and nesterov) in "
+                        "float32, float16 and bfloat16, and MixedPrecisionAdam, each against its "
+                        "own MemoryCeiling in the same run (replaces the Adam peers)")
 
 
 def tensor_sizes(n: int, k: int, seed: int = 0) -> list[int]:
@@ -208,6 +219,10 @@ def build(n: int, args: argparse.Namespace) -> Case:
     from ..models import adam_model
 
     sizes = tensor_sizes(n, getattr(args, "tensors", 1))
+    if getattr(args, "optimizers", False):
+        from .optimizers import build_rows
+
+        return build_rows(n, sizes, args)
     op = getattr(args, "op", "adam")
     if op != "adam":
         return _other_optimizer_case(op, n, sizes, args)
@@ -316,9 +331,14 @@ def plot(results: list[Any], path: str) -> None:
 
 
 def _after(results: list[Any], args: argparse.Namespace) -> None:
+    rows = getattr(args, "optimizers", False)
+    if rows:
+        from .optimizers import plot_rows, summary
+
+        print(summary(results))
     if getattr(args, "plot", None):
         try:
-            plot(results, args.plot)
+            (plot_rows if rows else plot)(results, args.plot)
             print(f"plot written to {args.plot}")
         except ImportError:
             print("--plot needs matplotlib (pip install matplotlib): no plot written")

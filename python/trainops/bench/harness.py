@@ -40,6 +40,8 @@ class Peer:
     threads: int = 1
     note: str = ""
     keep: Any = None  # whatever ``run`` needs kept alive (buffers, OrtValues)
+    nbytes: int | None = None  # bytes per call, when not the case's
+    baseline: str | None = None  # the label this peer's ratio is over, when not the case's
 
     @property
     def label(self) -> str:
@@ -126,7 +128,8 @@ def measure(case: Case, repeat: int = 15, warmup: int = 3, min_time: float = 0.0
     finally:
         if gc_was_on:
             gc.enable()
-    return [Result(case.title, case.nbytes, p.label, p.threads, n, s, case.baseline, p.note)
+    return [Result(case.title, p.nbytes or case.nbytes, p.label, p.threads, n, s,
+                   p.baseline or case.baseline, p.note)
             for p, n, s in zip(peers, numbers, seconds)]
 
 
@@ -146,15 +149,18 @@ def format_table(results: Sequence[Result], markdown: bool = False) -> str:
     for r in results:
         cases.setdefault(r.case, []).append(r)
     for title, rows in cases.items():
-        base = next((r for r in rows if r.peer == rows[0].baseline), None)
+        by_label = {r.peer: r for r in rows}
+        own = len({r.baseline for r in rows}) > 1  # each row against its own baseline
         header = ["peer", "threads", "time/call", "GB/s", "ratio", "spread"]
         body = []
         for r in rows:
+            base = by_label.get(r.baseline)
             ratio = f"{r.gbps / base.gbps:.2f}x" if base else "-"
             body.append([r.peer, str(r.threads), _fmt_time(r.median), f"{r.gbps:.2f}", ratio,
                          f"{100 * r.spread:.0f}%"])
+        over = "its own baseline's (the row's note)" if own else f"{rows[0].baseline}'s"
         caption = (f"{title}: median of {len(rows[0].seconds)}; ratio = GB/s over "
-                   f"{rows[0].baseline}'s; spread = interquartile range / median")
+                   f"{over}; spread = interquartile range / median")
         if markdown:
             out.append(f"**{caption}**\n")
             out.append("| " + " | ".join(header) + " |")

@@ -96,14 +96,24 @@ def ceiling_peers(buf: np.ndarray, case: Case, check: bool = True) -> None:
 
 
 
-def memory_ceiling_model(shapes: Sequence[Any], g_dtype: Any = None):
+def memory_ceiling_model(shapes: Sequence[Any], g_dtype: Any = None, *, streams: int = 3,
+                         dtype: Any = np.float32):
     """``com.trainops.bench::MemoryCeiling`` over tensors of ``shapes``: the model of
-    :func:`trainops.models.adam_model` with the op swapped (``x += g, v += g, h += g`` in
-    place: Adam's traffic)."""
-    from ..models import adam_model
+    :func:`trainops.models.adam_model` (``streams=3``: ``x += g, v += g, h += g`` in place,
+    Adam's traffic) or of :func:`trainops.models.adagrad_model` (``streams=2``: ``X, G, H``,
+    Adagrad's and Momentum's traffic) with the op swapped, X and the streams of ``dtype``
+    (float32, float16 or bfloat16; R stays float32), G of ``g_dtype`` (default ``dtype``)."""
+    from onnx import helper
 
-    model = adam_model(shapes, g_dtype=g_dtype)
-    model.graph.node[0].op_type = "MemoryCeiling"
-    model.graph.node[0].domain = BENCH_DOMAIN
+    from ..models import adagrad_model, adam_model
+
+    make = {3: adam_model, 2: adagrad_model}[streams]
+    model = make(shapes, dtype, np.float32, g_dtype=g_dtype)
+    node = model.graph.node[0]
+    node.op_type = "MemoryCeiling"
+    node.domain = BENCH_DOMAIN
+    del node.attribute[:]
+    if streams != 3:
+        node.attribute.append(helper.make_attribute("streams", streams))
     model.opset_import.extend(opset_imports([BENCH_DOMAIN]))
     return model

@@ -11,8 +11,8 @@ use core::ops::Mul;
 
 use half::{bf16, f16};
 
-use super::draw::{f32_of, for_each_sub, split, Words};
-use super::philox::{self, reference as philox_ref, Level};
+use super::draw::{f32_of, for_each_sub, split, streams, Sink, Words};
+use super::philox::{self, reference as philox_ref, Level, Stores};
 use super::uniform::Half;
 use crate::parallel::Splittable;
 use crate::simd::Isa;
@@ -66,6 +66,8 @@ impl Data<'_> {
 struct Work<'a, T> {
     data: InOut<'a, T>,
     mask: Option<&'a mut [bool]>,
+    /// Whether the data output and the mask stream (decided on the whole tensors).
+    stream: (bool, bool),
 }
 
 impl<T: Copy + Send + Sync> Splittable for Work<'_, T> {
@@ -81,7 +83,7 @@ impl<T: Copy + Send + Sync> Splittable for Work<'_, T> {
             }
             None => (None, None),
         };
-        (Work { data: a, mask: ma }, Work { data: b, mask: mb })
+        (Work { data: a, mask: ma, stream: self.stream }, Work { data: b, mask: mb, stream: self.stream })
     }
 }
 
@@ -144,48 +146,75 @@ pub fn fill_with(
     let from = keep_from(ratio);
     let scale32 = 1.0f32 / (1.0f32 - ratio as f32);
     Ok(match data {
-        Data::F32(d) => split(state, Work { data: d, mask }, Words::One, par, |s, w| {
-            piece(level, s, w, from, |words, d| drop_f32(isa, words, d, from, scale32))
+        Data::F32(d) => split(state, work(isa, d, mask), Words::One, 0, par, |s, w| {
+            piece(level, isa, s, w, from, |words, d| drop_f32(isa, words, d, from, scale32))
         }),
         Data::F64(d) => {
             let scale = 1.0 / (1.0 - ratio);
-            split(state, Work { data: d, mask }, Words::One, par, |s, w| {
-                piece(level, s, w, from, |words, d| drop_f64(isa, words, d, from, scale))
+            split(state, work(isa, d, mask), Words::One, 0, par, |s, w| {
+                piece(level, isa, s, w, from, |words, d| drop_f64(isa, words, d, from, scale))
             })
         }
         Data::F16(d) => {
-            split(state, Work { data: d, mask }, Words::One, par, |s, w| half_piece(level, isa, s, w, from, scale32))
+            split(state, work(isa, d, mask), Words::One, 0, par, |s, w| half_piece(level, isa, s, w, from, scale32))
         }
         Data::BF16(d) => {
-            split(state, Work { data: d, mask }, Words::One, par, |s, w| half_piece(level, isa, s, w, from, scale32))
+            split(state, work(isa, d, mask), Words::One, 0, par, |s, w| half_piece(level, isa, s, w, from, scale32))
         }
     })
 }
 
-/// One piece, a sub-chunk at a time: `f(words, data)` on the data, then the mask.
-fn piece<T: Copy + Send + Sync>(
+/// A node's whole work, with its store policy: an out-of-place data output of
+/// [`philox::STREAM_BYTES`] or more streams (as Philox's own output does), and so does a mask
+/// of that many bytes; an in-place output keeps normal stores (its lines were just read).
+fn work<'a, T: Copy>(isa: Isa, mut data: InOut<'a, T>, mask: Option<&'a mut [bool]>) -> Work<'a, T> {
+    let split = matches!(data.access(), Access::Split(..));
+    let stream = (
+        split && streams::<T>(isa, Stores::Auto, data.len()),
+        mask.as_deref().is_some_and(|m| streams::<bool>(isa, Stores::Auto, m.len())),
+    );
+    Work { data, mask, stream }
+}
+
+/// One piece, a sub-chunk at a time: `f(words, data)` on the data, then the mask; a
+/// streamed output through an L1 buffer copied out with non-temporal stores (see
+/// [`Sink`]), fenced before the piece returns.
+fn piece<T: Copy + Default + Send + Sync>(
     level: Level,
+    isa: Isa,
     state: &[u32; 6],
     work: Work<'_, T>,
     from: u32,
     mut f: impl FnMut(&[u32], InOut<'_, T>),
 ) {
-    let Work { data, mut mask } = work;
+    let Work { data, mut mask, stream } = work;
+    let mut data_sink = Sink::<T>::new(isa, stream.0);
+    let mut mask_sink = Sink::<bool>::new(isa, stream.1);
     let mut rest = Some(data);
     for_each_sub(level, state, rest.as_ref().map_or(0, InOut::len), Words::One, |words, start, n| {
-        let (head, tail) = rest.take().expect("the rest of the piece").split_at(n);
+        let (mut head, tail) = rest.take().expect("the rest of the piece").split_at(n);
         rest = Some(tail);
-        f(words, head);
+        let streamed = stream.0
+            && match head.access() {
+                Access::Split(src, dst) => {
+                    data_sink.write(dst, |o| f(words, InOut::split(src, o).expect("a sub-chunk and its buffer")));
+                    true
+                }
+                Access::InPlace(_) => false,
+            };
+        if !streamed {
+            f(words, head);
+        }
         if let Some(m) = mask.as_deref_mut() {
-            mask_into(words, &mut m[start..start + n], from);
+            mask_sink.write(&mut m[start..start + n], |o| mask_into(words, o, from));
         }
     });
 }
 
 /// A 16-bit piece: widened to float32 (exact), dropped out in float32, rounded once.
-fn half_piece<H: Half>(level: Level, isa: Isa, state: &[u32; 6], work: Work<'_, H>, from: u32, scale: f32) {
+fn half_piece<H: Half + Default>(level: Level, isa: Isa, state: &[u32; 6], work: Work<'_, H>, from: u32, scale: f32) {
     let mut tmp = [0f32; super::draw::SUB];
-    piece(level, state, work, from, |words, mut d| {
+    piece(level, isa, state, work, from, |words, mut d| {
         let n = d.len();
         let t = &mut tmp[..n];
         match d.access() {

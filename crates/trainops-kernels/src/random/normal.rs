@@ -8,8 +8,8 @@
 
 use core::f64::consts::PI;
 
-use super::draw::{f32_of, f64_of, for_each_sub, split, Output, Piece, Words, SUB};
-use super::philox::{self, reference as philox_ref, Level};
+use super::draw::{f32_of, f64_of, fill_piece, split_out, Output, Words, SUB};
+use super::philox::{self, reference as philox_ref, Level, Stores};
 use super::uniform::Half;
 use crate::Parallelism;
 
@@ -64,20 +64,24 @@ pub fn fill_with(
     out: Output<'_>,
     par: &dyn Parallelism,
 ) -> [u32; 6] {
+    let isa = level.isa().unwrap_or_else(|| panic!("normal: {level:?} is not available on this CPU"));
     let words = words_kind(&out);
+    let auto = Stores::Auto;
     match out {
-        Output::F32(o) => split(state, Piece(o), words, par, |s, p| {
-            for_each_sub(level, s, p.0.len(), words, |w, start, n| {
-                pairs_f32(w, &mut p.0[start..start + n], mean, scale);
-            });
+        Output::F32(o) => split_out(isa, auto, state, o, words, par, |s, p, stream| {
+            fill_piece(level, stream, s, p, words, |w, o| pairs_f32(w, o, mean, scale));
         }),
-        Output::F16(o) => split(state, Piece(o), words, par, |s, p| half_piece(level, s, p.0, mean, scale)),
-        Output::BF16(o) => split(state, Piece(o), words, par, |s, p| half_piece(level, s, p.0, mean, scale)),
+        Output::F16(o) => {
+            split_out(isa, auto, state, o, words, par, |s, p, stream| half_piece(level, stream, s, p, mean, scale))
+        }
+        Output::BF16(o) => {
+            split_out(isa, auto, state, o, words, par, |s, p, stream| half_piece(level, stream, s, p, mean, scale))
+        }
         Output::F64(o) => {
             let (mean, scale) = (f64::from(mean), f64::from(scale));
-            split(state, Piece(o), words, par, |s, p| {
-                for_each_sub(level, s, p.0.len(), words, |w, start, n| {
-                    for (o, x) in p.0[start..start + n].chunks_mut(2).zip(w.chunks_exact(4)) {
+            split_out(isa, auto, state, o, words, par, |s, p, stream| {
+                fill_piece(level, stream, s, p, words, |w, o| {
+                    for (o, x) in o.chunks_mut(2).zip(w.chunks_exact(4)) {
                         let (z0, z1) = box_muller_f64(x);
                         o[0] = z0 * scale + mean;
                         if let Some(o1) = o.get_mut(1) {
@@ -90,7 +94,6 @@ pub fn fill_with(
     }
 }
 
-/// `out[2j], out[2j+1] = z0, z1 of words 2j, 2j+1`, times `scale` plus `mean` in float32.
 fn pairs_f32(words: &[u32], out: &mut [f32], mean: f32, scale: f32) {
     for (o, x) in out.chunks_mut(2).zip(words.chunks_exact(2)) {
         let (z0, z1) = box_muller_f32(x[0], x[1]);
@@ -101,11 +104,12 @@ fn pairs_f32(words: &[u32], out: &mut [f32], mean: f32, scale: f32) {
     }
 }
 
-fn half_piece<H: Half>(level: Level, state: &[u32; 6], out: &mut [H], mean: f32, scale: f32) {
+fn half_piece<H: Half + Default>(level: Level, stream: bool, state: &[u32; 6], out: &mut [H], mean: f32, scale: f32) {
     let mut tmp = [0f32; SUB];
-    for_each_sub(level, state, out.len(), Words::PairsOfTwo, |w, start, n| {
-        pairs_f32(w, &mut tmp[..n], mean, scale);
-        H::store(&tmp[..n], &mut out[start..start + n]);
+    fill_piece(level, stream, state, out, Words::PairsOfTwo, |w, o| {
+        let t = &mut tmp[..o.len()];
+        pairs_f32(w, t, mean, scale);
+        H::store(t, o);
     });
 }
 

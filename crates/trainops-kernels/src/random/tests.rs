@@ -358,3 +358,135 @@ fn an_odd_tail_consumes_its_whole_pair() {
     let next = normal::fill(&st, 0.0, 1.0, Output::F64(&mut d), &Sequential);
     assert_eq!(next[..4], [1, 1, 0, 0]); // 8 words: two blocks
 }
+
+/// A slice of `n` elements starting `offset` elements past a 64-byte boundary.
+fn at_offset<T: Copy>(buf: &mut Vec<T>, fill: T, n: usize, offset: usize) -> &mut [T] {
+    buf.clear();
+    buf.resize(n + offset + 64, fill);
+    let skip = buf.as_ptr().cast::<u8>().align_offset(64) / size_of::<T>() + offset;
+    &mut buf[skip..skip + n]
+}
+
+/// Outputs at or above Philox's streaming threshold (and, forced, below it) at aligned and
+/// odd offsets: the non-temporal copy, its unaligned head and tail and the cache-line-aligned
+/// first piece give the reference's bits at every level and thread count.
+#[test]
+fn uniform_streams_the_reference_above_the_threshold_at_odd_offsets() {
+    use super::philox::{Stores, STREAM_BYTES};
+    let state = states()[1];
+    let big = STREAM_BYTES / 4 + 37;
+    let cases =
+        [(big, Stores::Auto), (SERIAL_BELOW + CHUNK / 2 + 5, Stores::Streaming), (3 * SUB + 1, Stores::Streaming)];
+    for (n, stores) in cases {
+        let (mut want32, mut want16, mut want64) = (vec![0f32; n], vec![f16::ZERO; n], vec![0f64; n / 2]);
+        uniform::reference(&state, -3.5, 2.25, Output::F32(&mut want32));
+        // float16 from STREAM_BYTES / 2 elements: the threshold counts bytes.
+        let n16 = if stores == Stores::Auto { STREAM_BYTES / 2 + 37 } else { n };
+        want16.resize(n16, f16::ZERO);
+        uniform::reference(&state, -3.5, 2.25, Output::F16(&mut want16));
+        uniform::reference(&state, -3.5, 2.25, Output::F64(&mut want64));
+        let (mut b32, mut b16, mut b64) = (Vec::new(), Vec::new(), Vec::new());
+        for level in available_levels() {
+            for par in pools() {
+                for offset in [0usize, 1, 3, 4, 8] {
+                    let ctx = format!("{level:?} n={n} {stores:?} offset={offset}");
+                    let o = at_offset(&mut b32, f32::NAN, n, offset);
+                    uniform::fill_stores(level, stores, &state, -3.5, 2.25, Output::F32(o), &*par);
+                    assert!(o.iter().zip(&want32).all(|(a, b)| a.to_bits() == b.to_bits()), "float {ctx}");
+                    let o = at_offset(&mut b16, f16::NAN, n16, offset);
+                    uniform::fill_stores(level, stores, &state, -3.5, 2.25, Output::F16(o), &*par);
+                    assert!(o.iter().zip(&want16).all(|(a, b)| a.to_bits() == b.to_bits()), "float16 {ctx}");
+                    let o = at_offset(&mut b64, f64::NAN, n / 2, offset);
+                    uniform::fill_stores(level, stores, &state, -3.5, 2.25, Output::F64(o), &*par);
+                    assert!(o.iter().zip(&want64).all(|(a, b)| a.to_bits() == b.to_bits()), "double {ctx}");
+                }
+            }
+        }
+    }
+}
+
+/// Normal outputs above the threshold (streamed at the SIMD levels) at odd offsets are
+/// bitwise the scalar level's (which never streams), at every level and thread count.
+#[test]
+fn normal_streams_the_scalar_levels_bits_above_the_threshold_at_odd_offsets() {
+    use super::philox::{Level, STREAM_BYTES};
+    let state = states()[4];
+    let n = STREAM_BYTES / 4 + 37;
+    let mut want = vec![0f32; n];
+    normal::fill_with(Level::Scalar, &state, 0.5, 2.0, Output::F32(&mut want), &Sequential);
+    let mut want16 = vec![bf16::ZERO; STREAM_BYTES / 2 + 5];
+    normal::fill_with(Level::Scalar, &state, 0.5, 2.0, Output::BF16(&mut want16), &Sequential);
+    let (mut b32, mut b16) = (Vec::new(), Vec::new());
+    for level in available_levels() {
+        for par in pools() {
+            for offset in [0usize, 1, 2, 3] {
+                let ctx = format!("{level:?} offset={offset}");
+                let o = at_offset(&mut b32, f32::NAN, n, offset);
+                normal::fill_with(level, &state, 0.5, 2.0, Output::F32(o), &*par);
+                assert!(o.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "float {ctx}");
+                let o = at_offset(&mut b16, bf16::NAN, want16.len(), offset);
+                normal::fill_with(level, &state, 0.5, 2.0, Output::BF16(o), &*par);
+                assert!(o.iter().zip(&want16).all(|(a, b)| a.to_bits() == b.to_bits()), "bfloat16 {ctx}");
+            }
+        }
+    }
+}
+
+/// Dropout out of place above the threshold (data and mask streamed) and in place (normal
+/// stores), at odd offsets of the output and mask: the reference's bits at every level and
+/// thread count.
+#[test]
+fn dropout_streams_the_reference_above_the_threshold_at_odd_offsets() {
+    use super::philox::STREAM_BYTES;
+    let state = states()[3];
+    let ratio = 0.3;
+    let s32 = 1.0f32 / (1.0 - ratio as f32);
+    let factor = |k: bool| if k { 1.0f32 } else { 0.0 };
+    // float32: a 16 MiB output and a 4 MiB mask, both at the threshold or above.
+    let n = STREAM_BYTES + 37;
+    let (keep, next) = dropout::reference_keep(&state, ratio, n);
+    let d32: Vec<f32> = special_data(n, 9).iter().map(|&d| d as f32).collect();
+    let w32: Vec<u32> = d32.iter().zip(&keep).map(|(&d, &k)| (d * s32 * factor(k)).to_bits()).collect();
+    // float16: a 4 MiB output, no mask.
+    let n16 = STREAM_BYTES / 2 + 5;
+    let d16: Vec<f16> = special_data(n16, 10).iter().map(|&d| f16::from_f64(d)).collect();
+    let w16: Vec<u16> =
+        d16.iter().zip(&keep).map(|(&d, &k)| f16::from_f32(d.to_f32() * s32 * factor(k)).to_bits()).collect();
+    let (mut b32, mut bm, mut b16) = (Vec::new(), Vec::new(), Vec::new());
+    for level in available_levels() {
+        for par in pools() {
+            for offset in [0usize, 1, 3] {
+                for in_place in [false, true] {
+                    let ctx = format!("{level:?} offset={offset} in_place={in_place}");
+                    let o = at_offset(&mut b32, 0f32, n, offset);
+                    o.copy_from_slice(&d32);
+                    let m = at_offset(&mut bm, false, n, 2 * offset + 1);
+                    let st = dropout::fill_with(
+                        level,
+                        &state,
+                        ratio,
+                        dropout::Data::F32(stream(&d32, o, in_place)),
+                        Some(m),
+                        &*par,
+                    )
+                    .unwrap();
+                    assert_eq!(st, next, "{ctx}");
+                    assert!(m.iter().eq(keep.iter()), "mask {ctx}");
+                    assert!(o.iter().map(|x| x.to_bits()).eq(w32.iter().copied()), "float {ctx}");
+                    let o = at_offset(&mut b16, f16::ZERO, n16, offset);
+                    o.copy_from_slice(&d16);
+                    dropout::fill_with(
+                        level,
+                        &state,
+                        ratio,
+                        dropout::Data::F16(stream(&d16, o, in_place)),
+                        None,
+                        &*par,
+                    )
+                    .unwrap();
+                    assert!(o.iter().map(|x| x.to_bits()).eq(w16.iter().copied()), "float16 {ctx}");
+                }
+            }
+        }
+    }
+}

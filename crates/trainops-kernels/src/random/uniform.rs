@@ -9,8 +9,8 @@
 use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-use super::draw::{bf16_of, f16_of, f32_of, f64_of, for_each_sub, split, Output, Piece, Words, SUB};
-use super::philox::{self, reference as philox_ref, Level};
+use super::draw::{bf16_of, f16_of, f32_of, f64_of, fill_piece, for_each_sub, split_out, Fenced, Output, Words, SUB};
+use super::philox::{self, reference as philox_ref, Level, Stores};
 use crate::simd::Isa;
 use crate::Parallelism;
 
@@ -47,7 +47,8 @@ pub fn fill(state: &[u32; 6], low: f32, high: f32, out: Output<'_>, par: &dyn Pa
     fill_with(philox::detected(), state, low, high, out, par)
 }
 
-/// [`fill`] at a given level.
+/// [`fill`] at a given level. Outputs of [`philox::STREAM_BYTES`] or more go out with
+/// non-temporal stores, as Philox's own; the bits are the same either way.
 ///
 /// # Panics
 ///
@@ -60,38 +61,81 @@ pub fn fill_with(
     out: Output<'_>,
     par: &dyn Parallelism,
 ) -> [u32; 6] {
+    fill_stores(level, Stores::Auto, state, low, high, out, par)
+}
+
+/// [`fill_with`] with the store policy given (benchmarks force each to measure the
+/// threshold; [`Stores::Streaming`] streams at any size on a SIMD level).
+///
+/// # Panics
+///
+/// When `level` is not available on this CPU.
+pub fn fill_stores(
+    level: Level,
+    stores: Stores,
+    state: &[u32; 6],
+    low: f32,
+    high: f32,
+    out: Output<'_>,
+    par: &dyn Parallelism,
+) -> [u32; 6] {
     let isa = level.isa().unwrap_or_else(|| panic!("uniform: {level:?} is not available on this CPU"));
     let words = words_kind(&out);
     let range = high - low;
     match out {
-        Output::F32(o) => split(state, Piece(o), words, par, |s, p| {
-            for_each_sub(level, s, p.0.len(), words, |w, start, n| {
-                convert_f32(isa, w, &mut p.0[start..start + n], F32_BITS, range, low);
-            });
+        Output::F32(o) => split_out(isa, stores, state, o, words, par, |s, p, stream| match isa {
+            // AVX-512: the conversion loop's own stores stream, no copy through a buffer.
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512(token) if stream => {
+                let _fenced = Fenced;
+                for_each_sub(level, s, p.len(), words, |w, start, n| {
+                    // SAFETY: the token proves the CPU has AVX-512F.
+                    unsafe {
+                        super::x86::uniform_f32_avx512::<true>(
+                            token,
+                            w,
+                            &mut p[start..start + n],
+                            F32_BITS,
+                            range,
+                            low,
+                        );
+                    }
+                });
+            }
+            _ => fill_piece(level, stream, s, p, words, |w, o| convert_f32(isa, w, o, F32_BITS, range, low)),
         }),
-        Output::F16(o) => {
-            split(state, Piece(o), words, par, |s, p| half_piece(level, isa, s, p.0, F16_BITS, range, low))
-        }
-        Output::BF16(o) => {
-            split(state, Piece(o), words, par, |s, p| half_piece(level, isa, s, p.0, BF16_BITS, range, low))
-        }
+        Output::F16(o) => split_out(isa, stores, state, o, words, par, |s, p, stream| {
+            half_piece(level, isa, stream, s, p, F16_BITS, range, low);
+        }),
+        Output::BF16(o) => split_out(isa, stores, state, o, words, par, |s, p, stream| {
+            half_piece(level, isa, stream, s, p, BF16_BITS, range, low);
+        }),
         Output::F64(o) => {
             let (low, range) = (f64::from(low), f64::from(high) - f64::from(low));
-            split(state, Piece(o), words, par, |s, p| {
-                for_each_sub(level, s, p.0.len(), words, |w, start, n| {
-                    convert_f64(isa, w, &mut p.0[start..start + n], range, low);
-                });
+            split_out(isa, stores, state, o, words, par, |s, p, stream| {
+                fill_piece(level, stream, s, p, words, |w, o| convert_f64(isa, w, o, range, low));
             })
         }
     }
 }
 
 /// A 16-bit output through a float32 buffer, rounded once at the end.
-fn half_piece<H: Half>(level: Level, isa: Isa, state: &[u32; 6], out: &mut [H], bits: Bits, range: f32, low: f32) {
+#[allow(clippy::too_many_arguments)]
+fn half_piece<H: Half + Default>(
+    level: Level,
+    isa: Isa,
+    stream: bool,
+    state: &[u32; 6],
+    out: &mut [H],
+    bits: Bits,
+    range: f32,
+    low: f32,
+) {
     let mut tmp = [0f32; SUB];
-    for_each_sub(level, state, out.len(), Words::One, |w, start, n| {
-        convert_f32(isa, w, &mut tmp[..n], bits, range, low);
-        H::store(&tmp[..n], &mut out[start..start + n]);
+    fill_piece(level, stream, state, out, Words::One, |w, o| {
+        let t = &mut tmp[..o.len()];
+        convert_f32(isa, w, t, bits, range, low);
+        H::store(t, o);
     });
 }
 
@@ -131,7 +175,7 @@ pub(crate) fn convert_f32(isa: Isa, words: &[u32], out: &mut [f32], bits: Bits, 
         Isa::Avx2(token) => unsafe { super::x86::uniform_f32_avx2(token, words, out, bits, range, low) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the token proves the CPU has AVX-512F.
-        Isa::Avx512(token) => unsafe { super::x86::uniform_f32_avx512(token, words, out, bits, range, low) },
+        Isa::Avx512(token) => unsafe { super::x86::uniform_f32_avx512::<false>(token, words, out, bits, range, low) },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx2(_) | Isa::Avx512(_) => unreachable!("SIMD levels are never available off x86_64"),
     }

@@ -35,12 +35,23 @@ pub(super) fn uniform_f32_avx2(_: Avx2, words: &[u32], out: &mut [f32], bits: Bi
 
 /// [`convert_f32_scalar`] with AVX-512F, 16 elements a step.
 #[target_feature(enable = "avx512f")]
-pub(super) fn uniform_f32_avx512(_: Avx512, words: &[u32], out: &mut [f32], bits: Bits, range: f32, low: f32) {
+pub(super) fn uniform_f32_avx512<const NT: bool>(
+    _: Avx512,
+    words: &[u32],
+    out: &mut [f32],
+    bits: Bits,
+    range: f32,
+    low: f32,
+) {
     let n = out.len().min(words.len());
     let (mask, exp) = (_mm512_set1_epi32(bits.mask as i32), _mm512_set1_epi32(0x3F80_0000));
     let shift = _mm_cvtsi32_si128(bits.shift as i32);
     let (one, r, l) = (_mm512_set1_ps(1.0), _mm512_set1_ps(range), _mm512_set1_ps(low));
-    let mut i = 0;
+    // Streaming: the elements before the first cache line with normal stores, then every
+    // vector store on a line of its own.
+    let head = if NT { (out.as_ptr().cast::<u8>().align_offset(64) / 4).min(n) } else { 0 };
+    convert_f32_scalar(&words[..head], &mut out[..head], bits, range, low);
+    let mut i = head;
     while i + 16 <= n {
         // SAFETY: `i + 16 <= n`, and `n` is at most either slice's length.
         let x = unsafe { _mm512_loadu_si512(words.as_ptr().add(i).cast()) };
@@ -49,8 +60,14 @@ pub(super) fn uniform_f32_avx512(_: Avx512, words: &[u32], out: &mut [f32], bits
             one,
         );
         let v = _mm512_add_ps(_mm512_mul_ps(u, r), l);
-        // SAFETY: as for the load.
-        unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(i), v) };
+        if NT {
+            // SAFETY: as for the load; `out + i` is 64-byte aligned (`head` reached a line
+            // boundary and every step is 64 bytes).
+            unsafe { _mm512_stream_ps(out.as_mut_ptr().add(i), v) };
+        } else {
+            // SAFETY: as for the load.
+            unsafe { _mm512_storeu_ps(out.as_mut_ptr().add(i), v) };
+        }
         i += 16;
     }
     convert_f32_scalar(&words[i..n], &mut out[i..n], bits, range, low);
@@ -192,4 +209,46 @@ pub(super) fn dropout_f64_avx512(_: Avx512, words: &[u32], mut data: InOut<'_, f
     }
     let (_, tail) = data.split_at(i);
     dropout_scalar(&words[i..n], tail, keep_from, scale);
+}
+
+/// Copies `lines` 64-byte lines from `src` to `dst` with non-temporal stores (unfenced).
+///
+/// # Safety
+///
+/// `src` is readable and `dst` writable for `64 * lines` bytes, they do not overlap, and
+/// `dst` is 64-byte aligned.
+#[target_feature(enable = "avx512f")]
+pub(super) unsafe fn stream_lines_avx512(_: Avx512, src: *const u8, dst: *mut u8, lines: usize) {
+    for i in 0..lines {
+        // SAFETY: line `i < lines` is inside both ranges, and `dst + 64 i` is aligned.
+        unsafe {
+            let v = _mm512_loadu_si512(src.add(64 * i).cast());
+            _mm512_stream_si512(dst.add(64 * i).cast(), v);
+        }
+    }
+}
+
+/// [`stream_lines_avx512`] with AVX2, two 32-byte stores a line.
+///
+/// # Safety
+///
+/// As for [`stream_lines_avx512`].
+#[target_feature(enable = "avx2")]
+pub(super) unsafe fn stream_lines_avx2(_: Avx2, src: *const u8, dst: *mut u8, lines: usize) {
+    for i in 0..lines {
+        // SAFETY: line `i < lines` is inside both ranges, and `dst + 64 i` is aligned.
+        unsafe {
+            let (s, d) = (src.add(64 * i), dst.add(64 * i));
+            let lo = _mm256_loadu_si256(s.cast());
+            let hi = _mm256_loadu_si256(s.add(32).cast());
+            _mm256_stream_si256(d.cast(), lo);
+            _mm256_stream_si256(d.add(32).cast(), hi);
+        }
+    }
+}
+
+/// Fences this thread's non-temporal stores (SSE, baseline on x86_64).
+pub(super) fn sfence() {
+    // SAFETY: SSE is part of the x86_64 baseline.
+    unsafe { _mm_sfence() };
 }

@@ -68,6 +68,6 @@ pub fn layouts() -> [&'static Layout; 5] {
         &optim::adagrad::ADAGRAD.layout,
         &optim::momentum::MOMENTUM.layout,
         &loss_scale::mixed_precision_adam::LAYOUT,
-        &bench::MEMORY_CEILING.layout,
+        &bench::MEMORY_CEILING.three.layout,
     ]
 }

@@ -65,3 +65,4 @@ impl OnDevice<2> for Momentum {
 
 /// A benchmark yardstick: CPU only.
 impl OnDevice<3> for MemoryCeiling {}
+impl OnDevice<2> for MemoryCeiling {}
