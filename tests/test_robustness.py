@@ -426,7 +426,7 @@ for op in OPTIMIZERS:
     result(op, "zero-elements-enormous-dims", zero_feeds, zero_check)
 
     # --- attributes.
-    if op != "MemoryCeiling":  # it takes no attributes: every one is unknown, hence ignored
+    if op != "MemoryCeiling":  # no float attribute (its int `streams` is tested in test_bench_adam.py)
         fa = "alpha" if op == "Momentum" else "epsilon"  # a float attribute of the op
         load_error(op, "float-attribute-as-int",
                    lambda kit=kit, fa=fa: opt_model(kit, attrs={fa: 1}),
