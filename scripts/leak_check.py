@@ -1,4 +1,4 @@
-"""Leak check of the trainops library in onnxruntime (issue 6), driven by scripts/leaks.
+"""Leak check of the trainops library in onnxruntime, driven by scripts/leaks.
 
     python scripts/leak_check.py rss  [--runs 10000] [--bound-kib 2048] [--ops OP,...]
     python scripts/leak_check.py loop [--runs 200] [--ops OP,...]   # under valgrind

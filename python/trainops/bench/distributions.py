@@ -7,7 +7,7 @@ byte count (com.trainops::Philox, the baseline on 1 thread), onnxruntime's own R
 and Dropout (training mode, ratio 0.5) for each ``--threads``, numpy's ``Generator.random``
 (PCG64) and numpy's ``Generator`` on randomgen's Philox4x32, both into a preallocated array.
 
-Targets (issue 11): PhiloxUniform and PhiloxDropout at >= 80 % of the raw bits' throughput
+Targets: PhiloxUniform and PhiloxDropout at >= 80 % of the raw bits' throughput
 on the same threads, and PhiloxUniform >= 5x onnxruntime's RandomUniform; the lines after
 each table say how each target fared.
 """
