@@ -45,7 +45,7 @@ def test_cnn_exported_model_matches_trainer_weights(library_path):
 
 
 def test_bench_train_smoke(library_path, capsys, tmp_path):
-    from trainops.bench_train import run
+    from trainops.bench.train import run
 
     out = tmp_path / "bench.json"
     assert run(["--models", "cnn", "--threads", "1", "--repeat", "1", "--steps", "1",
