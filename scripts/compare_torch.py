@@ -72,7 +72,7 @@ def main() -> int:
     except ImportError:
         print("torch is not installed: nothing to compare (pip install torch to run this)")
         return 0
-    from trainops.demo_train import cnn_model, digits, mlp_model
+    from trainops.demos.train import cnn_model, digits, mlp_model
 
     rng = np.random.default_rng(0)
     x, t = digits(32)

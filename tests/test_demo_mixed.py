@@ -1,4 +1,4 @@
-"""The mixed-precision demo (trainops.demo_mixed) on a short schedule: the loss falls, the
+"""The mixed-precision demo (trainops.demos.mixed) on a short schedule: the loss falls, the
 first steps overflow at Keras' initial scale and are skipped, the scale backs off and later
 grows again."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainops.demo_mixed import train_mixed
+from trainops.demos.mixed import train_mixed
 
 
 def test_train_mixed_short(library_path):
@@ -38,7 +38,7 @@ def test_train_mixed_short(library_path):
 
 def test_train_mixed_main_exit_code(library_path, monkeypatch, capsys):
     monkeypatch.setenv("TRAINOPS_LIBRARY", library_path)
-    from trainops import demo_mixed
+    from trainops.demos import mixed as demo_mixed
 
     assert demo_mixed.main(["--steps", "60"]) == 0
     assert "skipped: non-finite gradients" in capsys.readouterr().out

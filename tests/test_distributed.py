@@ -23,9 +23,9 @@ import pytest
 pytest.importorskip("mpi4py")
 
 from trainops import optim  # noqa: E402
-from trainops.demo_train import mlp_model  # noqa: E402
+from trainops.demos.train import mlp_model  # noqa: E402
 from trainops.distributed import mpi_env, mpirun_command, philox_state, rank_seed  # noqa: E402
-from trainops.trainer import Trainer  # noqa: E402
+from trainops import Trainer  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 WORKER = HERE / "helpers" / "dist_worker.py"
@@ -236,7 +236,7 @@ def test_a_killed_rank_ends_the_job(library_path):
 def test_demo_distributed_on_4_processes_follows_one_process(library_path, tmp_path):
     """`mpirun -n 4 python -m trainops demo --distributed` (the README's command, shorter):
     4 ranks of 16 images follow the one-process run on the 64-image batches."""
-    from trainops.demo_train import train
+    from trainops.demos.train import train
 
     out = tmp_path / "losses.json"
     p, _ = mpirun(4, ["-m", "trainops", "demo", "--distributed", "--steps", "60",

@@ -14,7 +14,7 @@ from helpers.references import adagrad_step, adam_step, momentum_step
 from trainops import optim
 from trainops.autodiff import GradientError
 from trainops.onnx_defs import IR_VERSION, ONNX_OPSET
-from trainops.trainer import Trainer
+from trainops import Trainer
 
 D, H, C, N = 5, 8, 3, 16
 

@@ -1,4 +1,4 @@
-"""The training demo (trainops.demo_train) on a short schedule, and the CNN end to end."""
+"""The training demo (trainops.demos.train) on a short schedule, and the CNN end to end."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import onnxruntime as ort
 
 from trainops import optim
-from trainops.demo_train import cnn_model, digits, mlp_model, train
-from trainops.trainer import Trainer
+from trainops.demos.train import cnn_model, digits, mlp_model, train
+from trainops import Trainer
 
 
 def test_demo_cnn_learns_and_exports(library_path):

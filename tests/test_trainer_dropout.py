@@ -17,7 +17,7 @@ from helpers.references import momentum_step
 from test_trainer import H, N, data, mlp_model, numpy_loss_and_grads
 from trainops import optim
 from trainops.autodiff import GradientError
-from trainops.trainer import Trainer
+from trainops import Trainer
 
 RATIO = 0.3
 SCALE = float(np.float32(1) / (np.float32(1) - np.float32(RATIO)))  # PhiloxDropout's float32

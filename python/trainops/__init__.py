@@ -11,7 +11,7 @@ onnxruntime and no numpy: ``trainops.Policy``, ``trainops.optimizer_model``, ...
 precision, :mod:`trainops.mixed_precision`) and ``trainops.run``, ``trainops.to_ortvalue``,
 ``trainops.from_ortvalue`` (tensor I/O with bfloat16, :mod:`trainops.bfloat16`) load their
 module when first read; so do ``trainops.Trainer``, ``trainops.expand_gradients``,
-``trainops.GradientError`` (training, :mod:`trainops.trainer`, :mod:`trainops.autodiff`) and
+``trainops.GradientError`` (training, :mod:`trainops.train`, :mod:`trainops.autodiff`) and
 the submodules ``trainops.optim`` and ``trainops.distributed`` (data-parallel training on
 MPI, ``trainops.CollectiveTimeout``); ``trainops.make_reproducible`` and the submodule
 ``trainops.random`` (seeded Philox states, :mod:`trainops.random`); ``trainops.configure``
@@ -38,7 +38,7 @@ _LAZY = {
     "run": "bfloat16",
     "expand_gradients": "autodiff",
     "GradientError": "autodiff",
-    "Trainer": "trainer",
+    "Trainer": "train",
     "CollectiveTimeout": "distributed",
     "make_reproducible": "random",
     "configure": "device",

@@ -3,7 +3,8 @@
 Commands:
   bench         throughput benchmarks against peers (trainops.bench), e.g. bench philox
   conformance   run onnx's training-domain backend test cases through onnxruntime
-  demo          train a small CNN entirely in onnxruntime with trainops.Trainer (--distributed: on MPI)
+  demo          train a small CNN entirely in onnxruntime with trainops.Trainer (--distributed: on
+                MPI; --mixed: the mixed_float16 optimizer demo, numpy gradients)
   library       print the path of the custom-op library
 """
 
@@ -48,9 +49,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    from . import demo
+    from . import demos
 
-    return demo.main(args.rest)
+    return demos.main(args.rest)
 
 
 def _cmd_library(args: argparse.Namespace) -> int:

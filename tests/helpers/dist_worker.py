@@ -21,9 +21,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 
 from trainops import optim  # noqa: E402
-from trainops.demo_train import mlp_model  # noqa: E402
+from trainops.demos.train import mlp_model  # noqa: E402
 from trainops.distributed import CollectiveTimeout, abort  # noqa: E402
-from trainops.trainer import Trainer  # noqa: E402
+from trainops import Trainer  # noqa: E402
 
 SIZES = (8, 16, 16, 3)  # 467 parameters: not a multiple of 2 or 4, so shards are padded
 B = 6  # per-rank batch

@@ -56,7 +56,7 @@ def _worker(args) -> int:
     from mpi4py import MPI
 
     from .. import optim
-    from ..trainer import Trainer
+    from ..train import Trainer
     from .train import _data, _onnx_model
 
     comm = MPI.COMM_WORLD

@@ -33,21 +33,21 @@ def _data(model: str, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
     if model == "mlp":
         x = rng.standard_normal((batch, MLP_SIZES[0])).astype(np.float32)
     else:
-        from ..demo_train import digits
+        from ..demos.train import digits
 
         x, _ = digits(batch, seed)
     return {"x": x, "t": rng.integers(0, 10, batch).astype(np.int64)}
 
 
 def _onnx_model(model: str):
-    from ..demo_train import cnn_model, mlp_model
+    from ..demos.train import cnn_model, mlp_model
 
     return mlp_model(sizes=MLP_SIZES) if model == "mlp" else cnn_model()
 
 
 def _trainops_peer(model: str, batch: int, threads: int, lr: float) -> Callable[[], Any]:
     from .. import optim
-    from ..trainer import Trainer
+    from ..train import Trainer
 
     trainer = Trainer(_onnx_model(model), "loss", optim.Adam(lr=lr), threads=threads)
     feeds = _data(model, batch)

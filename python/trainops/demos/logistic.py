@@ -1,8 +1,5 @@
-"""The demo. ``main`` (``python -m trainops demo``) runs :mod:`trainops.demo_train`: a CNN
-trained entirely inside ONNX Runtime by :class:`trainops.Trainer`.
-
-:func:`train` is the earlier demo: a logistic regression trained with every Adam step run
-in ONNX Runtime.
+"""The earliest demo (:func:`train`): a logistic regression trained with every Adam step
+run in ONNX Runtime.
 
 numpy computes the loss and the gradients; one ``ai.onnx.preview.training::Adam`` node
 updates both parameter tensors (weights ``w`` of shape (D,) and bias ``b`` of shape (1,))
@@ -11,8 +8,6 @@ Runtime's buffers between steps.
 """
 
 from __future__ import annotations
-
-import argparse
 
 import numpy as np
 
@@ -37,7 +32,7 @@ def train(steps: int = 300, lr: float = 0.05, every: int = 25, seed: int = 0, ou
     """Trains and returns the loss after every step."""
     import onnxruntime as ort
 
-    from .models import adam_model, session
+    from ..models import adam_model, session
 
     rng = np.random.default_rng(seed)
     d = 16
@@ -74,12 +69,3 @@ def train(steps: int = 300, lr: float = 0.05, every: int = 25, seed: int = 0, ou
             out(f"{t:>6} {loss:>9.4f} {acc:>9.3f}")
     return losses
 
-
-def main(argv=None) -> int:
-    """``python -m trainops demo``: the CNN that trainops.Trainer trains entirely in ONNX
-    Runtime (forward, backward and Adam), float32 then mixed_float16 (trainops.demo_train).
-    The logistic regression above (numpy gradients, Adam in ONNX Runtime) and
-    trainops.demo_mixed remain importable."""
-    from .demo_train import main as train_main
-
-    return train_main(argv)

@@ -1,0 +1,160 @@
+"""The part of the step graph both builders share (:func:`forward_backward`): the forward
+graph in training mode (Dropout on, random nodes as seeded Philox ops, float16 compute under
+``mixed_float16``) with the backward pass (:mod:`trainops.autodiff`) appended."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from ..autodiff import GradientError, build_backward, infer
+from ..autodiff.backward import default_opset, toposort
+from ..autodiff.graph import Builder
+from .fp16 import to_fp16_graph
+from .rng import philox_states
+from .spec import PREFIX as _P
+from .spec import StateEntry, StepOptions
+
+__all__ = ["Backward", "FLOATS", "data_inputs", "forward_backward", "resolve_params",
+           "training_source"]
+
+FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16)
+
+
+def resolve_params(model: onnx.ModelProto, loss: str, params) -> list[str]:
+    """The parameters to train: ``params``, or every float initializer but those that
+    only serve as a Dropout's ratio (a setting, not a weight, as in PyTorch). ValueError
+    if ``loss`` is no tensor of the model, a param no float initializer, or none is left."""
+    g = model.graph
+    if loss not in {o for n in g.node for o in n.output} | {i.name for i in g.input}:
+        raise ValueError(f"loss {loss!r} is not a tensor of the model")
+    float_inits = [i.name for i in g.initializer if i.data_type in FLOATS]
+    if params is None:
+        ratios = {n.input[1] for n in g.node if n.op_type == "Dropout" and len(n.input) > 1}
+        other = {i for n in g.node for k, i in enumerate(n.input)
+                 if not (n.op_type == "Dropout" and k == 1)}
+        params = [p for p in float_inits if p not in ratios or p in other]
+    params = list(params)
+    missing = [p for p in params if p not in float_inits]
+    if missing:
+        raise ValueError(f"params {missing} are not float initializers of the model")
+    if not params:
+        raise ValueError("the model has no float initializers to train")
+    return params
+
+
+def data_inputs(model: onnx.ModelProto) -> list[str]:
+    """The model's inputs that are not initializers: the data fed on every step."""
+    inits = {i.name for i in model.graph.initializer}
+    return [i.name for i in model.graph.input if i.name not in inits]
+
+
+def training_source(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with every Dropout of its main graph in training mode (as PyTorch's
+    ``model.train()``: ``training_mode`` a constant true) and with a mask output, which
+    its gradient uses. Node positions are kept (they give the Philox node keys)."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    drops = [n for n in m.graph.node if n.op_type == "Dropout" and n.domain in ("", "ai.onnx")]
+    if not drops:
+        return m
+    if default_opset(m) < 12:
+        raise GradientError(f"Dropout before opset 12 (this model imports opset "
+                            f"{default_opset(m)}) has no training mode: export the model "
+                            "with opset 12 or later to train it")
+    on = f"{_P}/training_mode"
+    m.graph.initializer.append(numpy_helper.from_array(np.array(True), on))
+    for k, n in enumerate(drops):
+        ins = list(n.input) + [""] * (3 - len(n.input))
+        ins[2] = on
+        outs = list(n.output) + [""] * (2 - len(n.output))
+        if not outs[1]:
+            outs[1] = f"{_P}/dropout_mask/{k}"
+        del n.input[:], n.output[:]
+        n.input.extend(ins)
+        n.output.extend(outs)
+    return m
+
+
+@dataclass
+class Backward:
+    """The forward graph with the backward pass appended.
+
+    ``graph``: the forward graph, renamed ``<name>_training``, without the parameters'
+    initializers and without outputs, with the Philox states among its inputs (its nodes
+    are replaced by ``nodes`` once the builder adds its own); ``nodes``: forward
+    (Philox-rewritten) and backward nodes; ``grads``: the gradient names in param order;
+    ``inferred``: the inferred graph (value types); ``ptypes``/``values``: each param's
+    element type and initial value; ``copies``: param -> float16 copy (mixed_float16);
+    ``loss_type``: the loss' element type; ``rng``: the Philox states; ``data_inputs``;
+    ``opset``: the default-domain opset of the model."""
+
+    graph: onnx.GraphProto
+    nodes: list
+    grads: list[str]
+    inferred: onnx.GraphProto
+    ptypes: dict
+    values: dict
+    copies: dict
+    loss_type: int
+    rng: list[StateEntry]
+    data_inputs: list[str]
+    opset: int
+
+
+def forward_backward(model: onnx.ModelProto, options: StepOptions) -> Backward:
+    """The shared part of both builders, from ``model`` and ``options`` (``params``
+    resolved). Under ``mixed_float16`` the gradient seed is the float16 loss scale
+    (input ``trainops/loss_scale``), so the gradients come out scaled."""
+    params, loss, mixed = list(options.params), options.loss, options.mixed
+    inputs = data_inputs(model)
+    src = training_source(model)
+    opset = default_opset(src)
+    inferred = infer(src).graph
+    ptypes, values = {}, {}
+    for init in src.graph.initializer:
+        if init.name in params:
+            values[init.name] = numpy_helper.to_array(init)
+            ptypes[init.name] = init.data_type
+
+    g = onnx.GraphProto()
+    g.CopyFrom(src.graph)
+    g.name = (src.graph.name or "model") + "_training"
+    keep = [i for i in g.initializer if i.name not in values]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    del g.output[:]
+    copies = {}
+    if mixed:
+        for p in values:
+            if ptypes[p] != TensorProto.FLOAT:
+                raise ValueError(f"mixed_float16 needs float32 parameters; {p!r} is not")
+        copies = to_fp16_graph(g, params, inputs)
+        inferred_src = onnx.ModelProto()
+        inferred_src.CopyFrom(src)
+        inferred_src.graph.CopyFrom(g)
+        del inferred_src.graph.node[:]
+        inferred_src.graph.node.extend(toposort(list(g.node), {i.name for i in g.input}))
+        for p, c in copies.items():
+            inferred_src.graph.input.append(helper.make_tensor_value_info(
+                c, TensorProto.FLOAT16, list(values[p].shape)))
+        inferred = infer(inferred_src).graph
+    wrt = [copies.get(p, p) for p in params]
+
+    b = Builder(inferred, opset, prefix=f"{_P}/grad")
+    loss_t = b.dtype(loss)
+    if loss_t not in FLOATS:
+        raise GradientError(f"loss {loss!r} must be a float tensor (its type is {loss_t})")
+    seed = None
+    if mixed:
+        seed = b.op("Cast", [f"{_P}/loss_scale"], to=TensorProto.FLOAT16)
+        if b.shape(loss) not in (None, []):
+            seed = b.op("Expand", [seed, b.op("Shape", [loss])])
+    b, grads = build_backward(inferred, opset, loss, wrt, seed=seed, builder=b)
+    forward, rng = philox_states(src, g, inferred, options.key_seed)
+    return Backward(g, forward + list(b.nodes), grads, inferred, ptypes, values, copies,
+                    loss_t, rng, inputs, opset)
