@@ -20,13 +20,11 @@ hidden-state (and cell-state) gradient back through time.
 A Scan rather than an unrolled graph keeps the backward graph's size independent of the
 sequence length, and works when that length is known only at run time.
 
-Covered: directions forward, reverse and bidirectional; ``layout`` 0 and 1; ``initial_h``,
-``initial_c``, ``B`` and LSTM's peepholes ``P`` (each optional); outputs ``Y``, ``Y_h`` and
-``Y_c`` in any combination; GRU's ``linear_before_reset`` 0 and 1; the default activations,
-also written out explicitly (Tanh for RNN, Sigmoid/Tanh for GRU, Sigmoid/Tanh/Tanh for LSTM).
-A :class:`~trainops.autodiff.graph.GradientError` naming the node: ``sequence_lens``, other
-activations (or ``activation_alpha``/``activation_beta``), ``clip``, LSTM's ``input_forget``,
-opsets before 9 (no Scan with directions).
+Covered: all three directions, ``layout`` 0 and 1, the optional ``B``, ``initial_h``,
+``initial_c`` and peepholes ``P``, any of the outputs used, GRU's ``linear_before_reset`` 0
+and 1, the default activations (also written out). A ``GradientError`` naming the node for
+``sequence_lens``, other activations, ``activation_alpha``/``beta``, ``clip``,
+``input_forget`` and opsets before 10.
 """
 
 from __future__ import annotations
@@ -68,8 +66,10 @@ def _sum_steps(b: Builder, x: str) -> str:
 
 def _outer_sum(b: Builder, da: str, v: str) -> str:
     """``sum_t da_t^T v_t`` for ``[seq, batch, m]`` and ``[seq, batch, n]``: ``[m, n]``."""
-    da2 = b.op("Flatten", [da], axis=2)
-    return b.op("MatMul", [b.op("Transpose", [da2], perm=[1, 0]), b.op("Flatten", [v], axis=2)])
+    da2, v2 = b.op("Flatten", [da], axis=2), b.op("Flatten", [v], axis=2)
+    if b.opset < 11:  # Gemm's C is optional from opset 11
+        return b.op("MatMul", [b.op("Transpose", [da2], perm=[1, 0]), v2])
+    return b.op("Gemm", [da2, v2], transA=1)
 
 
 def _stack(b: Builder, parts: list[str]) -> str:
@@ -110,16 +110,18 @@ def _scan(b: Builder, elem: int, states: list[str], xs: list[str], reverse: bool
 # -- the rule ------------------------------------------------------------------------------
 
 class _Rnn:
-    """What the three ops share: checks, layout, per-direction inputs, the common
-    gradients; :meth:`direction` (per op) builds the recurrence's backward."""
+    """What the three ops share: the checks, the layout, each direction's inputs and the
+    gradients of X and W; :meth:`rnn`, :meth:`gru` and :meth:`lstm` build one direction's
+    recurrence backward (returning dA, the gate pre-activations' gradient, and the rest)."""
 
     def __init__(self, c: Ctx):
         self.c = c
         self.b = b = c.b
         self.kind = kind = c.node.op_type
         self.n_gates = _GATES[kind]
-        if b.opset < 9:
-            raise c.fail("its gradient needs opset >= 9 (Scan with scan directions)")
+        if b.opset < 10:
+            raise c.fail("its gradient needs opset >= 10 (Scan with directions, Slice with "
+                         "inputs)")
         if c.x(4) is not None:
             raise c.fail("input 'sequence_lens' is given: the gradient supports only sequences "
                          "of one length (leave sequence_lens out)")
@@ -156,8 +158,9 @@ class _Rnn:
             hidden = rs[-1]
         self.hidden = int(hidden)
 
-    # layout 1 is [batch, seq, ...]; work in layout 0 ([seq, (dir,) batch, ...]).
-    def to_seq_major(self, x: str | None, perm: list[int]) -> str | None:
+    def relayout(self, x: str | None, perm: list[int]) -> str | None:
+        """Layout 1 (``[batch, seq, ...]``) to layout 0 (``[seq, (dir,) batch, ...]``) or,
+        with the inverse ``perm``, back; the identity in layout 0."""
         if x is None or self.layout == 0:
             return x
         return self.b.op("Transpose", [x], perm=perm)
@@ -195,58 +198,45 @@ class _Rnn:
         return y
 
     def run(self) -> list[str | None]:
-        c, b, hid, g = self.c, self.b, self.hidden, self.n_gates
-        x0 = self.to_seq_major(self.x_name, [1, 0, 2])
-        y0 = self.to_seq_major(self.output_y(), [1, 2, 0, 3])
+        c, b = self.c, self.b
+        x0 = self.relayout(self.x_name, [1, 0, 2])
+        y0 = self.relayout(self.output_y(), [1, 2, 0, 3])
         gys = list(c.gys) + [None] * (3 - len(c.gys))
-        gy0 = self.to_seq_major(gys[0], [1, 2, 0, 3])
-        g_last = [self.to_seq_major(gys[k], [1, 0, 2]) for k in (1, 2)]
-        h0 = self.to_seq_major(c.x(5), [1, 0, 2])
-        c0 = self.to_seq_major(c.x(6), [1, 0, 2]) if self.kind == "LSTM" else None
+        gy0 = self.relayout(gys[0], [1, 2, 0, 3])
+        g_h, g_c = (self.relayout(gys[k], [1, 0, 2]) for k in (1, 2))
+        h0 = self.relayout(c.x(5), [1, 0, 2])
+        c0 = self.relayout(c.x(6), [1, 0, 2]) if self.kind == "LSTM" else None
         peep = c.x(7) if self.kind == "LSTM" else None
-        bias = c.x(3)
+
+        def pick(x, d, axis=0):
+            return _pick(b, x, d, axis) if x is not None else None
         res: dict[str, list[str]] = {k: [] for k in ("x", "w", "r", "b", "h0", "c0", "p")}
         for d in range(self.n_dir):
+            w, yd = pick(c.x(1), d), pick(y0, d, 1)
+            h0d = pick(h0, d) if h0 is not None else self.zeros_bh(x0)
             forward = d == 0 and self.direction != "reverse"
-            w = _pick(b, c.x(1), d, 0)
-            r = _pick(b, c.x(2), d, 0)
-            bd = _pick(b, bias, d, 0) if bias is not None else None
-            yd = _pick(b, y0, d, 1)
-            h0d = _pick(b, h0, d, 0) if h0 is not None else self.zeros_bh(x0)
-            hprev = self.shift(yd, h0d, forward)
-            d_state = {
-                "gy": _pick(b, gy0, d, 1) if gy0 is not None else None,
-                "gyh": _pick(b, g_last[0], d, 0) if g_last[0] is not None else None,
-                "gyc": _pick(b, g_last[1], d, 0) if g_last[1] is not None else None,
-            }
-            ctx = dict(x0=x0, w=w, r=r, bd=bd, yd=yd, h0d=h0d, hprev=hprev, forward=forward,
-                       c0d=_pick(b, c0, d, 0) if c0 is not None else None,
-                       peep=_pick(b, peep, d, 0) if peep is not None else None, **d_state)
-            out = getattr(self, self.kind.lower())(ctx)
-            da = out["da"]
+            k = dict(x0=x0, w=w, r=pick(c.x(2), d), bd=pick(c.x(3), d), yd=yd,
+                     hprev=self.shift(yd, h0d, forward), forward=forward,
+                     c0d=pick(c0, d), peep=pick(peep, d), gy=pick(gy0, d, 1),
+                     gyh=pick(g_h, d), gyc=pick(g_c, d))
+            out = getattr(self, self.kind.lower())(k)
             if c.need(0):
-                res["x"].append(b.op("MatMul", [da, w]))
+                res["x"].append(b.op("MatMul", [out["da"], w]))
             if c.need(1):
-                res["w"].append(_outer_sum(b, da, x0))
+                res["w"].append(_outer_sum(b, out["da"], x0))
             for key in ("r", "b", "h0", "c0", "p"):
                 if key in out:
                     res[key].append(out[key])
         grads: list[str | None] = [None] * len(c.node.input)
         if c.need(0):
             dx = res["x"][0] if len(res["x"]) == 1 else b.op("Sum", res["x"])
-            grads[0] = self.to_seq_major(dx, [1, 0, 2])
-        if c.need(1):
-            grads[1] = _stack(b, res["w"])
-        if c.need(2):
-            grads[2] = _stack(b, res["r"])
-        if c.need(3):
-            grads[3] = _stack(b, res["b"])
-        if c.need(5):
-            grads[5] = self.to_seq_major(_stack(b, res["h0"]), [1, 0, 2])
-        if self.kind == "LSTM" and c.need(6):
-            grads[6] = self.to_seq_major(_stack(b, res["c0"]), [1, 0, 2])
-        if self.kind == "LSTM" and c.need(7):
-            grads[7] = _stack(b, res["p"])
+            grads[0] = self.relayout(dx, [1, 0, 2])
+        for i, key in ((1, "w"), (2, "r"), (3, "b"), (7, "p")):
+            if c.need(i):
+                grads[i] = _stack(b, res[key])
+        for i, key in ((5, "h0"), (6, "c0")):
+            if c.need(i):
+                grads[i] = self.relayout(_stack(b, res[key]), [1, 0, 2])
         return grads
 
     def gx(self, k: dict) -> str:
@@ -382,21 +372,20 @@ class _Rnn:
             i_g = b.op("Sigmoid", [a_i])
             f_g = b.op("Sigmoid", [a_f])
 
-            def fwd_body(s, xs):
-                return [b.op("Add", [b.op("Mul", [xs[0], s[0]]), xs[1]])], []
+            def fwd_body(s, xs):  # the new state is also the step's scan output
+                cn = b.op("Add", [b.op("Mul", [xs[0], s[0]]), xs[1]])
+                return [cn], [cn]
             seqs = [f_g, b.op("Mul", [i_g, gg])]
         else:
             def fwd_body(s, xs):
                 ai, af, gt = xs
                 it = b.op("Sigmoid", [b.op("Add", [ai, b.op("Mul", [p_i, s[0]])])])
                 ft = b.op("Sigmoid", [b.op("Add", [af, b.op("Mul", [p_f, s[0]])])])
-                return [b.op("Add", [b.op("Mul", [ft, s[0]]), b.op("Mul", [it, gt])])], []
+                cn = b.op("Add", [b.op("Mul", [ft, s[0]]), b.op("Mul", [it, gt])])
+                return [cn], [cn]
             seqs = [a_i, a_f, gg]
 
-        def fwd_body_out(s, xs):  # the new state is also the step's scan output
-            (cn,), _ = fwd_body(s, xs)
-            return [cn], [b.op("Identity", [cn])]
-        _, cs = _scan(b, self.elem, [c0d], seqs, not k["forward"], fwd_body_out, 1)
+        _, cs = _scan(b, self.elem, [c0d], seqs, not k["forward"], fwd_body, 1)
         cprev = self.shift(cs, c0d, k["forward"])
         if peep is not None:
             i_g = b.op("Sigmoid", [b.op("Add", [a_i, b.op("Mul", [p_i, cprev])])])
