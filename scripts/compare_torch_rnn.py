@@ -137,12 +137,13 @@ def main() -> int:
                 want = torch_reference(kind, net, model, x, t)
                 missing = set(got) - set(want)
                 assert not missing, f"no torch gradient matched {missing}"
-                rel = max(float(np.max(np.abs(got[k] - want[k])) / max(np.max(np.abs(want[k])), 1e-12))
-                          for k in got)
+                rel = max(float(np.max(np.abs(got[k] - want[k]))
+                                / max(np.max(np.abs(want[k])), 1e-12)) for k in got)
                 worst = max(worst, rel)
                 ops = sorted({n.op_type for n in model.graph.node})
                 print(f"{kind} layers={layers} bidirectional={bidi} opset={opset}: "
-                      f"{len(got)} gradients, max relative error {rel:.2e}  (graph: {', '.join(ops)})")
+                      f"{len(got)} gradients, max relative error {rel:.2e}  "
+                      f"(graph: {', '.join(ops)})")
     print(f"worst max relative error: {worst:.2e}")
     return 0 if worst < 1e-4 else 1
 

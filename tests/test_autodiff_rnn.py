@@ -49,7 +49,8 @@ def _case(op, direction, seq, *, batch=2, inp=3, hid=3, bias=True, init=True, pe
 
 
 def _node_inputs(op, feeds):
-    names = ["X", "W", "R", "B" if "B" in feeds else "", "", "initial_h" if "initial_h" in feeds else ""]
+    names = ["X", "W", "R", "B" if "B" in feeds else "", "",
+             "initial_h" if "initial_h" in feeds else ""]
     if op == "LSTM":
         names += ["initial_c" if "initial_c" in feeds else "", "P" if "P" in feeds else ""]
     while names and not names[-1]:
@@ -68,11 +69,13 @@ def _ref_outputs(op, feeds, attrs):
 def _model(op, feeds, attrs, used, wrt, opset=17, symbolic=None, cotangents=None,
            elem=F32, node_outputs=None):
     """The op, loss = sum_k sum(out_k * C_k) over the used outputs, a Gradient node."""
-    outs = node_outputs or [n if n in used else "" for n in OUT_NAMES[:OUT_NAMES.index(used[-1]) + 1]]
+    last = OUT_NAMES.index(used[-1])
+    outs = node_outputs or [n if n in used else "" for n in OUT_NAMES[:last + 1]]
     nodes = [helper.make_node(op, _node_inputs(op, feeds), outs, name=f"my_{op.lower()}", **attrs)]
     inits, terms = [], []
     for k, name in enumerate(used):
-        inits.append(numpy_helper.from_array(cotangents[name].astype(helper.tensor_dtype_to_np_dtype(elem)), f"C_{name}"))
+        cot = cotangents[name].astype(helper.tensor_dtype_to_np_dtype(elem))
+        inits.append(numpy_helper.from_array(cot, f"C_{name}"))
         nodes.append(helper.make_node("Mul", [name, f"C_{name}"], [f"m_{name}"]))
         nodes.append(helper.make_node("ReduceSum", [f"m_{name}"], [f"s_{name}"], keepdims=0))
         terms.append(f"s_{name}")
@@ -290,7 +293,8 @@ def _refused(op, attrs, feeds_extra=None, inputs=None):
     ins = inputs or _node_inputs(op, feeds)
     node = helper.make_node(op, ins, ["Y"], name="the_rnn", hidden_size=3, **attrs)
     nodes = [node, helper.make_node("ReduceSum", ["Y"], ["loss"], keepdims=0),
-             helper.make_node("Gradient", ["W"], ["dW"], domain=TRAINING_DOMAIN, xs=["W"], y="loss")]
+             helper.make_node("Gradient", ["W"], ["dW"], domain=TRAINING_DOMAIN, xs=["W"],
+                              y="loss")]
     vis = [helper.make_tensor_value_info(k, F32, list(v.shape)) for k, v in feeds.items()]
     vis += [helper.make_tensor_value_info(k, TensorProto.INT32, list(v.shape))
             for k, v in (feeds_extra or {}).items()]
@@ -302,11 +306,9 @@ def _refused(op, attrs, feeds_extra=None, inputs=None):
 
 
 def test_refuses_sequence_lens():
-    feeds = _case("GRU", "forward", 3)
     msg = _refused("GRU", {}, {"lens": np.array([3, 3], np.int32)},
                    ["X", "W", "R", "B", "lens", "initial_h"])
     assert "sequence_lens" in msg
-    del feeds
 
 
 @pytest.mark.parametrize("op,attrs,word", [
@@ -355,7 +357,8 @@ def _classifier(op, seq=5, batch=4, inp=3, hid=6, classes=3, seed=3):
               c("SoftmaxCrossEntropyLoss", ["logits", "labels"], ["loss"]),
               c("Gradient", ["X", "W", "R", "B", "Wh", "bh", "labels"],
                 ["dX", "dW", "dR", "dB", "dWh", "dbh"],
-                domain=TRAINING_DOMAIN, xs=["X", "W", "R", "B", "Wh", "bh"], zs=["labels"], y="loss")]
+                domain=TRAINING_DOMAIN, xs=["X", "W", "R", "B", "Wh", "bh"], zs=["labels"],
+                y="loss")]
     consts = {"one_i": np.array(1, np.int64), "ax0": np.array([0], np.int64),
               "ones1": np.array([1], np.int64), "hid1": np.array([hid], np.int64),
               "ax1": np.array([1], np.int64), "last": np.array(-1, np.int64)}
@@ -390,7 +393,8 @@ def test_classifier_end_to_end_against_numpy_bptt(op):
     expanded = expand_gradients(model)
     onnx.checker.check_model(expanded)
     names = ["loss", "dX", "dW", "dR", "dB", "dWh", "dbh"]
-    got = dict(zip(names, session(expanded).run(names, {"X": x.astype(np.float32), "labels": labels})))
+    feeds = {"X": x.astype(np.float32), "labels": labels}
+    got = dict(zip(names, session(expanded).run(names, feeds)))
     assert abs(float(got["loss"]) - loss) < 1e-5
     for n in ("X", "W", "R", "B", "Wh", "bh"):
         _compare(got["d" + n], want[n], 1e-4, 1e-5, f"d loss / d {n}")
