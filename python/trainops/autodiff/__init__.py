@@ -5,12 +5,14 @@
   stock ONNX Runtime runs it.
 - :func:`build_backward` emits the backward nodes of one target for the Trainer.
 - :data:`RULES` maps each supported op type to its gradient (VJP) rule; an op on the path
-  without one is a :class:`GradientError` naming the op type and the node.
+  without one is a :class:`GradientError` naming the op type and the node. ``rules.py``
+  holds most rules; ``rules_rnn.py`` (RNN, GRU, LSTM) registers into the same table.
 """
 
 from .backward import build_backward, expand_gradients, infer, toposort
 from .graph import Builder, GradientError
 from .rules import RULES
+from . import rules_rnn  # noqa: F401,E402 - registers RNN, GRU and LSTM into RULES
 
 __all__ = ["expand_gradients", "build_backward", "GradientError", "RULES", "Builder",
            "infer", "toposort"]
