@@ -34,7 +34,8 @@ def node(op, ins, outs=("y",), **kw):
 
 def branch(nodes, outs, shapes, elem=D, name="branch"):
     return helper.make_graph(list(nodes), name, [],
-                             [helper.make_tensor_value_info(o, elem, s) for o, s in zip(outs, shapes)])
+                             [helper.make_tensor_value_info(o, elem, s)
+                              for o, s in zip(outs, shapes)])
 
 
 def if_node(then, els, outs=("y",), cond="c", name="if"):
@@ -136,15 +137,41 @@ def test_if_in_float32_with_symbolic_batch():
               ["x", "w", "v"], symbolic={"x": ["N", 3]}, dtypes=(np.float32,))
 
 
-def test_if_branch_that_recomputes_a_random_op_is_refused():
-    then = branch([node("RandomNormal", [], ["n"], dtype=D, shape=[3]), node("Mul", ["n", "a"], ["t"])],
-                  ["t"], [[3]])
+@pytest.mark.parametrize("c", COND)
+def test_if_branch_with_its_own_initializer(c):
+    then = helper.make_graph([node("Mul", ["a", "k"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", D, [3])],
+                             initializer=[numpy_helper.from_array(np.array([1.0, -2.0, 3.0]), "k")])
+    els = helper.make_graph([node("Identity", ["k"], ["e"])], "else", [],
+                            [helper.make_tensor_value_info("e", D, [3])],
+                            initializer=[numpy_helper.from_array(np.ones(3), "k")])
+    check([if_node(then, els)], {"a": r(3), "c": np.array(c)}, ["a"], dtypes=(np.float64,))
+
+
+@pytest.mark.parametrize("random", ["RandomNormal", "Dropout"])
+def test_if_branch_that_recomputes_a_random_op_is_refused(random):
+    if random == "RandomNormal":
+        draw = node("RandomNormal", [], ["n"], dtype=D, shape=[3], name="draw")
+    else:  # in training mode: its mask is random, and its gradient reads the mask
+        draw = node("Dropout", ["a", "", "on"], ["n", "mask"], name="draw")
+    then = helper.make_graph([draw, node("Mul", ["n", "a"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", D, [3])],
+                             initializer=[numpy_helper.from_array(np.array(True), "on")])
     els = branch([node("Neg", ["a"], ["e"])], ["e"], [[3]])
     m = gradient_model([if_node(then, els)], {"a": r(3), "c": np.array(True)}, ["a"])
-    with pytest.raises(GradientError, match=r"If node 'if': the gradient of its then_branch "
-                       r"needs RandomNormal node '\(unnamed\)' computed again, and it draws "
-                       r"random numbers"):
+    with pytest.raises(GradientError, match=rf"^If node 'if': the gradient of its then_branch "
+                       rf"needs {random} node 'draw' computed again, and it draws random "
+                       r"numbers \(a second draw would differ from the forward's\)$"):
         expand_gradients(m)
+
+
+def test_if_branch_with_an_inference_dropout_is_recomputed():
+    then = helper.make_graph([node("Dropout", ["a", "", "off"], ["n"]),
+                              node("Mul", ["n", "a"], ["t"])], "then", [],
+                             [helper.make_tensor_value_info("t", D, [3])],
+                             initializer=[numpy_helper.from_array(np.array(False), "off")])
+    els = branch([node("Neg", ["a"], ["e"])], ["e"], [[3]])
+    check([if_node(then, els)], {"a": r(3), "c": np.array(True)}, ["a"], dtypes=(np.float64,))
 
 
 def test_if_gradient_is_a_backward_if_on_the_same_condition():
@@ -167,8 +194,9 @@ def _if_model(w, v):
     els = branch([node("MatMul", ["x", "v"], ["e1"])], ["e1"], [["N", 2]], elem=F)
     nodes = [if_node(then, els, outs=("h",)), node("Mul", ["h", "h"], ["h2"]),
              node("ReduceMean", ["h2"], ["loss"], keepdims=0)]
-    g = helper.make_graph(nodes, "if_model", [helper.make_tensor_value_info("x", F, ["N", 3]),
-                                               helper.make_tensor_value_info("c", TensorProto.BOOL, [])],
+    ins = [helper.make_tensor_value_info("x", F, ["N", 3]),
+           helper.make_tensor_value_info("c", TensorProto.BOOL, [])]
+    g = helper.make_graph(nodes, "if_model", ins,
                           [helper.make_tensor_value_info("loss", F, [])],
                           [numpy_helper.from_array(w, "w"), numpy_helper.from_array(v, "v")])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
@@ -275,7 +303,8 @@ def test_loop_inside_an_if_branch_is_refused():
 
 def _chain():
     return [node("Mul", ["a", "b"], ["t1"], name="n1"), node("Exp", ["t1"], ["t2"], name="n2"),
-            node("Mul", ["t2", "a"], ["t3"], name="n3"), node("ReduceSum", ["t3"], ["y"], name="n4")]
+            node("Mul", ["t2", "a"], ["t3"], name="n3"),
+            node("ReduceSum", ["t3"], ["y"], name="n4")]
 
 
 def test_nodes_out_of_order_give_the_sorted_graphs_gradients():
@@ -322,7 +351,7 @@ CYCLE = (r"^the graph has a cycle, so its nodes cannot be ordered with every ten
 
 
 def _cyclic(n_before=0):
-    pre = [node("Neg", [f"p{k}" if k else "a", ], [f"p{k + 1}"], name=f"p{k}")
+    pre = [node("Neg", [f"p{k}" if k else "a"], [f"p{k + 1}"], name=f"p{k}")
            for k in range(n_before)]
     start = f"p{n_before}" if n_before else "a"
     return pre + [node("Mul", [start, "a"], ["t1"], name="n1"),
@@ -353,7 +382,8 @@ def test_self_loop_is_a_cycle():
 def test_cycle_through_an_if_capture_is_seen():
     then = branch([node("Neg", ["t3"], ["u"])], ["u"], [[3]])
     els = branch([node("Neg", ["a"], ["e"])], ["e"], [[3]])
-    nodes = [if_node(then, els, outs=("t2",), name="if"), node("Mul", ["t2", "a"], ["t3"], name="n3"),
+    nodes = [if_node(then, els, outs=("t2",), name="if"),
+             node("Mul", ["t2", "a"], ["t3"], name="n3"),
              node("ReduceSum", ["t3"], ["y"])]
     m = gradient_model(nodes, {"a": r(3), "c": np.array(True)}, ["a"])
     with time_bound(5.0), pytest.raises(GradientError, match=r"cycle.*If node 'if' -> 't2' -> "
