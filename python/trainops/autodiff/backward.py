@@ -133,8 +133,9 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
         if fn is None or captured:
             why = (f"its subgraph reads {captured}, which need a gradient" if fn else
                    f"op type '{node.op_type}'")
+            target = ", ".join(f"'{s}'" for s in seeds)
             raise GradientError(f"no gradient rule for {describe(node)} ({why}); it lies "
-                                f"between {list(xs)} and {list(seeds)}. Ops with rules: "
+                                f"between {list(xs)} and {target}. Ops with rules: "
                                 f"{', '.join(sorted(RULES) + ['If'])}")
         results = fn(Ctx(b, node, gys, need))
         for i, g in enumerate(results):
