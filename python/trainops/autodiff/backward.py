@@ -9,8 +9,14 @@ import onnx
 from onnx import helper
 
 from ..onnx_defs import TRAINING_DOMAIN
-from .graph import FLOAT_TYPES, Builder, GradientError, attr, describe
+from . import control
+from .graph import (FLOAT_TYPES, Builder, GradientError, attr, captures, defined_in, describe,
+                    node_inputs)
+from .hygiene import cast_types, check_float, reinfer, toposort, undefined
 from .rules import RULES, Ctx
+
+__all__ = ["build_backward", "backprop", "expand_gradients", "infer", "toposort",
+           "default_opset"]
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -32,50 +38,75 @@ def build_backward(graph: onnx.GraphProto, opset: int, y: str, xs: Sequence[str]
                    prefix: str = "grad", seed: str | None = None,
                    builder: Builder | None = None) -> tuple[Builder, list[str]]:
     """Nodes computing d(sum(y))/dx for each x in ``xs`` from the values of ``graph``
-    (whose nodes must be topologically sorted and whose ``value_info`` should hold the
-    inferred shapes). ``seed``, when given, is the gradient of ``y`` (default: ones, i.e.
-    the gradient of ``sum(y)``). Returns the builder (its ``nodes``) and one gradient
-    name per x."""
+    (whose ``value_info`` should hold the inferred shapes; nodes in any order: they are
+    sorted first). ``seed``, when given, is the gradient of ``y`` (default: ones, i.e. the
+    gradient of ``sum(y)``). Returns the builder (its ``nodes``) and one gradient name per
+    x. Gradients flow through ``If`` (the taken branch's) and the values its branches
+    capture from the outer scope.
+
+    Refused with :class:`GradientError`: a cycle, a tensor on the path that nothing
+    defines, an integer or boolean ``y`` or x, an op without a rule (``Loop`` and ``Scan``
+    among them)."""
     b = builder or Builder(graph, opset, prefix)
-    producer: dict[str, onnx.NodeProto] = {}
-    for node in graph.node:
-        for o in node.output:
-            if o:
-                producer[o] = node
-    known = set(producer) | {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    defined = defined_in(graph)
     for name in list(xs) + [y]:
-        if name not in known:
+        if name not in defined:
             raise GradientError(f"tensor '{name}' is neither a graph input, an initializer "
                                 "nor a node output")
-
-    # Nodes that y depends on ...
-    ancestors: set[int] = set()
-    stack = [y]
-    seen: set[str] = set()
-    while stack:
-        t = stack.pop()
-        if t in seen or t in xs:
-            continue
-        seen.add(t)
-        node = producer.get(t)
-        if node is None or id(node) in ancestors:
-            continue
-        ancestors.add(id(node))
-        stack.extend(i for i in node.input if i)
-    order = [n for n in graph.node if id(n) in ancestors]
-    # ... and, among them, the tensors that depend on an x (and are floats).
-    needs = set(xs)
-    for node in order:
-        if any(i in needs for i in node.input):
-            for o in node.output:
-                if o and (b.dtype(o) is None or b.dtype(o) in FLOAT_TYPES):
-                    needs.add(o)
-
+    nodes = toposort(list(graph.node), {i.name for i in graph.input}
+                     | {i.name for i in graph.initializer})
+    if any(a is not c for a, c in zip(nodes, graph.node)):
+        reinfer(b, graph, nodes, opset)  # onnx inferred shapes in the given (wrong) order
+    cast_types(b, nodes)
+    for x in xs:
+        check_float(b, x, "x")
+    check_float(b, y, "y")
     if seed is None:
         if b.dtype(y) is None and b.dtype(xs[0]) is not None:
             b.set_info(y, b.dtype(xs[0]), b.shape(y))  # inference gave up; y has x's type
         seed = b.ones_like(y)
-    grads: dict[str, list[str]] = {y: [seed]}
+    return b, backprop(b, nodes, {y: [seed]}, list(xs), defined)
+
+
+def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[str]],
+             xs: list[str], defined: set[str]) -> list[str]:
+    """Emit into ``b`` the gradient of every x in ``xs`` given the gradients ``seeds`` of
+    some values of the topologically sorted ``nodes`` (a graph's or a subgraph's);
+    ``defined``: every value those nodes may read. An x out of reach gets zeros."""
+    producer: dict[str, onnx.NodeProto] = {}
+    for node in nodes:
+        for o in node.output:
+            if o:
+                producer[o] = node
+    # Nodes that the seeded values depend on (through their subgraphs' captures too) ...
+    ancestors: set[int] = set()
+    stack: list[tuple[str, onnx.NodeProto | None]] = [(s, None) for s in seeds]
+    seen: set[str] = set()
+    xset = set(xs)
+    while stack:
+        t, reader = stack.pop()
+        if t in seen or t in xset:
+            continue
+        seen.add(t)
+        node = producer.get(t)
+        if node is None:
+            if t not in defined and reader is not None:
+                raise undefined(t, reader)
+            continue
+        if id(node) in ancestors:
+            continue
+        ancestors.add(id(node))
+        stack.extend((i, node) for i in node_inputs(node))
+    order = [n for n in nodes if id(n) in ancestors]
+    # ... and, among them, the tensors that depend on an x (and are floats).
+    needs = set(xs)
+    for node in order:
+        if any(i in needs for i in node_inputs(node)):
+            for o in node.output:
+                if o and (b.dtype(o) is None or b.dtype(o) in FLOAT_TYPES):
+                    needs.add(o)
+
+    grads: dict[str, list[str]] = {k: list(v) for k, v in seeds.items()}
 
     def total(name: str) -> str | None:
         parts = grads.get(name)
@@ -90,14 +121,22 @@ def build_backward(graph: onnx.GraphProto, opset: int, y: str, xs: Sequence[str]
         if all(g is None for g in gys):
             continue
         need = [bool(i) and i in needs for i in node.input]
-        if not any(need):
+        captured = [t for t in captures(node) if t in needs]
+        if not any(need) and not captured:
             continue
         domain = node.domain if node.domain not in ("", "ai.onnx") else ""
+        if domain == "" and node.op_type in control.SUBGRAPH_OPS:
+            for name, g in control.backward(b, node, gys, need, captured).items():
+                grads.setdefault(name, []).append(g)
+            continue
         fn = RULES.get(node.op_type) if domain == "" else None
-        if fn is None:
-            raise GradientError(f"no gradient rule for {describe(node)} (op type "
-                                f"'{node.op_type}'); it lies between {list(xs)} and '{y}'. "
-                                f"Ops with rules: {', '.join(sorted(RULES))}")
+        if fn is None or captured:
+            why = (f"its subgraph reads {captured}, which need a gradient" if fn else
+                   f"op type '{node.op_type}'")
+            target = ", ".join(f"'{s}'" for s in seeds)
+            raise GradientError(f"no gradient rule for {describe(node)} ({why}); it lies "
+                                f"between {list(xs)} and {target}. Ops with rules: "
+                                f"{', '.join(sorted(RULES) + ['If'])}")
         results = fn(Ctx(b, node, gys, need))
         for i, g in enumerate(results):
             if g is not None and i < len(need) and need[i]:
@@ -106,51 +145,7 @@ def build_backward(graph: onnx.GraphProto, opset: int, y: str, xs: Sequence[str]
     for x in xs:
         g = total(x)
         out.append(g if g is not None else b.zeros_like(x))
-    return b, out
-
-
-def toposort(nodes: Sequence[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:
-    """Nodes in an order where every input is produced before use (stable otherwise)."""
-    producer = {}
-    for idx, n in enumerate(nodes):
-        for o in n.output:
-            if o:
-                producer[o] = idx
-    done: list[bool] = [False] * len(nodes)
-    out: list[onnx.NodeProto] = []
-
-    def visit(start: int) -> None:
-        stack = [(start, False)]
-        while stack:
-            idx, expanded = stack.pop()
-            if done[idx]:
-                continue
-            if expanded:
-                done[idx] = True
-                out.append(nodes[idx])
-                continue
-            stack.append((idx, True))
-            deps = set()
-            for name in _all_inputs(nodes[idx]):
-                j = producer.get(name)
-                if j is not None and not done[j] and name not in available:
-                    deps.add(j)
-            for j in sorted(deps, reverse=True):
-                stack.append((j, False))
-
-    for i in range(len(nodes)):
-        visit(i)
     return out
-
-
-def _all_inputs(node: onnx.NodeProto) -> list[str]:
-    names = [i for i in node.input if i]
-    for a in node.attribute:  # outer-scope values that subgraphs read
-        for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-            inner = {o for n in g.node for o in n.output} | {i.name for i in g.input}
-            for n in g.node:
-                names += [i for i in _all_inputs(n) if i not in inner]
-    return names
 
 
 def expand_gradients(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -162,7 +157,9 @@ def expand_gradients(model: onnx.ModelProto) -> onnx.ModelProto:
     spec; its outputs are ``dy/dx`` for each x. A non-scalar ``y`` is differentiated as
     ``sum(y)`` (the gradient of each element's sum, as with a seed of ones). An x that ``y``
     does not depend on gets zeros. An op on the path from an x to y without a gradient rule
-    raises :class:`GradientError` naming the op type and the node.
+    raises :class:`GradientError` naming the op type and the node; so do the other refusals
+    of :func:`build_backward` (a cycle, an undefined tensor, an integer x or y). Nodes may
+    be listed in any order.
     """
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -171,10 +168,11 @@ def expand_gradients(model: onnx.ModelProto) -> onnx.ModelProto:
     if not grad_nodes:
         return out
     opset = default_opset(out)
+    available = {i.name for i in g.input} | {i.name for i in g.initializer}
     forward = onnx.ModelProto()
     forward.CopyFrom(out)
-    del forward.graph.node[:]
-    forward.graph.node.extend(n for n in g.node if n not in grad_nodes)
+    del forward.graph.node[:]  # sorted: onnx infers shapes in the listed order
+    forward.graph.node.extend(toposort([n for n in g.node if n not in grad_nodes], available))
     grad_outputs = {o for n in grad_nodes for o in n.output}
     keep = [o for o in forward.graph.output if o.name not in grad_outputs]
     del forward.graph.output[:]
@@ -209,7 +207,6 @@ def expand_gradients(model: onnx.ModelProto) -> onnx.ModelProto:
                                               name=builder.fresh("output_node")))
         new_nodes += nodes
 
-    available = {i.name for i in g.input} | {i.name for i in g.initializer}
     del g.node[:]
     g.node.extend(toposort(new_nodes, available))
     if not any(n.domain == TRAINING_DOMAIN for n in g.node):

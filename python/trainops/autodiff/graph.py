@@ -65,6 +65,8 @@ class Builder:
             self.consts[init.name] = numpy_helper.to_array(init)
         for node in graph.node:
             self._used.update(node.output)
+            for sub in subgraphs(node):  # no emitted name may shadow a subgraph's value
+                self._used.update(defined_in(sub, nested=True))
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
                 for a in node.attribute:
                     if a.name == "value":
@@ -237,6 +239,62 @@ class Builder:
             raise GradientError("broadcasting with shapes unknown before run time needs "
                                 "opset >= 13")
         return self.op("Reshape", [r, x_shape])
+
+
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs in ``node``'s attributes (an If's branches, a Loop's or Scan's body)."""
+    out: list[onnx.GraphProto] = []
+    for a in node.attribute:
+        if a.HasField("g"):
+            out.append(a.g)
+        out.extend(a.graphs)
+    return out
+
+
+def defined_in(graph: onnx.GraphProto, nested: bool = False) -> set[str]:
+    """The values ``graph`` defines itself: its inputs, initializers and node outputs
+    (and, with ``nested``, those of the subgraphs within it)."""
+    names = {i.name for i in graph.input} | {i.name for i in graph.initializer}
+    names |= {i.values.name for i in graph.sparse_initializer}
+    for n in graph.node:
+        names.update(o for o in n.output if o)
+        if nested:
+            for sub in subgraphs(n):
+                names |= defined_in(sub, nested=True)
+    return names
+
+
+def free_names(graph: onnx.GraphProto) -> list[str]:
+    """The outer-scope values ``graph`` reads (its nodes' and its nested subgraphs'), in
+    order of first use."""
+    inner = defined_in(graph)
+    out = [i for n in graph.node for i in node_inputs(n) if i not in inner]
+    out += [o.name for o in graph.output if o.name not in inner]  # an output passed through
+    return list(dict.fromkeys(out))
+
+
+def node_inputs(node: onnx.NodeProto) -> list[str]:
+    """Every value ``node`` reads: its inputs, then the outer-scope values its subgraphs
+    capture (at any depth), in order of first use."""
+    names = [i for i in node.input if i]
+    for sub in subgraphs(node):
+        names += free_names(sub)
+    return list(dict.fromkeys(names))
+
+
+def captures(node: onnx.NodeProto) -> list[str]:
+    """The outer-scope values ``node``'s subgraphs read (some may also be its inputs)."""
+    return list(dict.fromkeys(n for sub in subgraphs(node) for n in free_names(sub)))
+
+
+def type_name(elem_type: int | None) -> str:
+    """``TensorProto`` element type as onnx spells it in lower case (``int64``, ...)."""
+    if elem_type is None:
+        return "of unknown type"
+    try:
+        return onnx.TensorProto.DataType.Name(elem_type).lower()
+    except ValueError:
+        return f"element type {elem_type}"
 
 
 def describe(node: onnx.NodeProto) -> str:

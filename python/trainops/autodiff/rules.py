@@ -16,7 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from .graph import Builder, GradientError, attr, describe
+from .graph import FLOAT_TYPES, Builder, GradientError, attr, describe
 
 
 class Ctx:
@@ -396,7 +396,15 @@ def _tensor_type(np_dtype) -> int:
 
 @rule("Cast")
 def cast(c: Ctx):
-    return [c.b.op("Cast", [c.gy], to=c.b.dtype(c.x(0)))]
+    """Between float types the gradient cast back; a cast to or from an integer or
+    boolean type stops the gradient (its input gets none)."""
+    src, dst = c.b.dtype(c.x(0)), c.attr("to")
+    if src is None:
+        raise c.fail(f"the element type of its input '{c.x(0)}' is unknown (onnx shape "
+                     "inference could not find it)")
+    if src not in FLOAT_TYPES or dst not in FLOAT_TYPES:
+        return [None]
+    return [c.b.op("Cast", [c.gy], to=src)]
 
 
 @rule("Reshape", "Flatten", "Squeeze", "Unsqueeze")
