@@ -12,7 +12,7 @@ pub mod random;
 
 use core::ffi::CStr;
 
-use crate::ffi::ep::DeviceSupport;
+use crate::ffi::device::DeviceSupport;
 use crate::ffi::{DType, Domain, OpSpec};
 use crate::ops::optim::layout::Layout;
 
