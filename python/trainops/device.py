@@ -62,19 +62,40 @@ def plugin_ep_supported() -> bool:
     return runtime_version() >= (1, 24) and hasattr(ort, "register_execution_provider_library")
 
 
+def _ours_listed() -> bool:
+    """Whether ONNX Runtime already lists a device of ``TrainopsExecutionProvider`` (the library
+    was registered as an EP library, by us or by the user, under any name)."""
+    return any(d.ep_name == EP_NAME for d in _ort().get_ep_devices())
+
+
 def register(library: str | None = None) -> bool:
     """Registers ``libtrainops.so`` as a plugin EP library once per process (ONNX Runtime
-    keeps EP libraries per environment). False when this runtime cannot."""
+    keeps EP libraries per environment). False when this runtime cannot.
+
+    A library the user registered themselves (``ort.register_execution_provider_library``,
+    under any name) is used as it is: when ``TrainopsExecutionProvider`` already lists a
+    device, or ONNX Runtime answers that the library "is already registered", nothing more
+    is registered (a second registration under another name would list every device twice).
+    """
     if not plugin_ep_supported():
         return False
     from trainops import get_library_path
 
     path = library or get_library_path()
     with _lock:
-        if path not in _registered:
-            name = "trainops" if not _registered else f"trainops{len(_registered)}"
+        if path in _registered:
+            return True
+        if _ours_listed():
+            _registered[path] = "(registered outside trainops)"
+            return True
+        name = "trainops" if not _registered else f"trainops{len(_registered)}"
+        try:
             _ort().register_execution_provider_library(name, path)
-            _registered[path] = name
+        except Exception as exc:  # onnxruntime's Fail: "EP library is already registered under ..."
+            if "already registered" not in str(exc):
+                raise
+            name = "(registered outside trainops)"
+        _registered[path] = name
     return True
 
 
@@ -86,6 +107,23 @@ def devices(library: str | None = None) -> list:
     return [d for d in _ort().get_ep_devices() if d.ep_name == EP_NAME]
 
 
+_CONFIG_KEY = "trainops.door"  # marks a SessionOptions configure() has loaded trainops into
+
+
+def _door_of(session_options) -> str | None:
+    try:
+        return session_options.get_session_config_entry(_CONFIG_KEY) or None
+    except RuntimeError:  # "SessionOptions does not have configuration with key"
+        return None
+
+
+def _check_device_id(device_id) -> None:
+    if isinstance(device_id, bool) or not isinstance(device_id, int):
+        raise TypeError(f"configure: device_id must be an int, got {type(device_id).__name__} {device_id!r}")
+    if device_id < 0:
+        raise ValueError(f"configure: device_id must be >= 0, got {device_id}")
+
+
 def configure(session_options, device: str = "auto", library: str | None = None, device_id: int = 0) -> str:
     """Loads trainops into ``session_options`` through exactly one door.
 
@@ -93,16 +131,36 @@ def configure(session_options, device: str = "auto", library: str | None = None,
     on GPU ``device_id``, or ``RuntimeError`` when it offers no device. ``"auto"``: the plugin
     EP when it offers a device, else the CPU kernels. Returns ``"TrainopsExecutionProvider"``
     or ``"cpu"``.
+
+    ``device_id``: an ``int`` (else ``TypeError``), ``>= 0`` and below the number of devices
+    the EP offers (else ``ValueError`` naming it; with no device offered, ``"auto"`` falls
+    back to the CPU door whatever the id). Idempotent: calling it again on the same
+    ``session_options`` registers nothing more and returns the door chosen the first time
+    (the choice is kept in the options' config entry ``trainops.door``); asking a configured
+    object for the other door is a ``ValueError``, since ONNX Runtime rejects both doors on
+    one object. A library the user registered as an EP library themselves is used as is.
     """
     if device not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+        raise ValueError(f"configure: device must be 'auto', 'cpu' or 'cuda', got {device!r}")
+    _check_device_id(device_id)
+    done = _door_of(session_options)
+    if done is not None:
+        wanted = {"cpu": ("cpu",), "cuda": (EP_NAME,), "auto": ("cpu", EP_NAME)}[device]
+        if done not in wanted:
+            raise ValueError(f"configure: these SessionOptions already load trainops through {done!r}; "
+                             f"device={device!r} would add the other door (ONNX Runtime rejects both)")
+        return done
     from trainops import get_library_path
 
     path = library or get_library_path()
     if device != "cpu":
         offered = devices(path)
-        if len(offered) > device_id:
+        if offered and device_id >= len(offered):
+            raise ValueError(f"configure: device_id {device_id} is out of range: {EP_NAME} offers "
+                             f"{len(offered)} device(s) (ids 0 to {len(offered) - 1})")
+        if offered:
             session_options.add_provider_for_devices([offered[device_id]], {})
+            session_options.add_session_config_entry(_CONFIG_KEY, EP_NAME)
             return EP_NAME
         if device == "cuda":
             why = (
@@ -112,6 +170,7 @@ def configure(session_options, device: str = "auto", library: str | None = None,
             )
             raise RuntimeError(f"device='cuda': {why}")
     session_options.register_custom_ops_library(path)
+    session_options.add_session_config_entry(_CONFIG_KEY, "cpu")
     return "cpu"
 
 

@@ -28,8 +28,9 @@ pub unsafe extern "C" fn RegisterCustomOps(
     options: *mut ort_sys::OrtSessionOptions,
     api_base: *const ort_sys::OrtApiBase,
 ) -> ort_sys::OrtStatusPtr {
+    let cuda_kernels = &ffi::ep::cuda::CUDA_EP_KERNELS;
     // SAFETY: the runtime's own arguments, passed on unchanged.
-    unsafe { ffi::register::register_custom_ops(options, api_base, ops::catalogue, ops::device_support) }
+    unsafe { ffi::register::register_custom_ops(options, api_base, ops::catalogue, ops::device_support, cuda_kernels) }
 }
 
 /// The plugin execution provider's entry point (ONNX Runtime 1.24 and newer, through

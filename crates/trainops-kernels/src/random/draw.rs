@@ -1,6 +1,6 @@
-//! What the distributions share: the contract's word-to-float conversions (TensorFlow's,
-//! exact by construction) and the split of an output into pieces that each start at their
-//! own counter offset.
+//! What the distributions share: the split of an output into pieces that each start at their
+//! own counter offset (the word-to-float conversions live in `convert.rs`, below the SIMD
+//! kernels, and are re-exported here).
 //!
 //! A piece is generated a sub-chunk at a time: [`SUB`] elements' words go into a 28 KiB
 //! buffer (L1-resident) with Philox's own kernel, then a conversion loop turns them into
@@ -9,6 +9,8 @@
 
 use half::{bf16, f16};
 
+/// The word-to-float conversions, where the distributions' callers have always found them.
+pub use super::convert::{bf16_of, f16_of, f32_of, f64_of};
 use super::philox::{self, Level, Stores};
 use crate::parallel::{for_each_item, Parallelism, Sequential, Splittable};
 use crate::simd::Isa;
@@ -23,30 +25,6 @@ pub const SUB: usize = 1792;
 const BUF_WORDS: usize = 4 * SUB;
 
 const _: () = assert!(SUB.is_multiple_of(224) && CHUNK.is_multiple_of(4));
-
-/// `f32(x)`: uniform in `[0, 1)` from the low 23 bits.
-#[inline(always)]
-pub fn f32_of(x: u32) -> f32 {
-    f32::from_bits(0x3F80_0000 | (x & 0x007F_FFFF)) - 1.0
-}
-
-/// `f16(x)`: uniform in `[0, 1)` from the low 10 bits (the subtraction is exact).
-#[inline(always)]
-pub fn f16_of(x: u32) -> f16 {
-    f16::from_bits(0x3C00 | (x & 0x03FF) as u16) - f16::ONE
-}
-
-/// `bf16(x)`: uniform in `[0, 1)` from the low 7 bits (the subtraction is exact).
-#[inline(always)]
-pub fn bf16_of(x: u32) -> bf16 {
-    bf16::from_bits(0x3F80 | (x & 0x007F) as u16) - bf16::ONE
-}
-
-/// `f64(x0, x1)`: uniform in `[0, 1)` from the low 20 bits of `x0` and all of `x1`.
-#[inline(always)]
-pub fn f64_of(x0: u32, x1: u32) -> f64 {
-    f64::from_bits(0x3FF0_0000_0000_0000 | u64::from(x0 & 0x000F_FFFF) << 32 | u64::from(x1)) - 1.0
-}
 
 /// How many words an output of `n` elements consumes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -7,20 +7,17 @@
 //! Since `f32(x)` is `(x & 0x7FFFFF) / 2^23`, the comparison is the integer one
 //! `(x & 0x7FFFFF) >= ceil(ratio * 2^23)` ([`keep_from`]), which the SIMD loops use.
 
-use core::ops::Mul;
-
 use half::{bf16, f16};
 
-use super::draw::{f32_of, for_each_sub, split, streams, Sink, Words};
+/// The bits of a word that make its float32 uniform.
+pub use super::convert::MANTISSA;
+use super::convert::{dropout_scalar, f32_of, Half};
+use super::draw::{for_each_sub, split, streams, Sink, Words};
 use super::philox::{self, reference as philox_ref, Level, Stores};
-use super::uniform::Half;
 use crate::parallel::Splittable;
 use crate::simd::Isa;
 use crate::stream::Access;
 use crate::{InOut, KernelError, Parallelism};
-
-/// The bits of a word that make its float32 uniform.
-pub const MANTISSA: u32 = 0x007F_FFFF;
 
 /// `ceil(ratio * 2^23)` within `[0, 2^23]`: `f32(x) >= ratio` exactly when
 /// `x & MANTISSA >= keep_from(ratio)`, for any ratio in `[0, 1)` (the scaling is exact).
@@ -263,20 +260,6 @@ fn drop_f64(isa: Isa, words: &[u32], data: InOut<'_, f64>, from: u32, scale: f64
         Isa::Avx512(token) => unsafe { super::x86::dropout_f64_avx512(token, words, data, from, scale) },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx2(_) | Isa::Avx512(_) => unreachable!("SIMD levels are never available off x86_64"),
-    }
-}
-
-/// The portable loop (also the SIMD loops' tails), for float32 and float64 alike.
-pub(crate) fn dropout_scalar<T: Copy + Mul<Output = T> + From<u8>>(
-    words: &[u32],
-    mut data: InOut<'_, T>,
-    from: u32,
-    scale: T,
-) {
-    for (i, &x) in words.iter().enumerate().take(data.len()) {
-        let factor = T::from(u8::from(x & MANTISSA >= from));
-        let v = data.get(i) * scale * factor;
-        data.set(i, v);
     }
 }
 

@@ -3,7 +3,11 @@
 //! distributions drawn from its stream ([`uniform`], [`normal`], [`dropout`], sharing
 //! [`draw`]): element `i` is a pure function of the stream's words, so every level and every
 //! split over threads gives the same result (bit for bit for uniform and dropout).
+//!
+//! Files look only down: `convert.rs` (word-to-float conversions, the portable loops) is
+//! the bottom, `x86.rs` (SIMD loops) sits on it, `draw.rs` on both, the distributions on top.
 
+mod convert;
 pub mod draw;
 pub mod dropout;
 pub mod normal;

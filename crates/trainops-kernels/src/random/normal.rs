@@ -8,9 +8,9 @@
 
 use core::f64::consts::PI;
 
-use super::draw::{f32_of, f64_of, fill_piece, split_out, Output, Words, SUB};
+use super::convert::{f32_of, f64_of, Half};
+use super::draw::{fill_piece, split_out, Output, Words, SUB};
 use super::philox::{self, reference as philox_ref, Level, Stores};
-use super::uniform::Half;
 use crate::Parallelism;
 
 /// `BoxMullerFloat` on words `x0, x1`: `(z0, z1)` in float32.

@@ -6,28 +6,15 @@
 //! Every level gives the bits of [`reference`]: the SIMD loops do the same IEEE operations
 //! (a multiply, then an add: never fused) on the same values.
 
-use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
-use super::draw::{bf16_of, f16_of, f32_of, f64_of, fill_piece, for_each_sub, split_out, Fenced, Output, Words, SUB};
+use super::convert::{
+    bf16_of, convert_f32_scalar, convert_f64_scalar, f16_of, f32_of, f64_of, Bits, Half, BF16_BITS, F16_BITS, F32_BITS,
+};
+use super::draw::{fill_piece, for_each_sub, split_out, Fenced, Output, Words, SUB};
 use super::philox::{self, reference as philox_ref, Level, Stores};
 use crate::simd::Isa;
 use crate::Parallelism;
-
-/// Which bits of a word make a 16-bit or 32-bit uniform, as a float32 mantissa:
-/// `u = bitcast<f32>(0x3F800000 | (x & mask) << shift) - 1`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Bits {
-    pub mask: u32,
-    pub shift: u32,
-}
-
-/// float32: the low 23 bits.
-pub(crate) const F32_BITS: Bits = Bits { mask: 0x007F_FFFF, shift: 0 };
-/// float16: the low 10 bits, at the top of a float32 mantissa.
-pub(crate) const F16_BITS: Bits = Bits { mask: 0x03FF, shift: 13 };
-/// bfloat16: the low 7 bits, at the top of a float32 mantissa.
-pub(crate) const BF16_BITS: Bits = Bits { mask: 0x007F, shift: 16 };
 
 /// Words consumed by an output: one per element, two for double.
 pub fn words_for(out: &Output<'_>) -> usize {
@@ -139,32 +126,6 @@ fn half_piece<H: Half + Default>(
     });
 }
 
-/// float16 and bfloat16: float32 values in and out, round-to-nearest-even.
-pub(crate) trait Half: Copy + Send + Sync {
-    /// `dst[i] = round(src[i])`.
-    fn store(src: &[f32], dst: &mut [Self]);
-    /// `dst[i] = src[i]` widened (exact).
-    fn load(src: &[Self], dst: &mut [f32]);
-}
-
-impl Half for f16 {
-    fn store(src: &[f32], dst: &mut [Self]) {
-        dst.convert_from_f32_slice(src);
-    }
-    fn load(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
-    }
-}
-
-impl Half for bf16 {
-    fn store(src: &[f32], dst: &mut [Self]) {
-        dst.convert_from_f32_slice(src);
-    }
-    fn load(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
-    }
-}
-
 /// `out[i] = u(words[i]) * range + low` in float32.
 pub(crate) fn convert_f32(isa: Isa, words: &[u32], out: &mut [f32], bits: Bits, range: f32, low: f32) {
     debug_assert_eq!(words.len(), out.len());
@@ -194,21 +155,6 @@ pub(crate) fn convert_f64(isa: Isa, words: &[u32], out: &mut [f64], range: f64, 
         Isa::Avx512(token) => unsafe { super::x86::uniform_f64_avx512(token, words, out, range, low) },
         #[cfg(not(target_arch = "x86_64"))]
         Isa::Avx2(_) | Isa::Avx512(_) => unreachable!("SIMD levels are never available off x86_64"),
-    }
-}
-
-/// The portable float32 conversion (also the SIMD loops' tails).
-pub(crate) fn convert_f32_scalar(words: &[u32], out: &mut [f32], bits: Bits, range: f32, low: f32) {
-    for (o, &x) in out.iter_mut().zip(words) {
-        let u = f32::from_bits(0x3F80_0000 | (x & bits.mask) << bits.shift) - 1.0;
-        *o = u * range + low;
-    }
-}
-
-/// The portable float64 conversion (also the SIMD loops' tails).
-pub(crate) fn convert_f64_scalar(words: &[u32], out: &mut [f64], range: f64, low: f64) {
-    for (o, x) in out.iter_mut().zip(words.chunks_exact(2)) {
-        *o = f64_of(x[0], x[1]) * range + low;
     }
 }
 

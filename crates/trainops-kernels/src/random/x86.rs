@@ -5,8 +5,7 @@
 
 use std::arch::x86_64::*;
 
-use super::dropout::{dropout_scalar, MANTISSA};
-use super::uniform::{convert_f32_scalar, convert_f64_scalar, Bits};
+use super::convert::{convert_f32_scalar, convert_f64_scalar, dropout_scalar, Bits, MANTISSA};
 use crate::simd::{Avx2, Avx512};
 use crate::InOut;
 

@@ -4,6 +4,7 @@ use core::ffi::{c_char, c_int};
 use std::any::Any;
 use std::ffi::{CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
 
 use ort_sys as sys;
 
@@ -11,6 +12,20 @@ use crate::error::{Error, Result};
 
 /// The C API version trainops is built against: ONNX Runtime 1.17.
 pub const API_VERSION: u32 = 17;
+
+static GLOBAL: OnceLock<Api> = OnceLock::new();
+
+/// Records the API table of the runtime that loaded the library (registration and the
+/// plugin EP's entry both call it; the first table wins).
+pub fn set_global(api: Api) {
+    let _ = GLOBAL.set(api);
+}
+
+/// The API table of the runtime that loaded the library, once registration ran (for
+/// callbacks that get no context to read it from, such as shape inference).
+pub fn global() -> Option<Api> {
+    GLOBAL.get().copied()
+}
 
 /// ONNX Runtime's API table, valid while the runtime is loaded (it outlives every session
 /// and therefore every call into this library).

@@ -9,6 +9,7 @@ use std::ffi::CStr;
 use ort_sys as sys;
 
 use super::api::{boundary, guard, API_VERSION};
+use super::device::DeviceStep;
 use super::{Api, Context, KernelInfo, ShapeInfer};
 use crate::error::Result;
 use crate::ffi::tensor::DType;
@@ -79,7 +80,7 @@ pub trait OpSpec: Sync + 'static {
     /// How a node of this op runs on a CUDA device: the kernel of `trainops_cuda::PTX` and its
     /// per-call coefficients, or `None` when the op has no CUDA kernel (its nodes then stay on
     /// the CPU). Reads the node's attributes as [`OpSpec::create`] does.
-    fn device_step(&'static self, _info: &KernelInfo<'_>) -> Result<Option<super::ep::cuda::DeviceStep>> {
+    fn device_step(&'static self, _info: &KernelInfo<'_>) -> Result<Option<DeviceStep>> {
         Ok(None)
     }
     /// The op name as `&str`, for messages.
@@ -339,7 +340,7 @@ unsafe extern "system" fn infer_shape(
     op: *const sys::OrtCustomOp,
     ctx: *mut sys::OrtShapeInferContext,
 ) -> sys::OrtStatusPtr {
-    let Some(api) = super::register::api() else {
+    let Some(api) = super::api::global() else {
         return sys::OrtStatusPtr::default();
     };
     // SAFETY: the runtime passes back the pointer we registered.

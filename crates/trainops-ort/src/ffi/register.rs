@@ -3,12 +3,13 @@
 //! domains and their ops for as long as any session lives, so they are never freed).
 
 use std::ffi::CStr;
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use ort_sys as sys;
 
 use super::api::{boundary, new_status, API_VERSION};
-use super::op::Placement;
+use super::device::{cuda_requested, DeviceTable};
+use super::op::{DeviceKernels, Placement};
 use super::{Api, OpDescriptor, OpSpec};
 use crate::error::{Error, Result};
 
@@ -43,25 +44,13 @@ fn at_least(version: &str, (major, minor): (u32, u32)) -> bool {
     }
 }
 
-static API: OnceLock<Api> = OnceLock::new();
 static DOMAINS: Mutex<Option<Domains>> = Mutex::new(None);
-
-/// Records the runtime's API table (the plugin EP's entry, which does not go through
-/// [`register_custom_ops`]).
-pub fn set_api(api: Api) {
-    let _ = API.set(api);
-}
-
-/// The API table of the runtime that loaded the library, once registration ran.
-pub fn api() -> Option<Api> {
-    API.get().copied()
-}
 
 fn create_domains(
     api: Api,
     catalogue: Vec<Domain>,
     typed_inference: bool,
-    cuda: Option<super::ep::DeviceTable>,
+    cuda: Option<(DeviceTable, &'static dyn DeviceKernels)>,
 ) -> Result<Domains> {
     let raw = api.raw();
     let mut made = Vec::new();
@@ -74,12 +63,11 @@ fn create_domains(
         for spec in ops {
             let mut descriptors = vec![OpDescriptor::leak(spec, typed_inference)];
             // Door 3: the same op for ONNX Runtime's CUDA execution provider, when asked for.
-            if let Some(support) = cuda.and_then(|table| table(name, spec.name())).filter(|s| s.cuda) {
-                let placement = Placement::Device {
-                    ep: c"CUDAExecutionProvider",
-                    host_inputs: support.host_inputs,
-                    kernel: &super::ep::cuda::CUDA_EP_KERNELS,
-                };
+            if let Some((support, kernel)) =
+                cuda.and_then(|(table, kernel)| Some((table(name, spec.name())?, kernel))).filter(|(s, _)| s.cuda)
+            {
+                let placement =
+                    Placement::Device { ep: c"CUDAExecutionProvider", host_inputs: support.host_inputs, kernel };
                 descriptors.push(OpDescriptor::leak_placed(spec, placement, typed_inference));
             }
             for op in descriptors {
@@ -97,12 +85,12 @@ fn add_domains(
     api: Api,
     catalogue: fn() -> Vec<Domain>,
     typed_inference: bool,
-    cuda: super::ep::DeviceTable,
+    cuda: (DeviceTable, &'static dyn DeviceKernels),
 ) -> Result<()> {
-    let _ = API.set(api);
+    super::api::set_global(api);
     let mut guard = DOMAINS.lock().unwrap_or_else(|p| p.into_inner());
     if guard.is_none() {
-        let cuda = super::ep::cuda::requested().then_some(cuda);
+        let cuda = cuda_requested().then_some(cuda);
         *guard = Some(create_domains(api, catalogue(), typed_inference, cuda)?);
     }
     let domains = guard.as_ref().map(|d| d.0.clone()).unwrap_or_default();
@@ -116,7 +104,8 @@ fn add_domains(
 
 /// The body of `RegisterCustomOps`: registers every domain of `catalogue` (called once per
 /// process) on `options`, inside the panic boundary. With `TRAINOPS_CUDA=1` the ops `cuda`
-/// marks as having a CUDA kernel are also registered for `CUDAExecutionProvider`.
+/// marks as having a CUDA kernel are also registered for `CUDAExecutionProvider`, their
+/// device kernels made by `cuda_kernels` (the caller's: this module knows nothing of the EP).
 ///
 /// Returns an error status (never aborts) when the runtime is older than 1.17, when an
 /// argument is null, or when the runtime refuses a domain (for instance when the library is
@@ -129,7 +118,8 @@ pub unsafe fn register_custom_ops(
     options: *mut sys::OrtSessionOptions,
     api_base: *const sys::OrtApiBase,
     catalogue: fn() -> Vec<Domain>,
-    cuda: super::ep::DeviceTable,
+    cuda: DeviceTable,
+    cuda_kernels: &'static dyn DeviceKernels,
 ) -> sys::OrtStatusPtr {
     if api_base.is_null() {
         // No API to make an error status with; the runtime never passes null, so this only
@@ -170,7 +160,7 @@ pub unsafe fn register_custom_ops(
                 what: "RegisterCustomOps called with null SessionOptions".into(),
             });
         }
-        match add_domains(options, api, catalogue, typed_inference, cuda) {
+        match add_domains(options, api, catalogue, typed_inference, (cuda, cuda_kernels)) {
             Ok(()) => sys::OrtStatusPtr::default(),
             Err(e) => api.status(&e),
         }

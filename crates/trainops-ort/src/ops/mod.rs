@@ -12,7 +12,7 @@ pub mod random;
 
 use core::ffi::CStr;
 
-use crate::ffi::ep::DeviceSupport;
+use crate::ffi::device::DeviceSupport;
 use crate::ffi::{DType, Domain, OpSpec};
 use crate::ops::optim::layout::Layout;
 
@@ -35,7 +35,7 @@ pub fn catalogue() -> Vec<Domain> {
             ]
             .into_iter()
             // PhiloxUniform and PhiloxNormal, once per output type (see `distributions`).
-            .chain(random::distributions::DIST_OPS.iter().map(|op| *op as &'static dyn OpSpec))
+            .chain(random::distributions::DIST_OPS.iter().copied())
             .collect(),
         },
         Domain { name: c"com.trainops.bench", ops: ops(&[&bench::MEMORY_CEILING]) },

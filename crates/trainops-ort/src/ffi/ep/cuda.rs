@@ -12,23 +12,12 @@
 
 use core::ffi::c_void;
 
-use super::super::{Context, Kernel, OpSpec};
+/// The step type, re-exported where the op modules first found it.
+pub use super::super::device::DeviceStep;
+use super::super::op::DeviceKernels;
+use super::super::{Context, Kernel, KernelInfo, OpSpec};
 use crate::error::{Error, Result};
 use crate::ffi::tensor::{DType, Tensor};
-
-/// Per-call kernel arguments after the tensors: float coefficients, then an optional int.
-pub type CoeffFn = Box<dyn Fn(f64, i64) -> (Vec<f32>, Option<i32>) + Send + Sync>;
-
-/// How a node runs on a CUDA device.
-pub struct DeviceStep {
-    /// Entry point in `trainops_cuda::PTX`, e.g. `trainops_adam_f32`.
-    pub kernel: &'static str,
-    /// The op's streams, weights first (`N`: 3 for Adam).
-    pub streams: usize,
-    /// The coefficients of one call with learning rate `r` and update count `t`, in the
-    /// kernel's argument order.
-    pub coeffs: CoeffFn,
-}
 
 /// Where kernels are launched.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -162,8 +151,8 @@ impl Kernel for CudaOptimizer {
 /// provider's compute stream.
 pub struct CudaEpKernels;
 
-impl super::super::op::DeviceKernels for CudaEpKernels {
-    fn create(&self, spec: &'static dyn OpSpec, info: &super::super::KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
+impl DeviceKernels for CudaEpKernels {
+    fn create(&self, spec: &'static dyn OpSpec, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
         match spec.device_step(info)? {
             Some(step) => Ok(Box::new(CudaOptimizer::new(spec, step, StreamFrom::ComputeStream))),
             None => Err(Error::Runtime {
@@ -178,8 +167,26 @@ impl super::super::op::DeviceKernels for CudaEpKernels {
 /// The one instance.
 pub static CUDA_EP_KERNELS: CudaEpKernels = CudaEpKernels;
 
-/// Whether this process asked for the CUDA kernels (`TRAINOPS_CUDA=1`): opt-in until they are
-/// verified on a GPU.
-pub fn requested() -> bool {
-    std::env::var("TRAINOPS_CUDA").as_deref() == Ok("1")
+/// Device kernels of CUDA mode: the op's CUDA kernel, launched on the default stream and
+/// synchronised (the plugin EP is not stream aware).
+struct CudaKernels;
+
+impl DeviceKernels for CudaKernels {
+    fn create(&self, spec: &'static dyn OpSpec, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
+        match spec.device_step(info)? {
+            Some(step) => Ok(Box::new(CudaOptimizer::new(spec, step, StreamFrom::DefaultSynchronised))),
+            None => Err(Error::Runtime {
+                op: spec.op(),
+                call: "TrainopsExecutionProvider",
+                message: "this op has no CUDA kernel yet; its nodes belong on the CPU".into(),
+            }),
+        }
+    }
+}
+
+static CUDA_KERNELS: CudaKernels = CudaKernels;
+
+/// The device kernels of CUDA mode.
+pub fn cuda_kernels() -> &'static dyn DeviceKernels {
+    &CUDA_KERNELS
 }

@@ -8,33 +8,10 @@ use std::sync::OnceLock;
 use ort_sys as sys;
 
 use super::abi::{self, EpFactory, Opaque};
-use super::{bump, c_str, memory, Backend, Plugin, COUNTERS, EP_NAME, FAKE_KERNELS};
+use super::{bump, c_str, cuda, memory, Backend, Device, Factory, Plugin, COUNTERS, EP_NAME, FAKE_KERNELS};
 use crate::ffi::api::boundary;
 use crate::ffi::op::{DeviceKernels, OpDescriptor, Placement};
 use crate::ffi::{Api, DType};
-
-/// The factory: the C struct first, then what its callbacks need.
-#[repr(C)]
-pub struct Factory {
-    base: EpFactory,
-    plugin: &'static Plugin,
-    /// One memory info per offered device (by ordinal), made on first listing, kept for the
-    /// factory's life (allocators hand them out).
-    devices: OnceLock<Vec<Device>>,
-}
-
-/// One offered device.
-pub struct Device {
-    /// The hardware device ORT discovered, or one we created.
-    pub hardware: *const Opaque,
-    /// Its memory, as `CreateMemoryInfo_V2` made it.
-    pub memory: *mut sys::OrtMemoryInfo,
-}
-
-// SAFETY: the runtime's objects are immutable once made and shared by the runtime itself.
-unsafe impl Send for Device {}
-// SAFETY: as above.
-unsafe impl Sync for Device {}
 
 /// The EP of one session.
 #[repr(C)]
@@ -52,7 +29,7 @@ unsafe impl Sync for Domains {}
 static DOMAINS: OnceLock<std::result::Result<Domains, String>> = OnceLock::new();
 
 /// # Safety
-/// `this` is a pointer [`Factory::leak`] returned.
+/// `this` is a pointer [`leak`] returned.
 unsafe fn factory<'a>(this: *const EpFactory) -> &'a Factory {
     // SAFETY: `base` is the first field of the `#[repr(C)]` Factory.
     unsafe { &*this.cast::<Factory>() }
@@ -82,52 +59,40 @@ unsafe extern "system" fn get_version(_this: *const EpFactory) -> *const c_char 
     VERSION.as_ptr()
 }
 
-impl Factory {
-    /// A new factory, owned by the runtime until `ReleaseEpFactory`.
-    pub fn leak(plugin: &'static Plugin, version: u32) -> *mut EpFactory {
-        let base = EpFactory {
-            ort_version_supported: version,
-            get_name,
-            get_vendor,
-            get_supported_devices,
-            create_ep,
-            release_ep,
-            get_vendor_id,
-            get_version,
-            validate_compiled_model: None,
-            create_allocator: memory::create_allocator,
-            release_allocator: memory::release_allocator,
-            create_data_transfer: memory::create_data_transfer,
-            is_stream_aware,
-            create_sync_stream,
-            get_incompatibility_details,
-            create_external_resource_importer,
-            get_num_custom_op_domains,
-            get_custom_op_domains,
-        };
-        Box::into_raw(Box::new(Factory { base, plugin, devices: OnceLock::new() })).cast()
-    }
+/// A new factory, owned by the runtime until `ReleaseEpFactory`.
+pub fn leak(plugin: &'static Plugin, version: u32) -> *mut EpFactory {
+    let base = EpFactory {
+        ort_version_supported: version,
+        get_name,
+        get_vendor,
+        get_supported_devices,
+        create_ep,
+        release_ep,
+        get_vendor_id,
+        get_version,
+        validate_compiled_model: None,
+        create_allocator: memory::create_allocator,
+        release_allocator: memory::release_allocator,
+        create_data_transfer: memory::create_data_transfer,
+        is_stream_aware,
+        create_sync_stream,
+        get_incompatibility_details,
+        create_external_resource_importer,
+        get_num_custom_op_domains,
+        get_custom_op_domains,
+    };
+    Box::into_raw(Box::new(Factory { base, plugin, devices: OnceLock::new() })).cast()
+}
 
-    /// Frees a factory [`Self::leak`] made.
-    ///
-    /// # Safety
-    /// `this` is null or from [`Self::leak`], released once.
-    pub unsafe fn release(this: *mut EpFactory) {
-        if !this.is_null() {
-            // SAFETY: the caller's contract; memory infos and hardware devices stay alive
-            // (allocators of live sessions may still hand them out).
-            drop(unsafe { Box::from_raw(this.cast::<Factory>()) });
-        }
-    }
-
-    /// The devices offered, by ordinal (empty before the first listing).
-    pub fn devices(&self) -> &[Device] {
-        self.devices.get().map_or(&[], Vec::as_slice)
-    }
-
-    /// The plugin state.
-    pub fn plugin(&self) -> &'static Plugin {
-        self.plugin
+/// Frees a factory [`leak`] made.
+///
+/// # Safety
+/// `this` is null or from [`leak`], released once.
+pub unsafe fn release(this: *mut EpFactory) {
+    if !this.is_null() {
+        // SAFETY: the caller's contract; memory infos and hardware devices stay alive
+        // (allocators of live sessions may still hand them out).
+        drop(unsafe { Box::from_raw(this.cast::<Factory>()) });
     }
 }
 
@@ -351,7 +316,7 @@ fn domains(p: &'static Plugin) -> crate::error::Result<&'static [*mut sys::OrtCu
     let made = DOMAINS.get_or_init(|| {
         let raw = p.api.raw();
         let kernels: &'static dyn DeviceKernels = match p.backend {
-            Some(Backend::Cuda { .. }) => crate::ffi::ep::memory::cuda_kernels(),
+            Some(Backend::Cuda { .. }) => cuda::cuda_kernels(),
             _ => &FAKE_KERNELS,
         };
         let mut list = Vec::new();

@@ -10,13 +10,11 @@ use std::alloc::Layout;
 use ort_sys as sys;
 
 use super::abi::{self, DataTransfer, EpFactory, Opaque};
-use super::factory::Factory;
-use super::{bump, Backend, Plugin, COUNTERS};
+use super::{bump, Backend, Factory, Plugin, COUNTERS};
 use crate::error::{Error, Result};
 use crate::ffi::api::{boundary, guard};
-use crate::ffi::op::DeviceKernels;
 use crate::ffi::tensor::elem_size;
-use crate::ffi::{DType, Kernel, KernelInfo, OpSpec};
+use crate::ffi::DType;
 
 /// Alignment of every device allocation.
 const ALIGN: usize = 256;
@@ -313,30 +311,4 @@ unsafe extern "system" fn copy_tensors(
         }
         Ok(())
     })
-}
-
-/// Device kernels of CUDA mode: the op's CUDA kernel, launched on the default stream and
-/// synchronised (the plugin EP is not stream aware).
-struct CudaKernels;
-
-impl DeviceKernels for CudaKernels {
-    fn create(&self, spec: &'static dyn OpSpec, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
-        match spec.device_step(info)? {
-            Some(step) => {
-                Ok(Box::new(super::cuda::CudaOptimizer::new(spec, step, super::cuda::StreamFrom::DefaultSynchronised)))
-            }
-            None => Err(Error::Runtime {
-                op: spec.op(),
-                call: "TrainopsExecutionProvider",
-                message: "this op has no CUDA kernel yet; its nodes belong on the CPU".into(),
-            }),
-        }
-    }
-}
-
-static CUDA_KERNELS: CudaKernels = CudaKernels;
-
-/// The device kernels of CUDA mode.
-pub fn cuda_kernels() -> &'static dyn DeviceKernels {
-    &CUDA_KERNELS
 }

@@ -21,27 +21,12 @@ use std::sync::OnceLock;
 use ort_sys as sys;
 
 use super::api::{boundary, new_status};
-use super::{Api, DType, Domain, OpSpec};
-use abi::{ApiExt, EpApi, EP_API_VERSION};
+pub use super::device::{DeviceSupport, DeviceTable};
+use super::{Api, Domain, OpSpec};
+use abi::{ApiExt, EpApi, EpFactory, Opaque, EP_API_VERSION};
 
 /// The provider's name, as `ort.get_ep_devices()` lists it.
 pub const EP_NAME: &CStr = c"TrainopsExecutionProvider";
-
-/// What the device kernels of an op accept: the formal inputs kept in host memory, and the
-/// element types its device inputs may have (a node with another type is left to the CPU).
-#[derive(Clone, Copy, Debug)]
-pub struct DeviceSupport {
-    /// Formal inputs declared `OrtMemTypeCPUInput` (R, T, shapes).
-    pub host_inputs: &'static [usize],
-    /// Element types the device kernels take for every other input.
-    pub types: &'static [DType],
-    /// Whether its CUDA kernel is wired (`OpSpec::device_step`); in CUDA mode the EP claims,
-    /// and the `CUDAExecutionProvider` registration covers, only these ops.
-    pub cuda: bool,
-}
-
-/// Which ops have device kernels: `(domain, op) -> support`, `None` for CPU-only ops.
-pub type DeviceTable = fn(&CStr, &CStr) -> Option<DeviceSupport>;
 
 /// How the "device" is driven.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -72,6 +57,41 @@ unsafe impl Send for Plugin {}
 unsafe impl Sync for Plugin {}
 
 static PLUGIN: OnceLock<Plugin> = OnceLock::new();
+
+/// The factory: the C struct first, then what its callbacks need.
+#[repr(C)]
+pub struct Factory {
+    base: EpFactory,
+    plugin: &'static Plugin,
+    /// One memory info per offered device (by ordinal), made on first listing, kept for the
+    /// factory's life (allocators hand them out).
+    devices: OnceLock<Vec<Device>>,
+}
+
+/// One offered device.
+pub struct Device {
+    /// The hardware device ORT discovered, or one we created.
+    pub hardware: *const Opaque,
+    /// Its memory, as `CreateMemoryInfo_V2` made it.
+    pub memory: *mut sys::OrtMemoryInfo,
+}
+
+// SAFETY: the runtime's objects are immutable once made and shared by the runtime itself.
+unsafe impl Send for Device {}
+// SAFETY: as above.
+unsafe impl Sync for Device {}
+
+impl Factory {
+    /// The devices offered, by ordinal (empty before the first listing).
+    pub fn devices(&self) -> &[Device] {
+        self.devices.get().map_or(&[], Vec::as_slice)
+    }
+
+    /// The plugin state.
+    pub fn plugin(&self) -> &'static Plugin {
+        self.plugin
+    }
+}
 
 /// Counters of what the plugin EP did, for tests and benchmarks (`trainops_ep_counters`).
 pub struct Counters {
@@ -198,13 +218,13 @@ pub unsafe fn create_factories(
             let ext = unsafe { ApiExt::read(table_ptr) };
             // SAFETY: GetEpApi returns the runtime's static EP API table of this version.
             let ep_api = unsafe { &*(ext.get_ep_api)() };
-            super::register::set_api(api);
+            super::api::set_global(api);
             Plugin { api, ext, ep_api, backend: pick_backend(), catalogue, table }
         });
         if max_factories == 0 || factories.is_null() {
             return sys::OrtStatusPtr::default();
         }
-        let factory = factory::Factory::leak(plugin, api_version);
+        let factory = factory::leak(plugin, api_version);
         // SAFETY: the runtime's array has at least one slot; it hands the factory back to
         // `ReleaseEpFactory`.
         unsafe {
@@ -223,7 +243,7 @@ pub unsafe fn release_factory(factory: *mut abi::EpFactory) -> sys::OrtStatusPtr
     let api = PLUGIN.get().map(|p| p.api);
     boundary(api, "TrainopsExecutionProvider", || {
         // SAFETY: the caller's contract.
-        unsafe { factory::Factory::release(factory) };
+        unsafe { factory::release(factory) };
         sys::OrtStatusPtr::default()
     })
 }

@@ -10,7 +10,7 @@ use trainops_kernels::optim::adam::Adam;
 use trainops_kernels::optim::momentum::{Momentum, MomentumMode};
 use trainops_kernels::optim::Optimizer;
 
-use crate::ffi::ep::cuda::DeviceStep;
+use crate::ffi::device::DeviceStep;
 
 /// An optimizer's CUDA kernel, if it has one.
 pub trait OnDevice<const N: usize>: Optimizer<N> {

@@ -40,7 +40,7 @@ impl<O: Optimizer<N> + device::OnDevice<N>, const N: usize> OpSpec for Optimizer
         &self.signature
     }
 
-    fn device_step(&'static self, info: &KernelInfo<'_>) -> Result<Option<crate::ffi::ep::cuda::DeviceStep>> {
+    fn device_step(&'static self, info: &KernelInfo<'_>) -> Result<Option<crate::ffi::device::DeviceStep>> {
         Ok(O::device(&(self.attrs)(info)?))
     }
 

@@ -92,9 +92,65 @@ dist_ops! {
     NORMAL_BF16, NORMAL_BF16_SIG, c"PhiloxNormal", Normal, BFloat16;
 }
 
-/// Every registration of the two ops, for the catalogue.
-pub static DIST_OPS: [&DistOp; 8] =
-    [&UNIFORM_F32, &UNIFORM_F64, &UNIFORM_F16, &UNIFORM_BF16, &NORMAL_F32, &NORMAL_F64, &NORMAL_F16, &NORMAL_BF16];
+/// The last registration of each op: an output of any type, so that a node whose `dtype` is
+/// none of the four (with its output declared of that type) still finds a kernel, whose
+/// creation fails naming the attribute, instead of ONNX Runtime's "Type (tensor(int32)) of
+/// output arg ... does not match expected type". Registered after the four, so a node of a
+/// valid type always gets its own kernel first.
+pub struct BadDtype {
+    signature: &'static Signature,
+}
+
+static UNIFORM_ANY_SIG: Signature = Signature {
+    name: c"PhiloxUniform",
+    inputs: &DIST_INPUTS,
+    outputs: &[Formal::One(None), Formal::Optional(Some(DType::Uint32))],
+};
+static NORMAL_ANY_SIG: Signature = Signature {
+    name: c"PhiloxNormal",
+    inputs: &DIST_INPUTS,
+    outputs: &[Formal::One(None), Formal::Optional(Some(DType::Uint32))],
+};
+/// `PhiloxUniform` of an output type it does not produce.
+pub static UNIFORM_ANY: BadDtype = BadDtype { signature: &UNIFORM_ANY_SIG };
+/// `PhiloxNormal` of an output type it does not produce.
+pub static NORMAL_ANY: BadDtype = BadDtype { signature: &NORMAL_ANY_SIG };
+
+impl OpSpec for BadDtype {
+    fn signature(&self) -> &Signature {
+        self.signature
+    }
+
+    fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
+        let op = self.op();
+        let dtype = dtype_attr(info, op)?;
+        let what = format!("{} does not match the type of the node's output", dtype.name());
+        Err(Error::Attribute { op, name: "dtype", what })
+    }
+
+    fn infers_output_types(&self) -> bool {
+        true
+    }
+
+    fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
+        infer_dist(self.op(), ctx)
+    }
+}
+
+/// Every registration of the two ops, for the catalogue: the four output types of each, then
+/// its [`BadDtype`].
+pub static DIST_OPS: [&dyn OpSpec; 10] = [
+    &UNIFORM_F32,
+    &UNIFORM_F64,
+    &UNIFORM_F16,
+    &UNIFORM_BF16,
+    &UNIFORM_ANY,
+    &NORMAL_F32,
+    &NORMAL_F64,
+    &NORMAL_F16,
+    &NORMAL_BF16,
+    &NORMAL_ANY,
+];
 
 /// The longest `shape` input whose length shape inference turns into the output's rank.
 const MAX_INFERRED_RANK: i64 = 1024;
@@ -107,8 +163,13 @@ fn infer_dist(op: &'static str, ctx: &mut ShapeInfer<'_>) -> Result<()> {
         11 => DType::Double,
         10 => DType::Float16,
         16 => DType::BFloat16,
-        // Left to kernel creation, which names the attribute in its error.
-        _ => return Ok(()),
+        // Any other value: the output's element type is set to "undefined", which ONNX Runtime
+        // takes as "not inferred" and so keeps the type the model declares (float, int32, ...):
+        // the node then reaches the kernel of that type, or [`BadDtype`] for a type no kernel
+        // produces, and kernel creation names the attribute. (Leaving the type unset instead
+        // lets the runtime type the output like the first registration, float, and fail with
+        // "Type (tensor(int32)) of output arg ... does not match expected type".)
+        _ => DType::Other(0),
     };
     let dims: Option<Vec<Option<i64>>> = match ctx.attr_i64s(c"shape") {
         Some(d) => Some(d.into_iter().map(Some).collect()),
