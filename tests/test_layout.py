@@ -10,8 +10,9 @@
   ``api.rs``, not to ``mod.rs``. Declaring ``mod child;`` is not an edge by itself.
   Comments (doc links included) and string literals are not code. Other crates and
   ``std`` are outside the graph (Cargo already forbids cycles between crates).
-- Python: every module of ``python/trainops`` is at most 400 lines, except
-  ``autodiff/rules.py`` (the gradient rule table: one rule per op, one place).
+- Python: every module of ``python/trainops`` is at most 400 lines, except the gradient
+  rule table (``autodiff/rules.py`` and the family modules that register into its one
+  ``RULES`` table, ``autodiff/rules_*.py``: one rule per op).
 - Python: no import cycle between modules of ``trainops`` through MODULE-LEVEL imports
   (those run when the module is imported, including under ``if``/``try`` at top level).
   Imports inside functions are left out: they run late, after every module is loaded, and
@@ -33,6 +34,7 @@ CRATES = ROOT / "crates"
 PACKAGE = ROOT / "python" / "trainops"
 MAX_LINES = 400
 SIZE_EXEMPT = {"autodiff/rules.py"}
+SIZE_EXEMPT_GLOB = "autodiff/rules_*.py"  # families of the same table
 
 # ---------------------------------------------------------------------------------------------
 # Rust: module tree, use declarations, path references
@@ -386,7 +388,8 @@ def test_python_modules_are_at_most_400_lines():
     for path in _package_files():
         rel = path.relative_to(PACKAGE).as_posix()
         n = len(path.read_text().splitlines())
-        if rel not in SIZE_EXEMPT and n > MAX_LINES:
+        exempt = rel in SIZE_EXEMPT or Path(rel).match(SIZE_EXEMPT_GLOB)
+        if not exempt and n > MAX_LINES:
             too_long[rel] = n
     assert not too_long, f"modules of python/trainops over {MAX_LINES} lines (split them): {too_long}"
 
