@@ -5,12 +5,15 @@
   stock ONNX Runtime runs it.
 - :func:`build_backward` emits the backward nodes of one target for the Trainer.
 - :data:`RULES` maps each supported op type to its gradient (VJP) rule; an op on the path
-  without one is a :class:`GradientError` naming the op type and the node.
+  without one is a :class:`GradientError` naming the op type and the node. The rules live
+  in ``rules.py`` and, by family, in ``rules_*.py`` modules that register into the same
+  table when this package is imported.
 """
 
 from .backward import build_backward, expand_gradients, infer, toposort
 from .graph import Builder, GradientError
 from .rules import RULES
+from . import rules_elementwise  # noqa: F401,E402 - registers its rules into RULES
 
 __all__ = ["expand_gradients", "build_backward", "GradientError", "RULES", "Builder",
            "infer", "toposort"]

@@ -1,0 +1,272 @@
+"""Gradient rules added for issue 23 (the rules_*.py modules of trainops.autodiff) against
+central finite differences of the forward graph run in plain onnxruntime (float64 where
+onnxruntime has the kernels, else float32), and against analytic float64 numpy where the
+derivative is a convention (ties, kinks). Each op runs at opset 13 and at the newest opset
+both onnx and onnxruntime know (plus older opsets where the op changed); a case whose opset
+the installed runtime lacks skips and says why. Every expanded model passes onnx.checker
+(inside ``check``)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper
+from onnxruntime.capi import _pybind_state as ort_c
+
+from helpers.gradcheck import check, make_model, session
+from trainops.autodiff import RULES, GradientError, expand_gradients
+from trainops.onnx_defs import TRAINING_DOMAIN
+
+rng = np.random.default_rng(23)
+
+
+def _cpu_kernels() -> dict[str, list[tuple[int, int]]]:
+    out: dict[str, list[tuple[int, int]]] = {}
+    for k in ort_c.get_all_opkernel_def():
+        if k.domain in ("", "ai.onnx") and k.provider == "CPUExecutionProvider":
+            out.setdefault(k.op_name, []).append(tuple(k.version_range))
+    return out
+
+
+KERNELS = _cpu_kernels()
+RUNTIME_OPSET = max(lo for ranges in KERNELS.values() for lo, _ in ranges)
+NEWEST = min(onnx.defs.onnx_opset_version(), RUNTIME_OPSET)
+OPSETS = sorted({13, NEWEST})
+
+
+def at(op: str, opset: int) -> int:
+    """``opset``, or skip when onnx or onnxruntime cannot run ``op`` there."""
+    if opset > onnx.defs.onnx_opset_version():
+        pytest.skip(f"onnx {onnx.__version__} knows opsets up to {onnx.defs.onnx_opset_version()}")
+    if opset > RUNTIME_OPSET:
+        pytest.skip(f"onnxruntime {ort.__version__} runs opsets up to {RUNTIME_OPSET}")
+    try:
+        schema = onnx.defs.get_schema(op, opset)
+    except onnx.defs.SchemaError:
+        pytest.skip(f"{op} does not exist at opset {opset}")
+    since = schema.since_version
+    if any(lo <= since <= hi for lo, hi in KERNELS.get(op, [])):
+        return opset
+    if schema.has_function or schema.has_context_dependent_function:
+        return opset  # onnxruntime inlines the function body
+    pytest.skip(f"onnxruntime {ort.__version__} has no CPU kernel for {op}-{since}")
+
+
+def r(*shape, lo=None):
+    a = rng.standard_normal(shape)
+    return np.abs(a) + lo if lo is not None else a
+
+
+def avoiding(a, points, margin=0.05):
+    """``a`` with values within ``margin`` of a kink in ``points`` moved off it."""
+    a = np.array(a, dtype=np.float64)
+    for p in points:
+        near = np.abs(a - p) < margin
+        a[near] = p + np.where(a[near] >= p, 2, -2) * margin
+    return a
+
+
+def distinct(*shape, scale=0.37):
+    """No two elements equal (no ties for Max/Min/TopK), spread around zero."""
+    n = int(np.prod(shape))
+    return (rng.permutation(n) - n / 2).reshape(shape) * scale + 0.01
+
+
+def node(op, ins, outs=("y",), **kw):
+    return helper.make_node(op, list(ins), list(outs), **kw)
+
+
+def backward_grads(nodes, feeds: dict, wrt: list[str], R, opset: int, out: str = "y",
+                   dtype=np.float64):
+    """The expanded gradient of ``sum(out * R)`` (float feeds cast to ``dtype``), run in
+    onnxruntime."""
+    feeds = {k: v.astype(dtype) if v.dtype.kind == "f" else v for k, v in feeds.items()}
+    ttype = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
+    vis = [helper.make_tensor_value_info(k, helper.np_dtype_to_tensor_dtype(v.dtype),
+                                         list(v.shape)) for k, v in feeds.items()]
+    tail = [node("Mul", [out, "R"], ["yR"]), node("ReduceSum", ["yR"], ["loss"], keepdims=0),
+            helper.make_node("Gradient", wrt, [f"d_{x}" for x in wrt], domain=TRAINING_DOMAIN,
+                             xs=wrt, y="loss")]
+    outs = [helper.make_tensor_value_info(f"d_{x}", ttype, list(feeds[x].shape))
+            for x in wrt]
+    init = [onnx.numpy_helper.from_array(np.asarray(R, dtype), "R")]
+    m = expand_gradients(make_model(list(nodes) + tail, vis, outs, init, opset))
+    onnx.checker.check_model(m)
+    return session(m).run([f"d_{x}" for x in wrt], feeds)
+
+
+# --- variadic elementwise ------------------------------------------------------------
+
+VARIADIC_SHAPES = [[(2, 3, 4)], [(2, 3, 4), (3, 1), (4,)], [(3, 1), (1, 4)], [(2, 3), (2, 3)]]
+
+
+@pytest.mark.parametrize("shapes", VARIADIC_SHAPES, ids=str)
+@pytest.mark.parametrize("op", ["Sum", "Mean", "Max", "Min"])
+@pytest.mark.parametrize("opset", OPSETS + [9])  # broadcasting since 8; the seed needs 9
+def test_variadic(op, shapes, opset):
+    at(op, opset)
+    names = [f"x{i}" for i in range(len(shapes))]
+    ins = {n: distinct(*s) + 0.05 * i for i, (n, s) in enumerate(zip(names, shapes))}
+    check([node(op, names)], ins, names, opset=opset)
+
+
+def test_variadic_symbolic_dims():
+    check([node("Max", ["a", "b"])], {"a": distinct(3, 4), "b": distinct(1, 4) + 0.01},
+          ["a", "b"], symbolic={"a": ["N", 4], "b": [None, 4]})
+
+
+@pytest.mark.parametrize("op", ["Max", "Min"])
+def test_max_min_ties_split_evenly(op):
+    """Where k inputs tie for the extremum each gets dy/k (torch.maximum's convention for
+    two inputs, extended to k); the others get 0."""
+    a = np.array([[1.0, 2.0, 3.0], [0.5, -1.0, 4.0]])
+    b = np.array([1.0, 5.0, -3.0])           # ties a[0, 0] (both the max and the min there)
+    c = np.array([[1.0, 2.0, 3.0], [0.5, -1.0, 4.0]])  # ties a everywhere
+    R = r(2, 3)
+    got = backward_grads([node(op, ["a", "b", "c"])], {"a": a, "b": b, "c": c}, ["a", "b", "c"],
+                         R, 17)
+    stack = np.broadcast_arrays(a, b, c)
+    y = np.max(stack, 0) if op == "Max" else np.min(stack, 0)
+    masks = [(s == y).astype(np.float64) for s in stack]
+    count = sum(masks)
+    want = [m * R / count for m in masks]
+    np.testing.assert_allclose(got[0], want[0])
+    np.testing.assert_allclose(got[1], want[1].sum(0))
+    np.testing.assert_allclose(got[2], want[2])
+
+
+# --- Clip ----------------------------------------------------------------------------------
+
+CLIP_CASES = [("lo", "hi"), ("lo", ""), ("", "hi"), ("", "")]
+
+
+@pytest.mark.parametrize("bounds", CLIP_CASES, ids=str)
+@pytest.mark.parametrize("opset", OPSETS + [11, 12])
+def test_clip_inputs(bounds, opset):
+    at("Clip", opset)
+    x = avoiding(r(3, 4) * 1.5, [-0.5, 0.7])
+    ins = {"x": x}
+    wrt = ["x"]
+    for name, v in zip(bounds, [-0.5, 0.7]):
+        if name:
+            ins[name] = np.array(v)
+            wrt.append(name)
+    names = ["x", bounds[0], bounds[1]]
+    while names and not names[-1]:
+        names.pop()
+    check([node("Clip", names)], ins, wrt, opset=opset)
+
+
+def test_clip_min_above_max_gives_everything_to_max():
+    x = r(2, 3)
+    check([node("Clip", ["x", "lo", "hi"])], {"x": x, "lo": np.array(0.5), "hi": np.array(-0.5)},
+          ["x", "lo", "hi"])
+
+
+@pytest.mark.parametrize("attrs", [dict(min=-0.5, max=0.7), dict(min=-0.5), dict(max=0.7), {}],
+                         ids=str)
+def test_clip_attributes_before_opset11(attrs):
+    at("Clip", 10)  # Clip-6 (attributes); the backward's ConstantOfShape needs opset >= 9
+    check([node("Clip", ["x"], **attrs)], {"x": avoiding(r(3, 4) * 1.5, [-0.5, 0.7])}, ["x"],
+          opset=10)
+
+
+def test_clip_boundaries_are_inside():
+    """x == min or x == max: x gets dy (PyTorch's clamp), the bound gets none."""
+    x = np.array([-0.5, -0.2, 0.7, 0.9, -1.0])
+    R = r(5)
+    gx, glo, ghi = backward_grads([node("Clip", ["x", "lo", "hi"])],
+                                  {"x": x, "lo": np.array(-0.5), "hi": np.array(0.7)},
+                                  ["x", "lo", "hi"], R, 13)
+    np.testing.assert_allclose(gx, R * np.array([1, 1, 1, 0, 0]))
+    np.testing.assert_allclose(glo, R[4])
+    np.testing.assert_allclose(ghi, R[3])
+
+
+# --- activations ----------------------------------------------------------------------------
+
+ACTIVATIONS = [
+    ("HardSigmoid", {}, [-2.5, 2.5]),
+    ("HardSigmoid", dict(alpha=0.3, beta=0.4), [-0.4 / 0.3, 0.6 / 0.3]),
+    ("HardSwish", {}, [-3.0, 3.0]),
+    ("Softplus", {}, []),
+    ("Elu", {}, [0.0]),
+    ("Elu", dict(alpha=0.7), [0.0]),
+    ("Selu", {}, [0.0]),
+    ("Selu", dict(alpha=1.2, gamma=0.9), [0.0]),
+    ("Celu", {}, [0.0]),
+    ("Celu", dict(alpha=1.5), [0.0]),
+    ("Mish", {}, []),
+    ("Sin", {}, []),
+    ("Cos", {}, []),
+]
+
+
+@pytest.mark.parametrize("op,kw,kinks", ACTIVATIONS, ids=lambda v: str(v))
+@pytest.mark.parametrize("opset", OPSETS)
+def test_activation(op, kw, kinks, opset):
+    opset = max(opset, onnx.defs.get_schema(op).since_version if op in ("HardSwish", "Mish") else 0)
+    at(op, opset)
+    x = avoiding(r(3, 5) * 2.5, kinks, margin=0.1)
+    check([node(op, ["x"], **kw)], {"x": x}, ["x"], opset=opset)
+
+
+@pytest.mark.parametrize("slope_shape", [(4,), (3, 1), (1,), (2, 3, 4), (1, 1, 1)], ids=str)
+@pytest.mark.parametrize("opset", OPSETS + [9])
+def test_prelu(slope_shape, opset):
+    at("PRelu", opset)
+    check([node("PRelu", ["x", "s"])], {"x": avoiding(r(2, 3, 4), [0.0]),
+                                        "s": r(*slope_shape) * 0.5},
+          ["x", "s"], opset=opset)
+
+
+def test_activation_kinks_take_pytorchs_branch():
+    """At the kinks: HardSwish is x/3 + 1/2 on [-3, 3] (so 1.5 at 3, -0.5 at -3), 0 below,
+    1 above; HardSigmoid 0 at the ends; Elu/Celu/PRelu use the negative branch at 0."""
+    x = np.array([-3.0, 3.0, -3.5, 3.5, 0.0])
+    R = np.ones(5)
+    f32 = dict(dtype=np.float32)  # onnxruntime has float kernels only for these
+    (g,) = backward_grads([node("HardSwish", ["x"])], {"x": x}, ["x"], R, at("HardSwish", 14),
+                          **f32)
+    np.testing.assert_allclose(g, [-0.5, 1.5, 0.0, 1.0, 0.5], rtol=1e-6)
+    (g,) = backward_grads([node("HardSigmoid", ["x"])], {"x": np.array([-2.5, 2.5, 0.0])},
+                          ["x"], np.ones(3), 13, **f32)
+    np.testing.assert_allclose(g, [0.0, 0.0, 0.2], rtol=1e-6)
+    (g,) = backward_grads([node("Elu", ["x"], alpha=0.7)], {"x": np.array([0.0])}, ["x"],
+                          np.ones(1), 13, **f32)
+    np.testing.assert_allclose(g, [0.7], rtol=1e-6)
+    (g,) = backward_grads([node("Celu", ["x"], alpha=0.7)], {"x": np.array([0.0])}, ["x"],
+                          np.ones(1), 13, **f32)
+    np.testing.assert_allclose(g, [1.0], rtol=1e-6)
+    g, gs = backward_grads([node("PRelu", ["x", "s"])], {"x": np.array([0.0, 1.0]),
+                                                          "s": np.array([0.25])},
+                           ["x", "s"], np.ones(2), 13, **f32)
+    np.testing.assert_allclose(g, [0.25, 1.0])
+    np.testing.assert_allclose(gs, [0.0])
+
+
+@pytest.mark.parametrize("op", ["Floor", "Ceil", "Round", "Sign"])
+@pytest.mark.parametrize("opset", OPSETS)
+def test_piecewise_constant_ops_pass_no_gradient(op, opset):
+    at(op, opset)
+    x = avoiding(r(3, 4) * 3, list(np.arange(-10, 11) * 0.5), margin=0.05)
+    # y = x * op(x): d/dx = op(x) (the op's own derivative is 0 off its steps)
+    check([node(op, ["x"], ["t"]), node("Mul", ["x", "t"])], {"x": x}, ["x"], opset=opset)
+    check([node(op, ["x"])], {"x": x}, ["x"], opset=opset)
+
+
+# --- the table --------------------------------------------------------------------------
+
+TESTED_HERE = {"Sum", "Mean", "Max", "Min", "Clip", "HardSigmoid", "HardSwish", "Softplus", "Elu",
+               "Selu", "Celu", "PRelu", "Mish", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign"}
+
+
+def test_every_rule_of_the_rules_modules_is_tested_here():
+    mine = {op for op, fn in RULES.items() if fn.__module__.split(".")[-1].startswith("rules_")
+            and fn.__module__.split(".")[-1] in MODULES}
+    assert mine == TESTED_HERE
+
+
+MODULES = {"rules_elementwise"}
