@@ -14,7 +14,8 @@ from .backward import build_backward, expand_gradients, infer, toposort
 from .graph import Builder, GradientError
 from .rules import RULES
 # the rules_*.py modules register their rules into RULES
-from . import rules_elementwise, rules_nn, rules_reduce, rules_tensor  # noqa: F401,E402
+from . import (rules_elementwise, rules_nn, rules_reduce, rules_resize,  # noqa: F401,E402
+               rules_tensor)
 
 __all__ = ["expand_gradients", "build_backward", "GradientError", "RULES", "Builder",
            "infer", "toposort"]
