@@ -307,8 +307,8 @@ def test_reduce_noop_with_empty_axes(op):
     at(op, 18)
     n = node(op, ["x"], keepdims=0, noop_with_empty_axes=1)
     vi = helper.make_tensor_value_info
-    probe = make_model([n], [vi("x", TensorProto.FLOAT, [3, 4])], [vi("y", TensorProto.FLOAT, None)],
-                       opset=18)
+    probe = make_model([n], [vi("x", TensorProto.FLOAT, [3, 4])],
+                       [vi("y", TensorProto.FLOAT, None)], opset=18)
     try:
         session(probe).run(["y"], {"x": np.ones((3, 4), np.float32)})
     except Exception as exc:  # noqa: BLE001 - onnxruntime 1.17 reduces all axes and fails
@@ -558,7 +558,8 @@ CONV_T_CASES = [
     dict(x=(2, 3, 3, 4), w=(3, 2, 3, 3), kw={}),
     dict(x=(1, 2, 3, 3), w=(2, 3, 3, 2), kw=dict(strides=[2, 2], pads=[1, 0, 0, 1])),
     dict(x=(1, 2, 3, 4), w=(2, 2, 2, 3), kw=dict(strides=[2, 3], output_padding=[1, 2])),
-    dict(x=(1, 2, 4, 3), w=(2, 1, 2, 2), kw=dict(dilations=[2, 1], strides=[1, 2], pads=[1, 1, 0, 0])),
+    dict(x=(1, 2, 4, 3), w=(2, 1, 2, 2),
+         kw=dict(dilations=[2, 1], strides=[1, 2], pads=[1, 1, 0, 0])),
     dict(x=(2, 4, 3, 3), w=(4, 3, 3, 3), kw=dict(group=2, strides=[2, 1], pads=[1, 1, 1, 1])),
     dict(x=(1, 3, 3, 2), w=(3, 1, 2, 2), kw=dict(group=3, auto_pad="VALID", strides=[2, 2])),
     dict(x=(2, 2, 5), w=(2, 3, 3), kw=dict(strides=[2], pads=[2, 1], dilations=[2])),
@@ -566,11 +567,13 @@ CONV_T_CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CONV_T_CASES, ids=lambda c: "x{}w{}{}".format(c["x"], c["w"], c["kw"]))
+@pytest.mark.parametrize("case", CONV_T_CASES,
+                         ids=lambda c: "x{}w{}{}".format(c["x"], c["w"], c["kw"]))
 @pytest.mark.parametrize("opset", OPSETS)
 def test_conv_transpose(case, opset):
     at("ConvTranspose", opset)
-    ins = {"x": r(*case["x"]), "w": r(*case["w"]), "b": r(case["w"][1] * case["kw"].get("group", 1))}
+    c_out = case["w"][1] * case["kw"].get("group", 1)
+    ins = {"x": r(*case["x"]), "w": r(*case["w"]), "b": r(c_out)}
     check([node("ConvTranspose", ["x", "w", "b"], **case["kw"])], ins, ["x", "w", "b"],
           opset=opset)
 
@@ -673,7 +676,8 @@ def _check_resize(n, consts, opset, shape=(1, 2, 5, 6), symbolic=None):
           symbolic=symbolic or {})
 
 
-@pytest.mark.parametrize("nearest_mode", ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
+@pytest.mark.parametrize("nearest_mode",
+                         ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"])
 @pytest.mark.parametrize("ctm", CTMS + ["tf_half_pixel_for_nn"])
 @pytest.mark.parametrize("scales", RESIZE_SCALES, ids=str)
 @pytest.mark.parametrize("opset", OPSETS)
@@ -776,11 +780,12 @@ def test_resize_dynamic_resized_axis_is_a_clear_error():
     m.graph.input[0].type.tensor_type.shape.dim[2].dim_param = "H"
     m.graph.initializer.append(onnx.numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32),
                                                             "sc"))
-    with pytest.raises(GradientError, match=r"Resize node 'up': the gradient needs the input's axis 2"):
+    with pytest.raises(GradientError, match=r"Resize node 'up': .* the input's axis 2"):
         expand_gradients(m)
 
 # --- the table --------------------------------------------------------------------------
 
+MODULES = {"rules_elementwise", "rules_nn", "rules_reduce", "rules_resize", "rules_tensor"}
 TESTED_HERE = {"Sum", "Mean", "Max", "Min", "Clip", "HardSigmoid", "HardSwish", "Softplus", "Elu",
                "Selu", "Celu", "PRelu", "Mish", "Sin", "Cos", "Floor", "Ceil", "Round", "Sign",
                "ReduceMax", "ReduceMin", "ReduceL2", "ReduceLogSumExp", "CumSum", "TopK",
@@ -788,10 +793,6 @@ TESTED_HERE = {"Sum", "Mean", "Max", "Min", "Clip", "HardSigmoid", "HardSwish", 
                "ConvTranspose", "LRN", "InstanceNormalization", "GroupNormalization", "Resize"}
 
 
-def test_every_rule_of_the_rules_modules_is_tested_here():
-    mine = {op for op, fn in RULES.items() if fn.__module__.split(".")[-1].startswith("rules_")
-            and fn.__module__.split(".")[-1] in MODULES}
+def test_every_rule_of_these_modules_is_tested_here():
+    mine = {op for op, fn in RULES.items() if fn.__module__.rsplit(".", 1)[-1] in MODULES}
     assert mine == TESTED_HERE
-
-
-MODULES = {"rules_elementwise", "rules_nn", "rules_reduce", "rules_resize", "rules_tensor"}

@@ -25,7 +25,7 @@ def sum_(c: Ctx):
 @rule("Mean")
 def mean(c: Ctx):
     n = len(c.node.input)
-    g = c.gy if n == 1 else c.b.op("Div", [c.gy, c.b.scalar(float(n), c.y)])
+    g = c.gy if n == 1 else c.b.op("Div", [c.gy, c.b.scalar(float(n), c.x(0))])
     return [c.unb(g, i) if c.need(i) else None for i in range(n)]
 
 
@@ -39,7 +39,7 @@ def extremum(c: Ctx):
     y = c.y
     # x_i == y without Equal (floats need opset 11): y is the max, so x_i >= y says it.
     beaten = "Less" if c.node.op_type == "Max" else "Greater"
-    masks = [b.op("Cast", [b.op("Not", [b.op(beaten, [x, y])])], to=b.dtype(y))
+    masks = [b.op("Cast", [b.op("Not", [b.op(beaten, [x, y])])], to=b.dtype(c.x(0)))
              for x in c.node.input]
     share = b.op("Div", [c.gy, b.op("Sum", masks)])
     return [c.unb(b.op("Mul", [share, m]), i) if c.need(i) else None
@@ -131,7 +131,7 @@ def softplus(c: Ctx):
 def elu(c: Ctx):
     b = c.b
     alpha = float(c.attr("alpha", 1.0))
-    neg = b.op("Mul", [c.gy, b.op("Add", [c.y, b.scalar(alpha, c.y)])])  # alpha e^x
+    neg = b.op("Mul", [c.gy, b.op("Add", [c.y, b.scalar(alpha, c.x(0))])])  # alpha e^x
     return [_where_pos(c, c.gy, neg)]
 
 
@@ -140,8 +140,8 @@ def selu(c: Ctx):
     b = c.b
     alpha = float(c.attr("alpha", 1.67326319217681884765625))
     gamma = float(c.attr("gamma", 1.05070102214813232421875))
-    pos = b.op("Mul", [c.gy, b.scalar(gamma, c.y)])
-    neg = b.op("Mul", [c.gy, b.op("Add", [c.y, b.scalar(gamma * alpha, c.y)])])
+    pos = b.op("Mul", [c.gy, b.scalar(gamma, c.x(0))])
+    neg = b.op("Mul", [c.gy, b.op("Add", [c.y, b.scalar(gamma * alpha, c.x(0))])])
     return [_where_pos(c, pos, neg)]
 
 

@@ -110,12 +110,14 @@ def pad(c: Ctx):
     r = c.rank(x)
     pads = _pad_amounts(c, r)
     dims = b.shape(x)
-    limit = {"edge": 0, "reflect": 1, "wrap": 0}[mode]
-    per_axis = pads is not None and dims is not None and b.opset >= 10 and all(
-        p >= 0 for p in pads) and all(
-        (pads[a] == 0 and pads[r + a] == 0) or (
-            isinstance(dims[a], int) and dims[a] >= 1 and max(pads[a], pads[r + a]) <= dims[a] - limit)
-        for a in range(r))
+    limit = {"edge": 0, "reflect": 1, "wrap": 0}[mode]  # how far one copy reaches: n - limit
+
+    def fits(a: int) -> bool:
+        lo, hi = pads[a], pads[r + a]
+        return (lo == 0 and hi == 0) or (
+            isinstance(dims[a], int) and dims[a] >= 1 and max(lo, hi) <= dims[a] - limit)
+    per_axis = pads is not None and dims is not None and b.opset >= 10 and \
+        min(pads) >= 0 and all(fits(a) for a in range(r))
     if per_axis:
         g = c.gy
         for a in range(r):
