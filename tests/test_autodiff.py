@@ -403,8 +403,8 @@ def test_every_rule_is_tested():
               "Expand", "Where", "ReduceSum", "ReduceMean", "Conv", "MaxPool", "AveragePool",
               "GlobalAveragePool", "BatchNormalization", "LayerNormalization",
               "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss", "Dropout"}
-    tested |= {"RNN", "GRU", "LSTM"}  # in tests/test_autodiff_rnn.py
-    assert set(RULES) == tested
+    # the rules_*.py modules' rules are tested in test_autodiff_rules2.py
+    assert {op for op, fn in RULES.items() if fn.__module__.endswith(".rules")} == tested
 
 
 def _gradient_model(nodes, inputs, xs, y="y", opset=17):
@@ -416,14 +416,14 @@ def _gradient_model(nodes, inputs, xs, y="y", opset=17):
 
 
 def test_unsupported_op_names_op_and_node():
-    m = _gradient_model([node("Sin", ["x"], ["s"], name="my_sin"), node("Exp", ["s"])],
+    m = _gradient_model([node("Acos", ["x"], ["s"], name="my_acos"), node("Exp", ["s"])],
                         {"x": np.zeros(3, np.float32)}, ["x"])
-    with pytest.raises(GradientError, match=r"Sin node 'my_sin'.*op type 'Sin'"):
+    with pytest.raises(GradientError, match=r"Acos node 'my_acos'.*op type 'Acos'"):
         expand_gradients(m)
 
 
 def test_unsupported_op_off_the_path_is_fine():
-    m = _gradient_model([node("Sin", ["z"], ["s"], name="my_sin"), node("Add", ["x", "s"])],
+    m = _gradient_model([node("Acos", ["z"], ["s"], name="my_acos"), node("Add", ["x", "s"])],
                         {"x": np.zeros(3, np.float32), "z": np.zeros(3, np.float32)}, ["x"])
     out = session(expand_gradients(m)).run(["d_x"], {"x": np.ones(3, np.float32),
                                                      "z": np.ones(3, np.float32)})[0]

@@ -5,14 +5,17 @@
   stock ONNX Runtime runs it.
 - :func:`build_backward` emits the backward nodes of one target for the Trainer.
 - :data:`RULES` maps each supported op type to its gradient (VJP) rule; an op on the path
-  without one is a :class:`GradientError` naming the op type and the node. ``rules.py``
-  holds most rules; ``rules_rnn.py`` (RNN, GRU, LSTM) registers into the same table.
+  without one is a :class:`GradientError` naming the op type and the node. The rules live
+  in ``rules.py`` and, by family, in ``rules_*.py`` modules (``rules_rnn.py``: RNN, GRU,
+  LSTM) that register into the same table when this package is imported.
 """
 
 from .backward import build_backward, expand_gradients, infer, toposort
 from .graph import Builder, GradientError
 from .rules import RULES
-from . import rules_rnn  # noqa: F401,E402 - registers RNN, GRU and LSTM into RULES
+# the rules_*.py modules register their rules into RULES
+from . import (rules_elementwise, rules_nn, rules_reduce, rules_resize,  # noqa: F401,E402
+               rules_rnn, rules_tensor)
 
 __all__ = ["expand_gradients", "build_backward", "GradientError", "RULES", "Builder",
            "infer", "toposort"]
