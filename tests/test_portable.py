@@ -454,3 +454,90 @@ def test_untyped_input_and_bad_attribute_are_clear_errors():
         rewrite(m)
     with pytest.raises(ExpansionError, match="'mode'"):
         rewrite(momentum_model(1, F32, alpha=0.9, beta=0.1, mode="heavy", norm_coefficient=0.0))
+
+
+# --- PhiloxDropout as Dropout with a seed -----------------------------------------------
+
+def dropout_model(dtype, shape, ratio=True, training=True):
+    inputs = [("data", dtype, shape), ("ratio", F32, ()), ("training_mode", np.bool_, ()),
+              ("state", np.uint32, (6,))]
+    outputs = [("output", dtype, shape), ("mask", np.bool_, shape), ("state_out", np.uint32, (6,))]
+    model = node_model("PhiloxDropout", inputs, outputs, domain=TRAINOPS_DOMAIN)
+    node = model.graph.node[0]
+    for k, keep in ((2, training), (1, ratio)):
+        if not keep:
+            node.input[k] = ""
+            del model.graph.input[k]
+    return model
+
+
+STATES = [np.array([0, 0, 0, 0, 7, 9], np.uint32),
+          np.array([0xFFFFFFF0, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 1, 2], np.uint32),  # wraps
+          np.array([0xFFFFFFFF, 5, 0xFFFFFFFF, 3, 0xDEADBEEF, 0xCAFEF00D], np.uint32)]
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, F16, BF16])
+@pytest.mark.parametrize("shape", [(0,), (1,), (7,), (3, 333)])
+def test_dropout_state_advances_as_philox_dropout_does(make_session, rng, dtype, shape):
+    """state_out (in place) has the fused op's bits after every step, in training mode and
+    out of it; the output is ``data * scale * keep`` (within 1 ulp where kept) (IEEE: -0 for a dropped negative),
+    ``scale = 1 / (1 - ratio)`` in the data's precision (float32 for 16-bit data)."""
+    model = dropout_model(dtype, shape)
+    data = spiky(rng, shape, dtype)
+    data = np.where(np.abs(data.astype(F64)) > 1e4, 1, data.astype(F64)).astype(dtype)
+    for state in STATES:
+        def feeds(step):
+            return {"data": data, "ratio": np.array(0.3, np.float32),
+                    "training_mode": np.array(step % 3 != 2)}
+
+        portable = rewrite(model)
+        assert_standard_only(portable)
+        fused = InPlace(make_session(model), {"state": state}, {"state_out": "state"})
+        plain = InPlace(plain_session(portable), {"state": state}, {"state_out": "state"})
+        for step in range(12):
+            want, got = fused.step(feeds(step)), plain.step(feeds(step))
+            assert_same_bits("state", plain.state["state"], fused.state["state"], step)
+            if step % 3 == 2:  # not training: the data, all kept, both
+                for name in ("output", "mask"):
+                    assert_same_bits(name, got[name], want[name], step)
+                continue
+            wide = F64 if dtype == F64 else F32
+            scale = wide.type(1) / (wide.type(1) - wide.type(np.float32(0.3)))
+            expect = (data.astype(wide) * scale * got["mask"].astype(wide)).astype(dtype)
+            out = got["output"]
+            assert out.dtype == expect.dtype and out.shape == expect.shape
+            dropped = ~got["mask"]
+            assert_same_bits("dropped", out[dropped], expect[dropped], step)
+            # Kept: onnxruntime's Dropout scales in its own order (within 1 ulp).
+            with np.errstate(over="ignore"):  # ulp_distance's int64 sign mask
+                assert np.all(ulp_distance(out[~dropped], expect[~dropped]) <= 1), step
+        counter = int.from_bytes(state[:4].astype("<u4").tobytes(), "little")
+        words = -(-data.size // 4) * sum(s % 3 != 2 for s in range(12))
+        new = plain.state["state"]
+        assert int.from_bytes(new[:4].astype("<u4").tobytes(), "little") == (counter + words) % 2**128
+        assert list(new[4:]) == list(state[4:])
+
+
+def test_dropout_masks_repeat_per_session_and_keep_about_one_minus_ratio(rng):
+    model = rewrite(dropout_model(F32, (4000,)))
+    feeds = {"data": np.ones(4000, F32), "ratio": np.array(0.25, F32),
+             "training_mode": np.array(True), "state": STATES[0]}
+    a, b = plain_session(model), plain_session(model)
+    masks_a = [a.run(None, feeds)[1] for _ in range(3)]
+    masks_b = [b.run(None, feeds)[1] for _ in range(3)]
+    for ma, mb in zip(masks_a, masks_b):
+        assert np.array_equal(ma, mb)  # run k of any session of the model: the same mask
+        assert abs(ma.mean() - 0.75) < 0.03
+    assert not np.array_equal(masks_a[0], masks_a[1])  # each run draws anew
+    other = plain_session(rewrite(dropout_model(F32, (4000,)), dropout_seed=1)).run(None, feeds)[1]
+    assert not np.array_equal(other, masks_a[0])
+
+
+def test_dropout_without_ratio_or_training_mode_is_the_identity(make_session, rng):
+    model = dropout_model(F32, (5, 7), ratio=False, training=False)
+    portable = rewrite(model)
+    assert_standard_only(portable)
+    feeds = {"data": spiky(rng, (5, 7), F32), "state": STATES[1]}
+    for name, g, w in zip(["output", "mask", "state_out"], plain_session(portable).run(None, feeds),
+                          make_session(model).run(None, feeds)):
+        assert_same_bits(name, g, w, 0)

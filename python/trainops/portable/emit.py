@@ -79,9 +79,11 @@ def float_attrs(node, defaults: Mapping[str, float | None]) -> dict[str, float]:
 class Emitter:
     """Builds one expansion. ``types`` maps value names to ONNX element types (at least
     the node's inputs); ``taken`` is the set of names already used in the graph (names
-    made here are added to it)."""
+    made here are added to it); ``sqrt`` and ``dropout_seed`` are the rewrite's options."""
 
-    def __init__(self, node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact"):
+    def __init__(self, node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact",
+                 dropout_seed: int = 0):
+        self.dropout_seed = int(dropout_seed)
         if sqrt not in SQRT_MODES:
             raise ValueError(f"sqrt: expected one of {', '.join(SQRT_MODES)}, got {sqrt!r}")
         self.sqrt_mode = sqrt

@@ -43,12 +43,12 @@ def nonfinite_count(e: Emitter, values: list[str]) -> str:
     return counts[0] if len(counts) == 1 else e.op("Sum", *counts, hint="count")
 
 
-def mixed_precision_adam(node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact") -> Expansion:
+def mixed_precision_adam(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
     """``com.trainops::MixedPrecisionAdam``: ``g = G / loss_scale`` in float32; ``finite``
     when every such g is finite; then (an ``If`` on ``finite``) Adam on g, or every output
     a copy of its input; ``X_copy = Cast(X_new, copy_dtype)`` when ``copy_dtype`` is 10
     or 16."""
-    e = Emitter(node, types, taken, sqrt)
+    e = Emitter(node, types, taken, **options)
     a = float_attrs(node, ADAM_DEFAULTS)
     copy_dtype = _int_attr(e, "copy_dtype", 0)
     if copy_dtype not in _COPY_TYPES:
@@ -99,12 +99,12 @@ def mixed_precision_adam(node, types: Mapping[str, int], taken: set[str], sqrt: 
     return e.finish()
 
 
-def dynamic_loss_scale(node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact") -> Expansion:
+def dynamic_loss_scale(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
     """``com.trainops::DynamicLossScale``: finite: ``good_steps + 1 == growth_interval`` ?
     (``scale * growth_factor`` if finite else ``scale``, 0) : (``scale``, ``good_steps + 1``);
     not finite: (``max(scale * backoff_factor, min_scale)``, 0). The count saturates at
     the int64 maximum; outputs keep the shapes of ``scale`` and ``good_steps``."""
-    e = Emitter(node, types, taken, sqrt)
+    e = Emitter(node, types, taken, **options)
     if len(node.input) != 3 or len(node.output) != 2:
         raise ExpansionError(e.where("expected 3 inputs (scale, good_steps, finite) and 2 "
                                      f"outputs, got {len(node.input)} and {len(node.output)}"))
@@ -143,10 +143,10 @@ def dynamic_loss_scale(node, types: Mapping[str, int], taken: set[str], sqrt: st
     return e.finish()
 
 
-def all_finite(node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact") -> Expansion:
+def all_finite(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
     """``com.trainops::AllFinite``: a bool scalar, true when every element of every input
     (float, double, float16, bfloat16; 16-bit ones widened to float32 first) is finite."""
-    e = Emitter(node, types, taken, sqrt)
+    e = Emitter(node, types, taken, **options)
     if len(node.input) < 1 or len(node.output) != 1:
         raise ExpansionError(e.where("expected at least 1 input and 1 output"))
     values = []

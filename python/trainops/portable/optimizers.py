@@ -127,9 +127,9 @@ class _Rates:
         return self.cache[c]
 
 
-def adam(node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact") -> Expansion:
+def adam(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
     """``ai.onnx.preview.training::Adam`` (all attributes, any number of tensors)."""
-    e = Emitter(node, types, taken, sqrt)
+    e = Emitter(node, types, taken, **options)
     a = float_attrs(node, ADAM_DEFAULTS)
     n, (xs, gs, vs, hs), (xo, vo, ho) = split_groups(e, ["R", "T"], "XGVH", 3)
     rates = _Rates(e, adam_rate(e, a["alpha"], a["beta"]))
@@ -143,10 +143,10 @@ def adam(node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact") -
     return e.finish()
 
 
-def adagrad(node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact") -> Expansion:
+def adagrad(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
     """``ai.onnx.preview.training::Adagrad``: ``r = R / (1 + T * decay_factor)`` in
     float64, then ``g = norm * x + g; h' = h + g * g; x' = x - (r * g) / (sqrt(h') + eps)``."""
-    e = Emitter(node, types, taken, sqrt)
+    e = Emitter(node, types, taken, **options)
     a = float_attrs(node, ADAGRAD_DEFAULTS)
     n, (xs, gs, hs), (xo, ho) = split_groups(e, ["R", "T"], "XGH", 2)
     rd, _, td = _rate_inputs(e)
@@ -167,13 +167,13 @@ def adagrad(node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact"
     return e.finish()
 
 
-def momentum(node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact") -> Expansion:
+def momentum(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
     """``ai.onnx.preview.training::Momentum``, ``mode`` standard or nesterov:
     ``g = norm * x + g; v' = alpha * v + beta' * g`` (``beta' = T > 0 ? beta : 1``), then
     ``x' = x - R * v'`` or ``x' = x - R * (g + alpha * v')``."""
     from onnx import AttributeProto
 
-    e = Emitter(node, types, taken, sqrt)
+    e = Emitter(node, types, taken, **options)
     a = float_attrs(node, MOMENTUM_ATTRS)
     modes = [x for x in node.attribute if x.name == "mode"]
     if not modes or modes[0].type != AttributeProto.STRING:
@@ -208,7 +208,7 @@ def momentum(node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact
     return e.finish()
 
 
-def adamw(node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact") -> Expansion:
+def adamw(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
     """``com.trainops::AdamW`` as PyTorch's ``torch.optim.AdamW`` computes it (single
     tensor, CPU): inputs ``R, T, X..., G..., V... (exp_avg), H... (exp_avg_sq)``, outputs
     ``X_new..., V_new..., H_new...``; attributes ``alpha`` (beta1), ``beta`` (beta2),
@@ -225,7 +225,7 @@ def adamw(node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact") 
     """
     import numpy as np
 
-    e = Emitter(node, types, taken, sqrt)
+    e = Emitter(node, types, taken, **options)
     a = float_attrs(node, ADAMW_DEFAULTS)
     n, (xs, gs, vs, hs), (xo, vo, ho) = split_groups(e, ["R", "T"], "XGVH", 3)
     rd, _, td = _rate_inputs(e)

@@ -13,6 +13,7 @@ from typing import Any, Callable, Mapping, Optional
 
 from ..onnx_defs import ONNX_OPSET, TRAINING_DOMAIN, TRAINOPS_DOMAIN
 from .emit import BOOL, FLOAT, INT64, Expansion, ExpansionError
+from .dropout import philox_dropout
 from .mixed import all_finite, dynamic_loss_scale, mixed_precision_adam
 from .optimizers import adagrad, adam, adamw, momentum
 
@@ -29,6 +30,7 @@ EXPANSIONS: dict[tuple[str, str], Expand] = {
     (TRAINOPS_DOMAIN, "MixedPrecisionAdam"): mixed_precision_adam,
     (TRAINOPS_DOMAIN, "DynamicLossScale"): dynamic_loss_scale,
     (TRAINOPS_DOMAIN, "AllFinite"): all_finite,
+    (TRAINOPS_DOMAIN, "PhiloxDropout"): philox_dropout,
 }
 
 # The expansions use Cast to bfloat16, Reshape to rank 0, ReduceSum without axes, IsInf.
@@ -62,8 +64,12 @@ def value_types(model) -> dict[str, int]:
 def _output_types(node, types: dict[str, int]) -> None:
     """Records the element types of a replaced node's outputs, for the nodes after it."""
     op, ins, outs = node.op_type, list(node.input), list(node.output)
-    if op in ("AllFinite",):
+    if op == "AllFinite":
         types[outs[0]] = BOOL
+    elif op == "PhiloxDropout":
+        types[outs[0]] = types.get(ins[0], FLOAT)
+        for name, elem in zip(outs[1:], (BOOL, 12)):  # mask, state_out (uint32)
+            types[name] = elem
     elif op == "DynamicLossScale":
         types[outs[0]], types[outs[1]] = FLOAT, INT64
     else:  # optimizers: output groups of the weights' type; MixedPrecisionAdam: flag first
@@ -84,14 +90,17 @@ def custom_nodes(model) -> list:
     return [n for n in model.graph.node if n.domain not in _DEFAULT]
 
 
-def rewrite(model, types: Optional[Mapping[str, int]] = None, sqrt: str = "exact"):
+def rewrite(model, types: Optional[Mapping[str, int]] = None, sqrt: str = "exact",
+            dropout_seed: int = 0):
     """A copy of ``model`` with every node in :data:`EXPANSIONS` replaced by standard ONNX
     ops (see the package docstring). ``types`` adds element types (ONNX enums) for values
     whose type the model does not declare. ``sqrt``: ``"exact"`` (float32 square roots
     through float64, bitwise on any runtime with IEEE doubles) or ``"native"`` (float32
     ``Sqrt``, for EPs without float64; see :meth:`~trainops.portable.emit.Emitter.sqrt`).
-    Nodes of other custom domains (the Philox
-    random ops, for instance) are kept, with their domain's import. Raises
+    ``dropout_seed`` is mixed into the ``seed`` of the ``Dropout`` that replaces each
+    ``PhiloxDropout`` (not bit-exact: see :mod:`trainops.portable.dropout`). Other nodes of
+    custom domains (the Philox random ops, for instance) are kept, with their domain's
+    import. Raises
     :class:`ExpansionError` naming the node for a node it cannot expand, and when the
     model imports a default-domain opset below :data:`MIN_OPSET`."""
     import onnx
@@ -116,7 +125,7 @@ def rewrite(model, types: Optional[Mapping[str, int]] = None, sqrt: str = "exact
             raise ExpansionError(f"{node.op_type} node {node.name!r}: the model imports opset "
                                  f"{default} of the default domain; the expansion needs "
                                  f"{MIN_OPSET} or newer")
-        expansion = expand(node, known, taken, sqrt=sqrt)
+        expansion = expand(node, known, taken, sqrt=sqrt, dropout_seed=dropout_seed)
         nodes.extend(expansion.nodes)
         initializers.extend(expansion.initializers)
         _output_types(node, known)
