@@ -95,6 +95,9 @@ class Emitter:
         self.initializers: list = []
         self._consts: dict[tuple, str] = {}
         self._renames: dict[str, str] = {}
+        self._scalars: dict[str, str] = {}
+        self._ones: dict[int, str] = {}
+        self.ordered_after: list[str] = []  # see after_inputs
         self._count = 0
 
     # -- names -------------------------------------------------------------------------
@@ -161,7 +164,33 @@ class Emitter:
     def scalar(self, name: str) -> str:
         """``name`` (a one-element tensor of any rank) reshaped to rank 0, so it broadcasts
         without changing any other operand's rank."""
-        return self.op("Reshape", name, self.ints([]), hint="scalar")
+        if name not in self._scalars:
+            self._scalars[name] = self.op("Reshape", name, self.ints([]), hint="scalar")
+        return self._scalars[name]
+
+    def ready(self) -> str:
+        """A bool scalar, always true, computed from every name in :attr:`ordered_after`
+        (the node's one-element inputs: ``R``, ``T``, ``loss_scale``), as ``not (s < s)``.
+
+        The fused node reads all its inputs before it writes any output. Its expansion
+        must keep that order for in-place IOBinding: when ``T`` is ``step + 1`` and
+        ``step.new`` (bound to ``step``'s buffer) is computed from one of the node's
+        outputs, every output has to depend on ``T``, or the runtime may overwrite
+        ``step`` before it computes ``T``. Outputs are made to depend on this value."""
+        parts = [self.op("Not", self.op("Less", self.scalar(n), self.scalar(n)))
+                 for n in self.ordered_after]
+        token = parts[0]
+        for p in parts[1:]:
+            token = self.op("And", token, p)
+        return token
+
+    def coefficient(self, value: float, elem: int) -> str:
+        """The constant ``value`` of ``elem`` times a 1.0 computed from :meth:`ready`
+        (the bits of ``value`` unchanged): a coefficient that orders its users after the
+        node's one-element inputs."""
+        if elem not in self._ones:
+            self._ones[elem] = self.op("Cast", self.ready(), to=elem, hint="one")
+        return self.op("Mul", self.const(value, elem), self._ones[elem], hint="k")
 
     def cast(self, name: str, src: int, dst: int) -> str:
         """``name`` converted from ``src`` to ``dst`` (no node when they are equal)."""

@@ -59,6 +59,7 @@ def mixed_precision_adam(node, types: Mapping[str, int], taken: set[str], **opti
     e.elem(node.input[2], "loss_scale", (FLOAT,))
     scale = e.scalar(node.input[2])
     rate = e.cast(adam_rate(e, a["alpha"], a["beta"]), DOUBLE, FLOAT)
+    e.ordered_after = list(node.input[:3])  # R, T, loss_scale: see Emitter.ready
     loaded, unscaled = [], []
     for i in range(n):
         streams = {"X": xs[i], "G": gs[i], "V": vs[i], "H": hs[i]}
@@ -69,7 +70,8 @@ def mixed_precision_adam(node, types: Mapping[str, int], taken: set[str], **opti
         g = e.op("Div", e.cast(gs[i], ge, FLOAT), scale, hint="g")
         loaded.append((xs[i], vs[i], hs[i]))
         unscaled.append(g)
-    finite = e.op("Equal", nonfinite_count(e, unscaled), e.const(0.0, FLOAT), hint="finite")
+    finite = e.op("And", e.op("Equal", nonfinite_count(e, unscaled), e.const(0.0, FLOAT)),
+                  e.ready(), hint="finite")  # after R and T too, as the fused node
     e.output(finite, node.output[0], BOOL, BOOL)
     # The step, or the old values: an If on the scalar flag (Where would turn a kept -0.0
     # into +0.0, see Emitter.select), which also skips the arithmetic of a skipped step.

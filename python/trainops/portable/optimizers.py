@@ -59,6 +59,7 @@ def split_groups(e: Emitter, scalars: list[str], groups: str, out_groups: int,
 def _rate_inputs(e: Emitter) -> tuple[str, str, str]:
     """(R as a float64 scalar, T as an int64 scalar, T as a float64 scalar)."""
     r, t = e.node.input[0], e.node.input[1]
+    e.ordered_after = [r, t]
     re = e.elem(r, "R", (FLOAT, DOUBLE))
     e.elem(t, "T", (INT64,))
     rd = e.cast(e.scalar(r), re, DOUBLE)
@@ -105,7 +106,8 @@ def adam_update(e: Emitter, c: int, a: Mapping[str, float], rate: str, x: str, g
     k = lambda value: e.const(value, c)  # noqa: E731 - a coefficient rounded once to c
     if loss_scale is not None:
         g = e.op("Div", g, loss_scale, hint="g")
-    g = e.op("Add", e.op("Mul", k(a["norm_coefficient"]), x), g, hint="g")
+    # norm * x + g, norm ordered after R and T (every output depends on g; see Emitter.ready)
+    g = e.op("Add", e.op("Mul", e.coefficient(a["norm_coefficient"], c), x), g, hint="g")
     v = e.op("Add", e.op("Mul", k(a["alpha"]), v), e.op("Mul", k(1.0 - a["alpha"]), g), hint="v")
     gg = e.op("Mul", g, g)
     h = e.op("Add", e.op("Mul", k(a["beta"]), h), e.op("Mul", k(1.0 - a["beta"]), gg), hint="h")
@@ -158,7 +160,7 @@ def adagrad(node, types: Mapping[str, int], taken: set[str], **options) -> Expan
         c = compute_type(xe)
         k = lambda value: e.const(value, c)  # noqa: E731
         x, g, h = e.cast(xs[i], xe, c), e.cast(gs[i], ge, c), e.cast(hs[i], xe, c)
-        g = e.op("Add", e.op("Mul", k(a["norm_coefficient"]), x), g, hint="g")
+        g = e.op("Add", e.op("Mul", e.coefficient(a["norm_coefficient"], c), x), g, hint="g")
         h = e.op("Add", h, e.op("Mul", g, g), hint="h")
         step = e.op("Div", e.op("Mul", rates[c], g), e.op("Add", e.sqrt(h, c), k(a["epsilon"])))
         x = e.op("Sub", x, step, hint="x")
@@ -184,6 +186,7 @@ def momentum(node, types: Mapping[str, int], taken: set[str], **options) -> Expa
                                      f"\"nesterov\", got {mode!r}"))
     n, (xs, gs, vs), (xo, vo) = split_groups(e, ["R", "T"], "XGV", 2)
     r, t = node.input[0], node.input[1]
+    e.ordered_after = [r, t]
     re = e.elem(r, "R", (FLOAT, DOUBLE))
     e.elem(t, "T", (INT64,))
     rs, positive = e.scalar(r), e.op("Greater", e.scalar(t), e.const(0, INT64))
@@ -196,7 +199,7 @@ def momentum(node, types: Mapping[str, int], taken: set[str], **options) -> Expa
             coeffs[c] = (e.cast(rs, re, c), e.select(positive, k(a["beta"]), k(1.0), c))
         rate, beta = coeffs[c]
         x, g, v = e.cast(xs[i], xe, c), e.cast(gs[i], ge, c), e.cast(vs[i], xe, c)
-        g = e.op("Add", e.op("Mul", k(a["norm_coefficient"]), x), g, hint="g")
+        g = e.op("Add", e.op("Mul", e.coefficient(a["norm_coefficient"], c), x), g, hint="g")
         v = e.op("Add", e.op("Mul", k(a["alpha"]), v), e.op("Mul", beta, g), hint="v")
         if mode == "standard":
             step = e.op("Mul", rate, v)
@@ -246,12 +249,13 @@ def adamw(node, types: Mapping[str, int], taken: set[str], **options) -> Expansi
                       e.cast(hs[i], xe, c))
         x = e.op("Mul", x, scalars["decay"][c], hint="x")
         diff = e.op("Sub", g, v)
+        # The weights of v and h ordered after R and T (see Emitter.ready).
         if w < 0.5:
-            v = e.op("Add", v, e.op("Mul", k(w), diff), hint="v")
+            v = e.op("Add", v, e.op("Mul", e.coefficient(w, c), diff), hint="v")
         else:
-            v = e.op("Sub", g, e.op("Mul", diff, k(cnp(1) - w)), hint="v")
+            v = e.op("Sub", g, e.op("Mul", diff, e.coefficient(cnp(1) - w, c)), hint="v")
         h = e.op("Add", e.op("Mul", h, k(a["beta"])),
-                 e.op("Mul", e.op("Mul", k(1.0 - a["beta"]), g), g), hint="h")
+                 e.op("Mul", e.op("Mul", e.coefficient(1.0 - a["beta"], c), g), g), hint="h")
         denom = e.op("Add", e.op("Div", e.sqrt(h, c), scalars["bc2"][c]), k(a["epsilon"]))
         x = e.op("Sub", x, e.op("Div", e.op("Mul", scalars["step"][c], v), denom), hint="x")
         for value, out in ((x, xo[i]), (v, vo[i]), (h, ho[i])):
