@@ -255,6 +255,37 @@ def test_native_sqrt_is_bitwise_where_sqrt_rounds_correctly(make_session, rng, d
             assert_same_bits(name, plain.state[name], fused.state[name], step)
 
 
+@pytest.mark.parametrize("make_model,groups", [
+    (lambda s, dt, gdt: adam_model(s, dt, F32, s, g_dtype=gdt, norm_coefficient=0.01), "XVH"),
+    (lambda s, dt, gdt: adagrad_model(s, dt, F32, s, g_dtype=gdt, decay_factor=0.1), "XH"),
+    (lambda s, dt, gdt: momentum_model(s, dt, F32, s, g_dtype=gdt, alpha=0.9, beta=0.9,
+                                       mode="nesterov", norm_coefficient=0.0), "XV"),
+], ids=["adam", "adagrad", "momentum"])
+@pytest.mark.parametrize("dtype,g_dtype", [(F32, F32), (F32, F16)], ids=["f32", "f32-g16"])
+def test_threaded_kernels_and_threaded_runtime_agree(make_session, rng, make_model, groups,
+                                                     dtype, g_dtype):
+    """Tensors large enough for the kernels' threaded chunks (and onnxruntime's), two
+    threads in both sessions."""
+    shapes = [(3 * 65536 + 17,)]
+    model = make_model(shapes, dtype, g_dtype)
+    portable = rewrite(model)
+    state, grads = optimizer_case(rng, groups, dtype, g_dtype, shapes, shapes)
+    pairs = pairs_of(groups, 1)
+    fused = InPlace(make_session(model, threads=2), state, pairs)
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 2
+    plain = InPlace(ort.InferenceSession(portable.SerializeToString(), so,
+                                         providers=["CPUExecutionProvider"]), state, pairs)
+    feeds_of = feeds_for(rng, grads, F32)
+    for step in range(5):
+        fused.step(feeds_of(step))
+        plain.step(feeds_of(step))
+        for name in state:
+            assert_same_bits(name, plain.state[name], fused.state[name], step)
+
+
 @pytest.mark.parametrize("dtype", [F32, F64, F16])
 def test_optimizers_on_non_finite_gradients(make_session, rng, dtype):
     """Inf and NaN gradients: Inf and NaN land in the same places and every other value
@@ -349,6 +380,29 @@ def test_all_finite_bitwise(make_session, rng, dtypes):
         assert got == want, step
         seen.add(bool(want))
     assert seen == {True, False}
+
+
+def test_double_pow_is_the_platform_pow():
+    """The bias corrections rely on onnxruntime's double ``Pow`` being the C library's
+    ``pow`` (what ``f64::powf`` calls; Python's ``math.pow`` calls it too), for the
+    float32-rounded betas and update counts a training run meets."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Pow", ["b", "t"], ["z"])], "g",
+                              [helper.make_tensor_value_info("b", TensorProto.DOUBLE, []),
+                               helper.make_tensor_value_info("t", TensorProto.DOUBLE, [])],
+                              [helper.make_tensor_value_info("z", TensorProto.DOUBLE, [])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    sess = plain_session(model)
+    rng = np.random.default_rng(5)
+    betas = [0.9, 0.99, 0.999, 0.9999, 0.95, 0.5, 0.3] + list(rng.uniform(0, 1, 40))
+    ts = list(range(1, 60)) + list(rng.integers(60, 10 ** 7, 40))
+    for b in betas:
+        b = float(np.float32(b))
+        for t in ts:
+            z = sess.run(None, {"b": np.array(b), "t": np.array(float(t))})[0]
+            assert z.item() == math.pow(b, float(t)), (b, t)
 
 
 # --- AdamW: PyTorch's arithmetic --------------------------------------------------------

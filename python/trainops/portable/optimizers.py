@@ -13,8 +13,13 @@ expansions do the kernels' operations (``crates/trainops-kernels/src/optim/*/mod
 - float16 and bfloat16 tensors are widened to float32 with ``Cast``, updated in float32
   and narrowed back (round to nearest even); double tensors are updated in double.
 
-So on a CPU that rounds every ``Mul``/``Add``/``Sub``/``Div``/``Sqrt`` correctly (no
-fused multiply-add) the result has the fused kernels' bits.
+- float32 square roots go through float64 unless ``sqrt="native"``
+  (:meth:`~trainops.portable.emit.Emitter.sqrt`);
+- every output depends on ``R`` and ``T`` (:meth:`~trainops.portable.emit.Emitter.ready`).
+
+So on a runtime that rounds every ``Mul``/``Add``/``Sub``/``Div`` and the double ``Sqrt``
+correctly (no fused multiply-add) and whose double ``Pow`` is the kernels' ``f64::powf``
+(the platform's ``pow``), the result has the fused kernels' bits.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ the library is dropped from ``opset_import`` once no node of it remains.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from ..onnx_defs import ONNX_OPSET, TRAINING_DOMAIN, TRAINOPS_DOMAIN
 from .emit import BOOL, FLOAT, INT64, Expansion, ExpansionError
