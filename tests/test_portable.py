@@ -518,6 +518,11 @@ def test_untyped_input_and_bad_attribute_are_clear_errors():
         m = adam_model(1, F32)
         m.graph.node[0].input.pop()
         rewrite(m)
+    old = adam_model(1, F32)
+    old.opset_import[0].version = 12
+    with pytest.raises(ExpansionError, match="opset 12 of the default domain; the expansion "
+                                             "needs 13 or newer"):
+        rewrite(old)
     with pytest.raises(ExpansionError, match="'mode'"):
         rewrite(momentum_model(1, F32, alpha=0.9, beta=0.1, mode="heavy", norm_coefficient=0.0))
 
