@@ -16,13 +16,13 @@ use std::sync::OnceLock;
 use super::reference;
 
 /// Bit pattern of `1.0f32`: magnitudes from here up are outside the buckets.
-const ONE: u32 = 0x3f80_0000;
+pub(crate) const ONE: u32 = 0x3f80_0000;
 /// Bit pattern of `2^-29`: the first bucket starts at 0 and ends one bucket above this.
-const LOW: u32 = (127 - 29) << 23;
+pub(crate) const LOW: u32 = (127 - 29) << 23;
 /// Bits of a magnitude below the bucket index.
-const SHIFT: u32 = 16;
+pub(crate) const SHIFT: u32 = 16;
 /// Buckets per sign.
-const BUCKETS: usize = ((ONE - LOW) >> SHIFT) as usize;
+pub(crate) const BUCKETS: usize = ((ONE - LOW) >> SHIFT) as usize;
 
 /// A dynamic map with its quantisation table.
 #[derive(Debug)]
@@ -30,9 +30,10 @@ pub struct Map {
     /// The 256 entries, ascending.
     pub entries: [f32; 256],
     /// `t_k`, the threshold between entries `k` and `k + 1`; `t_255 = +inf`.
-    thresholds: [f32; 256],
-    /// Per bucket (positive magnitudes, then negative), the code of its lowest value.
-    base: Vec<u8>,
+    pub(crate) thresholds: [f32; 256],
+    /// Per bucket (positive magnitudes, then negative), the code of its lowest value; then
+    /// 3 bytes of padding, so that SIMD kernels may gather 4 bytes at any bucket.
+    pub(crate) base: Vec<u8>,
 }
 
 /// The largest `f32` not above the exact midpoint of `a <= b`.
@@ -65,7 +66,7 @@ impl Map {
             thresholds[k] = threshold(entries[k], entries[k + 1]);
         }
         let by_thresholds = |y: f32| thresholds.iter().filter(|&&t| y > t).count();
-        let mut base = vec![0u8; 2 * BUCKETS];
+        let mut base = vec![0u8; 2 * BUCKETS + 3];
         for b in 0..BUCKETS {
             let lowest = if b == 0 { 0 } else { LOW + ((b as u32) << SHIFT) };
             let highest = LOW + (((b + 1) as u32) << SHIFT) - 1;

@@ -146,7 +146,7 @@ pub(crate) fn step_chunked<R: Rule, G: Element<C = f32>>(
     assert!(chunk.is_multiple_of(BLOCK), "tasks hold whole blocks");
     let isa = level.isa().unwrap_or_else(|| panic!("kernel level {level:?} is not available on this CPU"));
     run_chunked(params, par, chunk, serial_below, |p| match isa {
-        Isa::Scalar => blocks_8bit(rule, p),
+        Isa::Scalar => blocks_8bit(Portable, rule, p),
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the token proves the CPU has AVX2.
         Isa::Avx2(t) => unsafe { x86::blocks_8bit_avx2(t, rule, p) },
@@ -190,18 +190,50 @@ fn absmax(values: &[f32]) -> f32 {
     }
 }
 
-/// Codes of `values` with `map`, scaled by the block's absmax `a`.
+/// How a level turns codes into values and back; the portable forms are the definition,
+/// the SIMD ones (`x86`) do the same operations in lanes.
+pub(crate) trait Codec: Copy {
+    /// `out[i] = map[codes[i]] * scale`.
+    fn dequantize(self, map: &Map, codes: &[u8], scale: f32, out: &mut [f32]);
+    /// `codes[i] = map.code(values[i] / d)` with `d = a`, or 1 when `a == 0`.
+    fn quantize(self, map: &Map, values: &[f32], a: f32, codes: &mut [u8]);
+}
+
+/// The element loops (every level's tail, and the whole block without SIMD).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Portable;
+
+impl Codec for Portable {
+    #[inline(always)]
+    fn dequantize(self, map: &Map, codes: &[u8], scale: f32, out: &mut [f32]) {
+        for (o, &c) in out.iter_mut().zip(codes) {
+            *o = map.entries[usize::from(c)] * scale;
+        }
+    }
+
+    #[inline(always)]
+    fn quantize(self, map: &Map, values: &[f32], a: f32, codes: &mut [u8]) {
+        let d = divisor(a);
+        for (c, &v) in codes.iter_mut().zip(values) {
+            *c = map.code(v / d);
+        }
+    }
+}
+
+/// What a block's values are divided by before the map search: its absmax, or 1 for an
+/// all-zero block.
 #[inline(always)]
-fn quantize(map: &Map, values: &[f32], a: f32, codes: &mut [u8]) {
-    let d = if a == 0.0 { 1.0 } else { a };
-    for (c, &v) in codes.iter_mut().zip(values) {
-        *c = map.code(v / d);
+pub(crate) fn divisor(a: f32) -> f32 {
+    if a == 0.0 {
+        1.0
+    } else {
+        a
     }
 }
 
 /// The kernel of every level: block by block, dequantise, update, requantise.
 #[inline(always)]
-pub(crate) fn blocks_8bit<R: Rule, G: Element<C = f32>>(rule: &R, p: Param8bit<'_, G>) {
+pub(crate) fn blocks_8bit<C: Codec, R: Rule, G: Element<C = f32>>(codec: C, rule: &R, p: Param8bit<'_, G>) {
     let (signed, unsigned) = (Map::signed(), Map::unsigned());
     let Param8bit { mut x, g, mut m, mut v } = p;
     let (mut xs, mut ms, mut vs) = ([0f32; BLOCK], [0f32; BLOCK], [0f32; BLOCK]);
@@ -218,16 +250,14 @@ pub(crate) fn blocks_8bit<R: Rule, G: Element<C = f32>>(rule: &R, p: Param8bit<'
         let am = scales[0];
         read(&mut v.absmax, b, &mut scales);
         let av = scales[0];
-        for i in 0..len {
-            ms[i] = signed.entries[usize::from(mc[i])] * am;
-            vs[i] = unsigned.entries[usize::from(vc[i])] * av;
-        }
+        codec.dequantize(signed, mc, am, ms);
+        codec.dequantize(unsigned, vc, av, vs);
         for i in 0..len {
             (xs[i], ms[i], vs[i]) = rule.update(xs[i], gs[i].load(), ms[i], vs[i]);
         }
         let (am, av) = (absmax(ms), absmax(vs));
-        quantize(signed, ms, am, mc);
-        quantize(unsigned, vs, av, vc);
+        codec.quantize(signed, ms, am, mc);
+        codec.quantize(unsigned, vs, av, vc);
         write(&mut x, start, xs);
         write(&mut m.codes, start, mc);
         write(&mut v.codes, start, vc);

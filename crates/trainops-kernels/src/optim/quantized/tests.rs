@@ -77,6 +77,49 @@ fn fast_codes_are_the_nearest_entry() {
     }
 }
 
+/// Every level's codec on the probe values (scale 1, so they reach the map as they are;
+/// beyond [-1, 1] too) and on their codes, against the reference.
+#[test]
+fn every_codec_is_the_reference() {
+    use super::{Codec, Portable};
+    use crate::simd::Isa;
+    fn run<C: Codec>(codec: C, signed: bool, map: &Map) {
+        let want_map = reference::dynamic_map(signed);
+        let values = probe_values(&want_map);
+        let mut codes = vec![0u8; values.len()];
+        codec.quantize(map, &values, 1.0, &mut codes);
+        for (y, c) in values.iter().zip(&codes) {
+            assert_eq!(*c, reference::nearest(&want_map, *y), "signed {signed}, y = {y:e}");
+        }
+        let all: Vec<u8> = (0..=255u8).chain((0..=255u8).rev()).chain([7, 9, 200]).collect();
+        let mut out = vec![0f32; all.len()];
+        codec.dequantize(map, &all, 0.37, &mut out);
+        let want = reference::dequantize(&want_map, &all, &[0.37; 3]);
+        assert_eq!(bits(&out), bits(&want));
+        // An all-zero block quantises as value / 1.
+        let zeros = [0.0f32, -0.0, 0.0];
+        let mut z = [1u8; 3];
+        codec.quantize(map, &zeros, 0.0, &mut z);
+        assert_eq!(
+            z,
+            [
+                reference::nearest(&want_map, 0.0),
+                reference::nearest(&want_map, -0.0),
+                reference::nearest(&want_map, 0.0)
+            ]
+        );
+    }
+    for (signed, map) in [(true, Map::signed()), (false, Map::unsigned())] {
+        for level in available_levels() {
+            match level.isa().unwrap() {
+                Isa::Scalar => run(Portable, signed, map),
+                Isa::Avx2(t) => run(t, signed, map),
+                Isa::Avx512(t) => run(t, signed, map),
+            }
+        }
+    }
+}
+
 #[test]
 fn a_midpoint_rounds_to_the_lower_entry() {
     let u = reference::dynamic_map(false);
