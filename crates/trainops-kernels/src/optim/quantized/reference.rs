@@ -24,7 +24,7 @@ pub fn dynamic_map(signed: bool) -> [f32; 256] {
         let items: usize = if signed { 1 << i } else { 1 << (i + 1) };
         // linspace(0.1, 1, items + 1): boundary b_j = 0.1 + 0.9 * j / items.
         let boundary = |j: usize| 0.1 + 0.9 * j as f64 / items as f64;
-        let scale = 10f64.powi(i - 6);
+        let scale = [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0][i as usize]; // 10^(i - 6)
         for j in 0..items {
             let mean = (boundary(j) + boundary(j + 1)) / 2.0;
             data.push(scale * mean);
