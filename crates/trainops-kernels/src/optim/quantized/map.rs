@@ -34,6 +34,10 @@ pub struct Map {
     /// Per bucket (positive magnitudes, then negative), the code of its lowest value; then
     /// 3 bytes of padding, so that SIMD kernels may gather 4 bytes at any bucket.
     pub(crate) base: Vec<u8>,
+    /// The thresholds as the 8 levels of a branchless binary search (AVX-512 kernels):
+    /// level `k` holds `t[j * 2s + s - 1]` for `j < 2^k`, with `s = 128 >> k`; a code is
+    /// `pos`, grown by `s` at each level where `y > levels[k][pos / 2s]`.
+    pub(crate) levels: [[f32; 128]; 8],
 }
 
 /// The largest `f32` not above the exact midpoint of `a <= b`.
@@ -77,7 +81,14 @@ impl Map {
                 base[sign * BUCKETS + b] = c_lo as u8;
             }
         }
-        Self { entries, thresholds, base }
+        let mut levels = [[0f32; 128]; 8];
+        for (k, level) in levels.iter_mut().enumerate() {
+            let s = 128 >> k;
+            for (j, t) in level.iter_mut().take(1 << k).enumerate() {
+                *t = thresholds[j * 2 * s + s - 1];
+            }
+        }
+        Self { entries, thresholds, base, levels }
     }
 
     /// The code of `y`: the nearest entry, the lower one on a tie; 0 for NaN.

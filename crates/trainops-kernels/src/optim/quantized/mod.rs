@@ -19,9 +19,12 @@
 //!
 //! **Fast path.** The same per-element code, staged through block buffers, compiled three
 //! times: portable, and with AVX2 and AVX-512F enabled (`x86`), where the compiler
-//! vectorises the update and the absmax; quantisation is a table load and a comparison per
-//! value ([`map::Map::code`]). Without fused multiply-adds every level gives the reference's
-//! bits. Blocks run in [`CHUNK`](crate::parallel::CHUNK)-element tasks (a multiple of the
+//! vectorises the update and the absmax; the codecs are explicit: portable and AVX2 find a
+//! code with one bucket-table load and one comparison ([`map::Map::code`]), AVX-512 with a
+//! binary search over permuted registers. Without fused multiply-adds every level gives the
+//! reference's bits. The kernel is compute-bound (the searches and three divisions per
+//! element), far from its memory ceiling (`benches/optim8bit.rs`). Blocks run in
+//! [`CHUNK`](crate::parallel::CHUNK)-element tasks (a multiple of the
 //! block), so a block never straddles two threads and the result is independent of them.
 
 pub mod adamw;

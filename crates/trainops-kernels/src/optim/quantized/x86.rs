@@ -1,14 +1,16 @@
 //! The 8-bit optimizers' x86 levels: the portable block kernel compiled with AVX2 or
 //! AVX-512F enabled (so that the compiler vectorises the update and the absmax, with the
 //! portable code's operations in its order: no fused multiply-add is formed without
-//! fast-math), with explicit SIMD codecs: dequantisation gathers the map's entries,
-//! quantisation gathers the bucket's base code and its threshold (see `map`) and adds the
-//! comparison. Every level gives the reference's bits.
+//! fast-math), with explicit SIMD codecs. AVX-512: dequantisation permutes the map's
+//! entries held in registers, quantisation is a binary search over the thresholds whose
+//! levels are permutes (gathers, tried first, stalled the kernel on the AMD host). AVX2:
+//! gathers of the entries, of the bucket's base code and of its threshold (see `map`).
+//! Every level gives the reference's bits.
 
 use core::arch::x86_64::*;
 
 use super::adamw::Rule;
-use super::map::{Map, BUCKETS, LOW, ONE, SHIFT};
+use super::map::{Map, BUCKETS, LOW, ONE};
 use super::{blocks_8bit, divisor, Codec, Param8bit, Portable};
 use crate::simd::{Avx2, Avx512};
 use crate::Element;
@@ -57,58 +59,83 @@ impl Codec for Avx2 {
     }
 }
 
-/// Whole groups of 16 of `out = map[codes] * scale`; returns how many were done.
+/// Whole groups of 16 of `out = map[codes] * scale`; returns how many were done. The map's
+/// 256 entries are 16 registers: 8 two-register permutes pick by the code's low 5 bits, and
+/// bits 5, 6 and 7 choose among them (no gather: they stall on some CPUs).
 #[target_feature(enable = "avx512f")]
 fn dequantize_avx512(_: Avx512, map: &Map, codes: &[u8], scale: f32, out: &mut [f32]) -> usize {
     let n = codes.len().min(out.len());
     let s = _mm512_set1_ps(scale);
+    // SAFETY: 16 loads of 16 floats each, within the map's 256 entries.
+    let e: [__m512; 16] = core::array::from_fn(|k| unsafe { _mm512_loadu_ps(map.entries.as_ptr().add(16 * k)) });
     let mut i = 0;
     while i + 16 <= n {
-        // SAFETY: bytes i..i + 16 of `codes` and floats i..i + 16 of `out` are in bounds;
-        // every gathered index is a byte, below the map's 256 entries.
+        // SAFETY: bytes i..i + 16 of `codes` and floats i..i + 16 of `out` are in bounds.
         unsafe {
             let c = _mm512_cvtepu8_epi32(_mm_loadu_si128(codes.as_ptr().add(i).cast()));
-            let e = _mm512_i32gather_ps::<4>(c, map.entries.as_ptr());
-            _mm512_storeu_ps(out.as_mut_ptr().add(i), _mm512_mul_ps(e, s));
+            let p: [__m512; 8] = core::array::from_fn(|k| _mm512_permutex2var_ps(e[2 * k], c, e[2 * k + 1]));
+            let (b5, b6, b7) = (
+                _mm512_test_epi32_mask(c, _mm512_set1_epi32(32)),
+                _mm512_test_epi32_mask(c, _mm512_set1_epi32(64)),
+                _mm512_test_epi32_mask(c, _mm512_set1_epi32(128)),
+            );
+            let q: [__m512; 4] = core::array::from_fn(|k| _mm512_mask_blend_ps(b5, p[2 * k], p[2 * k + 1]));
+            let r0 = _mm512_mask_blend_ps(b6, q[0], q[1]);
+            let r1 = _mm512_mask_blend_ps(b6, q[2], q[3]);
+            let v = _mm512_mask_blend_ps(b7, r0, r1);
+            _mm512_storeu_ps(out.as_mut_ptr().add(i), _mm512_mul_ps(v, s));
         }
         i += 16;
     }
     i
 }
 
-/// Whole groups of 16 of `codes = map.code(values / d)`; returns how many were done.
+/// Whole groups of 16 of `codes = map.code(values / d)`; returns how many were done: the
+/// code is the number of thresholds below `y`, found by a branchless binary search whose
+/// levels are permutes of registers (`Map::levels`). NaN compares false everywhere (code
+/// 0), values beyond 1 pass every finite threshold (code 255), as `Map::code` gives.
 #[target_feature(enable = "avx512f")]
 fn quantize_avx512(_: Avx512, map: &Map, values: &[f32], a: f32, codes: &mut [u8]) -> usize {
     let n = values.len().min(codes.len());
     let d = _mm512_set1_ps(divisor(a));
-    let (magnitude, one, low) =
-        (_mm512_set1_epi32(0x7fff_ffff), _mm512_set1_epi32(ONE as i32), _mm512_set1_epi32(LOW as i32));
-    let (buckets, bit, top) = (_mm512_set1_epi32(BUCKETS as i32), _mm512_set1_epi32(1), _mm512_set1_epi32(255));
+    let lv = &map.levels;
+    // SAFETY: every load reads 16 floats within one level's 128.
+    let ld = |k: usize, at: usize| unsafe { _mm512_loadu_ps(lv[k].as_ptr().add(at)) };
+    let t0 = _mm512_set1_ps(lv[0][0]);
+    let (t1, t2, t3, t4) = (ld(1, 0), ld(2, 0), ld(3, 0), ld(4, 0));
+    let t5 = [ld(5, 0), ld(5, 16)];
+    let t6: [__m512; 4] = core::array::from_fn(|k| ld(6, 16 * k));
+    let t7: [__m512; 8] = core::array::from_fn(|k| ld(7, 16 * k));
+    let step = |pos: __m512i, y: __m512, t: __m512, s: i32| {
+        _mm512_mask_add_epi32(pos, _mm512_cmp_ps_mask::<_CMP_GT_OQ>(y, t), pos, _mm512_set1_epi32(s))
+    };
     let mut i = 0;
     while i + 16 <= n {
-        // SAFETY: floats i..i + 16 of `values` and bytes i..i + 16 of `codes` are in
-        // bounds; gathers run only in lanes whose magnitude is below one, whose bucket is
-        // below 2 * BUCKETS, and read 4 bytes of `base` (padded by 3) and thresholds
-        // indexed by a byte (256 of them).
+        // SAFETY: floats i..i + 16 of `values` and bytes i..i + 16 of `codes` are in bounds.
         unsafe {
             let y = _mm512_div_ps(_mm512_loadu_ps(values.as_ptr().add(i)), d);
-            let bits = _mm512_castps_si512(y);
-            let mag = _mm512_and_si512(bits, magnitude);
-            let inside = _mm512_cmplt_epu32_mask(mag, one);
-            let sign = _mm512_and_si512(_mm512_srai_epi32::<31>(bits), buckets);
-            let bucket =
-                _mm512_add_epi32(_mm512_srli_epi32::<SHIFT>(_mm512_sub_epi32(_mm512_max_epu32(mag, low), low)), sign);
-            let base =
-                _mm512_mask_i32gather_epi32::<1>(_mm512_setzero_si512(), inside, bucket, map.base.as_ptr().cast());
-            let base = _mm512_and_si512(base, top);
-            let t = _mm512_mask_i32gather_ps::<4>(_mm512_setzero_ps(), inside, base, map.thresholds.as_ptr());
-            let above = _mm512_mask_cmp_ps_mask::<_CMP_GT_OQ>(inside, y, t);
-            let code = _mm512_mask_add_epi32(base, above, base, bit);
-            // Outside [-1, 1] (or NaN): 255 above zero, else 0.
-            let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(y, _mm512_setzero_ps());
-            let end = _mm512_maskz_mov_epi32(positive, top);
-            let code = _mm512_mask_blend_epi32(inside, end, code);
-            _mm_storeu_si128(codes.as_mut_ptr().add(i).cast(), _mm512_cvtepi32_epi8(code));
+            let pos = step(_mm512_setzero_si512(), y, t0, 128);
+            let pos = step(pos, y, _mm512_permutexvar_ps(_mm512_srli_epi32::<7>(pos), t1), 64);
+            let pos = step(pos, y, _mm512_permutexvar_ps(_mm512_srli_epi32::<6>(pos), t2), 32);
+            let pos = step(pos, y, _mm512_permutexvar_ps(_mm512_srli_epi32::<5>(pos), t3), 16);
+            let pos = step(pos, y, _mm512_permutexvar_ps(_mm512_srli_epi32::<4>(pos), t4), 8);
+            let pos = step(pos, y, _mm512_permutex2var_ps(t5[0], _mm512_srli_epi32::<3>(pos), t5[1]), 4);
+            let j = _mm512_srli_epi32::<2>(pos);
+            let hi = _mm512_test_epi32_mask(j, _mm512_set1_epi32(32));
+            let t = _mm512_mask_blend_ps(
+                hi,
+                _mm512_permutex2var_ps(t6[0], j, t6[1]),
+                _mm512_permutex2var_ps(t6[2], j, t6[3]),
+            );
+            let pos = step(pos, y, t, 2);
+            let j = _mm512_srli_epi32::<1>(pos);
+            let p: [__m512; 4] = core::array::from_fn(|k| _mm512_permutex2var_ps(t7[2 * k], j, t7[2 * k + 1]));
+            let b5 = _mm512_test_epi32_mask(j, _mm512_set1_epi32(32));
+            let b6 = _mm512_test_epi32_mask(j, _mm512_set1_epi32(64));
+            let lo = _mm512_mask_blend_ps(b5, p[0], p[1]);
+            let hi = _mm512_mask_blend_ps(b5, p[2], p[3]);
+            let pos = step(pos, y, _mm512_mask_blend_ps(b6, lo, hi), 1);
+            _mm_storeu_si128(codes.as_mut_ptr().add(i).cast(), _mm512_cvtepi32_epi8(pos));
         }
         i += 16;
     }
