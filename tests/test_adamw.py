@@ -322,3 +322,34 @@ def test_fma32_rounds_once():
     lo, hi = np.float32(1.0), np.nextafter(np.float32(1.0), np.float32(2))
     nearest = hi if abs(Fraction(float(hi)) - want) < abs(Fraction(float(lo)) - want) else lo
     assert fma32(x, y, z)[0] == nearest
+
+
+# --- trainops.optim.AdamW ----------------------------------------------------------------
+
+def test_python_adamw_describes_the_node(make_session, rng):
+    """PyTorch's names and defaults; the ONNX attributes they become give the op's defaults'
+    bits; state and domain; to_dict / from_dict round trip (through JSON)."""
+    import json
+
+    from trainops.onnx_defs import TRAINING_DOMAIN, TRAINOPS_DOMAIN
+    from trainops.optim import Adam, AdamW, from_dict
+
+    opt = AdamW()
+    assert (opt.lr, opt.betas, opt.eps, opt.weight_decay, opt.amsgrad, opt.maximize) == \
+        (1e-3, (0.9, 0.999), 1e-8, 1e-2, False, False)
+    assert opt.attributes() == {"beta1": 0.9, "beta2": 0.999, "epsilon": 1e-8,
+                                "weight_decay": 1e-2, "amsgrad": 0, "maximize": 0}
+    assert (opt.op_type, opt.domain, opt.state) == ("AdamW", TRAINOPS_DOMAIN, ("M", "V"))
+    assert AdamW(amsgrad=True).state == ("M", "V", "Vmax")
+    assert Adam().domain == TRAINING_DOMAIN
+    other = AdamW(lr=3e-4, betas=[0.8, 0.95], eps=1e-6, weight_decay=0.1, amsgrad=True,
+                  maximize=True)
+    assert from_dict(json.loads(json.dumps(other.to_dict()))) == other
+    assert other.betas == (0.8, 0.95)
+    with pytest.raises(ValueError, match="betas"):
+        AdamW(betas=(0.9,))
+    x, g, m, v, _ = state(rng, (33,), F32)
+    feeds = adamw_feeds(np.float32(0.01), 2, [x], [g], [m], [v])
+    implicit = make_session(adamw_model([(33,)], F32)).run(None, feeds)
+    explicit = make_session(adamw_model([(33,)], F32, **opt.attributes())).run(None, feeds)
+    assert same_bits(implicit, explicit)
