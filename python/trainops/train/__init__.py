@@ -9,7 +9,8 @@
   StepGraph;
 - :mod:`.dist_graph`, :mod:`.dist_runtime`: data-parallel training on MPI (a gradient
   model and an optimizer model around the collectives of :mod:`trainops.distributed`);
-- :mod:`.checkpoint`: ``.npz`` checkpoints;
+- :mod:`.checkpoint`: safetensors checkpoints (``write``/``read`` usable without a
+  Trainer; old ``.npz`` ones still read);
 - :mod:`.trainer`: :class:`Trainer`, the façade.
 
 Modules import only those listed before them (``spec`` first, ``trainer`` last).

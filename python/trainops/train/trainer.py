@@ -23,6 +23,7 @@ The work is done by: :mod:`.graph` (the step graph, :class:`~.spec.StepGraph`),
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from typing import Any, Mapping, Sequence
@@ -86,14 +87,18 @@ class Trainer:
     def __init__(self, model, loss: str, optimizer: _optim.Optimizer | None = None,
                  params: Sequence[str] | None = None, policy: str = "float32",
                  threads: int | None = None, seed: int | None = None, comm=None,
-                 shard_optimizer: bool = False, collective_timeout: float | None = None,
-                 *, _state=None):
-        if isinstance(model, bytes):
-            model = onnx.load_from_string(model)
-        elif isinstance(model, (str, os.PathLike)):
+                 shard_optimizer: bool = False, collective_timeout: float | None = None):
+        if isinstance(model, (str, os.PathLike)):
             model = onnx.load(os.fspath(model))
         self._model = onnx.ModelProto()
-        self._model.CopyFrom(model)
+        if isinstance(model, bytes):
+            self._model.ParseFromString(model)
+        else:
+            self._model.CopyFrom(model)
+        # The bytes a checkpoint stores, and their hash that identifies the model.
+        self._model_bytes = model if isinstance(model, bytes) else \
+            self._model.SerializeToString()
+        self.model_sha256 = hashlib.sha256(self._model_bytes).hexdigest()
         self.loss_name = loss
         self.optimizer = optimizer if optimizer is not None else _optim.Adam()
         self.policy = check_policy(policy, self.optimizer)
@@ -159,8 +164,12 @@ class Trainer:
         self.T = 1
         self.lr = float(self.optimizer.lr)
         self.skipped = 0
-        if _state is not None:
-            self.T, self.lr, self.skipped = _checkpoint.restore(self._arrays, _state)
+
+    def _states(self) -> dict[str, np.ndarray]:
+        """Every state buffer (what a checkpoint holds), by its input name."""
+        if self.step_graph is not None:
+            return {e.input: self._arrays[e.input] for e in self.step_graph.states}
+        return dict(self._arrays)  # the distributed runtime's arrays are all states
 
     # -- training ----------------------------------------------------------------------
     @property
@@ -239,9 +248,11 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------
     def save(self, path) -> None:
-        """A checkpoint (``.npz``): the model, the weights, the optimizer state, the update
-        count, the learning rate, the loss scale, the seed and the Philox states of the
-        random nodes. :meth:`load` resumes from it, bit for bit.
+        """A checkpoint (safetensors, ``docs/artifacts.md``): every state (the weights, the
+        optimizer state, the loss scale, the Philox states of the random nodes) by its
+        input name, the model's bytes, and as metadata the update count, the learning
+        rate, the seed, the skipped count and the configuration. :meth:`load` resumes from
+        it, bit for bit. Atomic: a failed save leaves the previous file at ``path`` intact.
 
         With ``comm`` (not sharded) every rank holds the whole state: rank 0 writing the
         file is enough, and a one-process Trainer can resume from it (the Philox states
@@ -252,8 +263,36 @@ class Trainer:
 
     @classmethod
     def load(cls, path, threads: int | None = None) -> "Trainer":
-        """The trainer saved at ``path`` (:meth:`save`), ready to continue."""
-        model, config, state = _checkpoint.read(path)
-        return cls(model, config["loss"], _optim.from_dict(config["optimizer"]),
-                   params=config["params"], policy=config["policy"], threads=threads,
-                   seed=config.get("seed"), _state=state)
+        """The trainer saved at ``path`` (:meth:`save`; an old ``.npz`` checkpoint too),
+        ready to continue. :class:`~trainops.train.checkpoint.CheckpointError` listing
+        every problem when the file is no valid checkpoint or its states do not fit the
+        trainer its model and configuration build (missing, extra, other dtype or shape)."""
+        tensors, metadata = _checkpoint.read(path)
+        if _checkpoint.MODEL_KEY not in tensors:
+            raise _checkpoint.CheckpointError(
+                f"checkpoint {os.fspath(path)!r} has no model (tensor "
+                f"{_checkpoint.MODEL_KEY!r}): load it into a Trainer of its model with "
+                "trainer.load_state(path)")
+        import json
+
+        config = json.loads(metadata["config"])
+        try:
+            optimizer = _optim.from_dict(config["optimizer"])
+            trainer = cls(tensors[_checkpoint.MODEL_KEY].tobytes(), config["loss"],
+                          optimizer, params=config["params"], policy=config["policy"],
+                          threads=threads,
+                          seed=int(metadata["seed"]) if metadata["seed"] else None)
+        except (KeyError, TypeError) as exc:
+            raise _checkpoint.CheckpointError(
+                f"checkpoint {os.fspath(path)!r}: its config cannot build a trainer "
+                f"({exc!r})") from None
+        _checkpoint.restore(trainer, tensors, metadata, path)
+        return trainer
+
+    def load_state(self, path) -> None:
+        """Continue from the checkpoint at ``path`` in this trainer (the same model,
+        configuration and, with random nodes, seed). Every entry is validated first; any
+        mismatch raises ONE :class:`~trainops.train.checkpoint.CheckpointError` listing
+        them all, and the trainer is left exactly as it was."""
+        tensors, metadata = _checkpoint.read(path)
+        _checkpoint.restore(self, tensors, metadata, path)
