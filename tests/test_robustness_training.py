@@ -59,6 +59,12 @@ def batch(seed=0):
     return {"x": x, "y": (x @ np.array([[1.0], [-2.0], [0.5], [3.0]], np.float32) + 0.1)}
 
 
+def small(seed=0):
+    """batch() times 0.1: its gradients times the initial loss scale 2^15 stay finite in
+    float16 (batch()'s overflow: a mixed_float16 step on it is skipped)."""
+    return {k: v * np.float32(0.1) for k, v in batch(seed).items()}
+
+
 def snapshot(tr) -> dict:
     """Every state buffer (copies) and the counters of a one-process trainer."""
     return {"states": {k: v.copy() for k, v in tr._states().items()},
@@ -289,3 +295,171 @@ def test_old_npz_checkpoints_still_load(library_path, tmp_path):
         resumed.step(f)
     for k, v in straight._states().items():
         assert same_bits(resumed._states()[k], v), k
+
+
+# --- a failed step changes nothing -----------------------------------------------------------
+
+def failing_model(op: str, where: str):
+    """linear_model with a Dropout on the loss path, the data inputs ``s`` (int64 [2]) and
+    ``i`` (int64 [2]), and a node that fails on bad data: ``Reshape(x, s)`` or
+    ``Gather(x, i)`` (an index out of range). ``where``: ``"side-before"`` / ``"side-after"``:
+    in a side branch the loss does not need, feeding a second Dropout (kept: its Philox
+    state is a step state), listed before / after the loss node; ``"loss"``: on the loss
+    path, after the first Dropout (its result multiplied into the loss by 0)."""
+    fail = (helper.make_node("Reshape", ["x", "s"], ["f"]) if op == "reshape"
+            else helper.make_node("Gather", ["x", "i"], ["f"], axis=0))
+    if where == "loss":
+        extra = [fail, helper.make_node("ReduceSum", ["f"], ["fs"], keepdims=0),
+                 helper.make_node("Mul", ["fs", "zero"], ["f0"]),
+                 helper.make_node("Add", ["p", "f0"], ["pf"])]
+    else:
+        extra = [fail, helper.make_node("Dropout", ["f", "ratio"], ["side"], name="side")]
+    m = linear_model(dropout=0.25, extra=extra if where != "side-after" else ())
+    g = m.graph
+    if where == "side-after":
+        g.node.extend(extra)
+    if where == "loss":
+        next(n for n in g.node if n.op_type == "Sub").input[0] = "pf"
+        g.initializer.append(numpy_helper.from_array(np.array(0, np.float32), "zero"))
+    g.input.extend([helper.make_tensor_value_info("s", TensorProto.INT64, [2]),
+                    helper.make_tensor_value_info("i", TensorProto.INT64, [2])])
+    return m
+
+
+def good(seed):
+    return {**small(seed), "s": np.array([2, 2 * N], np.int64), "i": np.array([1, 0], np.int64)}
+
+
+BAD = {"reshape": {"s": np.array([3, 5], np.int64)},
+       "gather": {"i": np.array([0, N + 5], np.int64)}}
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+@pytest.mark.parametrize("where", ["side-before", "side-after", "loss"])
+@pytest.mark.parametrize("op", ["reshape", "gather"])
+def test_a_failing_node_leaves_every_state_as_it_was(library_path, op, where, policy):
+    def make():
+        return Trainer(failing_model(op, where), "loss", optim.Adam(lr=0.05), policy=policy,
+                       threads=1, seed=5)
+
+    tr = make()
+    assert len(tr.step_graph.of_kind("rng")) == (1 if where == "loss" else 2)
+    for s in range(2):
+        tr.step(good(s))
+    before = snapshot(tr)
+    with pytest.raises(Exception) as e:
+        tr.step({**good(2), **BAD[op]})
+    assert op.capitalize() in str(e.value), str(e.value)  # ONNX Runtime names the node
+    assert_unchanged(tr, before)
+    loss = tr.step(good(2))  # the next good step is the step a fresh trainer takes
+    fresh = make()
+    fresh_losses = [fresh.step(good(s)) for s in range(3)]
+    assert loss == fresh_losses[2]
+    after, want = snapshot(tr), snapshot(fresh)
+    assert after["T"] == want["T"] == 4 and tr.skipped == fresh.skipped == 0
+    for k, v in want["states"].items():
+        assert same_bits(after["states"][k], v), k
+
+
+@pytest.mark.parametrize("policy", ["float32", "mixed_float16"])
+def test_nodes_neither_the_loss_nor_an_update_needs_are_pruned(library_path, policy):
+    # A failing Reshape whose result nothing uses no longer runs at all.
+    m = linear_model(dropout=0.25, extra=[helper.make_node("Reshape", ["x", "s"], ["f"])])
+    m.graph.input.append(helper.make_tensor_value_info("s", TensorProto.INT64, [2]))
+    tr = Trainer(m, "loss", optim.Adam(lr=0.05), policy=policy, threads=1, seed=5)
+    assert not [n for n in tr.training_model.graph.node if "s" in n.input]
+    plain = Trainer(linear_model(dropout=0.25), "loss", optim.Adam(lr=0.05), policy=policy,
+                    threads=1, seed=5)
+    for s in range(2):
+        assert tr.step({**batch(s), **BAD["reshape"]}) == plain.step(batch(s))
+    for k, v in plain._states().items():
+        assert same_bits(tr._states()[k], v), k
+
+
+# --- skipped steps do not count --------------------------------------------------------------
+
+def test_a_skipped_step_does_not_advance_t(library_path):
+    """A mixed_float16 run whose first step overflows (x * 1e4: the float16 forward pass
+    overflows), then three good steps, against a float32 run of the three good steps that
+    never overflows. The skipped step changes no weight or moment and leaves T at 1, so the
+    mixed run's updates use the bias corrections of T = 1, 2, 3, as the float32 run's do.
+
+    Tolerances: the first update of Adam is lr * g / (|g| + epsilon / sqrt(1 - beta)) per
+    element (sign-like), so the float16 rounding of g (relative 2^-11 per operation) moves
+    it by about 2^-11 * 3e-5 / |g| relative (1e-5 for |g| >= 0.01), plus the float32
+    rounding of the new weights (two ulps of the largest weight, absolute). The next updates
+    carry float16-rounded moments: each update (at most about lr = 0.05 per element) is
+    off by about five float16 roundings (5 * 2^-11 relative), so after three steps the
+    weights agree within 3 * lr * 5 * 2^-11 = 3.7e-4. Counting the skipped step (T = 2 on
+    the first update) would make the first update 0.744 times as large and the next ones
+    0.8-0.86 times: 7e-3 per step, far outside both."""
+    mixed = trained(steps=0, policy="mixed_float16")
+    plain = trained(steps=0)
+    w0 = mixed.parameters()
+    before = snapshot(mixed)
+    mixed.step({k: v * np.float32(1e4) for k, v in batch(0).items()})
+    assert mixed.skipped == 1 and mixed.T == 1 and mixed.loss_scale == 2.0 ** 14
+    for k, v in before["states"].items():
+        if k not in ("trainops/loss_scale",):
+            assert same_bits(mixed._states()[k], v), k
+    deltas = []
+    for s in range(3):
+        mixed.step(small(s))
+        plain.step(small(s))
+        assert mixed.T == plain.T == s + 2
+        deltas.append({k: (mixed.parameters()[k] - w0[k], plain.parameters()[k] - w0[k])
+                       for k in w0})
+    for k, (got, want) in deltas[0].items():
+        ulps = 2 * float(np.spacing(np.abs(w0[k]).max()))
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=ulps, err_msg=k)
+        assert np.all(np.abs(want) > 0.9 * 0.05)  # sign-like: about lr per element
+    for k, (got, want) in deltas[2].items():
+        np.testing.assert_allclose(got, want, rtol=0, atol=3 * 0.05 * 5 * 2.0 ** -11,
+                                   err_msg=k)
+    assert mixed.skipped == 1
+
+
+# --- arguments -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("cls", [optim.Adam, optim.Adagrad, optim.Momentum])
+def test_optimizers_refuse_a_bad_learning_rate(cls):
+    with pytest.raises(ValueError) as e:
+        cls(lr=-1)
+    assert str(e.value) == f"Invalid learning rate: -1 ({cls.__name__}: expected a finite " \
+                           "number >= 0)"
+    for bad in (float("nan"), float("inf"), -1e-30):
+        with pytest.raises(ValueError, match=f"^Invalid learning rate: {bad}"):
+            cls(lr=bad)
+    with pytest.raises(TypeError) as e:
+        cls(lr="0.1")
+    assert str(e.value) == f"{cls.__name__}: the learning rate must be a real number, got " \
+                           "str '0.1'"
+    assert cls(lr=0).lr == 0.0 and cls(lr=np.float32(0.5)).lr == 0.5
+    assert type(cls(lr=np.float32(0.5)).lr) is float  # to_dict() stays JSON
+    json.dumps(cls(lr=np.float32(0.5)).to_dict())
+
+
+def test_trainer_learning_rate_is_checked(library_path):
+    tr = trained(steps=1)
+    for bad in (-1, float("nan"), float("-inf")):
+        with pytest.raises(ValueError) as e:
+            tr.learning_rate = bad
+        assert str(e.value) == f"Invalid learning rate: {bad} (Trainer.learning_rate: " \
+                               "expected a finite number >= 0)"
+    with pytest.raises(TypeError, match="Trainer.learning_rate: the learning rate must be a "
+                                        "real number, got NoneType None"):
+        tr.learning_rate = None
+    assert tr.learning_rate == 0.05
+    tr.learning_rate = np.float64(0.01)
+    assert tr.learning_rate == 0.01 and type(tr.learning_rate) is float
+
+
+def test_trainer_optimizer_argument_is_checked(library_path):
+    with pytest.raises(TypeError) as e:
+        Trainer(linear_model(), "loss", "adam")
+    assert str(e.value) == ("Trainer: optimizer must be a trainops.optim optimizer instance "
+                            "(e.g. trainops.optim.Adam(lr=1e-3)), got str 'adam'")
+    with pytest.raises(TypeError) as e:
+        Trainer(linear_model(), "loss", optim.Momentum)
+    assert str(e.value) == ("Trainer: optimizer is the class Momentum, not an optimizer: "
+                            "instantiate it, e.g. optim.Momentum() or optim.Momentum(lr=...)")

@@ -44,6 +44,21 @@ from .spec import StepGraph, StepOptions, check_policy
 __all__ = ["Trainer"]
 
 
+def _check_optimizer(optimizer) -> _optim.Optimizer:
+    """``optimizer`` (None: ``Adam()``), checked: TypeError saying what was expected."""
+    if optimizer is None:
+        return _optim.Adam()
+    if isinstance(optimizer, type) and issubclass(optimizer, _optim.Optimizer):
+        raise TypeError(f"Trainer: optimizer is the class {optimizer.__name__}, not an "
+                        f"optimizer: instantiate it, e.g. optim.{optimizer.__name__}() or "
+                        f"optim.{optimizer.__name__}(lr=...)")
+    if not isinstance(optimizer, _optim.Optimizer):
+        raise TypeError("Trainer: optimizer must be a trainops.optim optimizer instance "
+                        f"(e.g. trainops.optim.Adam(lr=1e-3)), got {type(optimizer).__name__} "
+                        f"{optimizer!r}")
+    return optimizer
+
+
 class Trainer:
     """Trains ``model`` (an ``onnx.ModelProto`` or path) whose scalar float output
     ``loss`` is minimised, in ONNX Runtime.
@@ -100,7 +115,7 @@ class Trainer:
             self._model.SerializeToString()
         self.model_sha256 = hashlib.sha256(self._model_bytes).hexdigest()
         self.loss_name = loss
-        self.optimizer = optimizer if optimizer is not None else _optim.Adam()
+        self.optimizer = _check_optimizer(optimizer)
         self.policy = check_policy(policy, self.optimizer)
         if seed is not None:
             _seed_bits(seed)  # TypeError / ValueError for a seed that is not a 64-bit int
@@ -179,7 +194,7 @@ class Trainer:
 
     @learning_rate.setter
     def learning_rate(self, value: float) -> None:
-        self.lr = float(value)
+        self.lr = _optim.check_lr(value, "Trainer.learning_rate")
 
     @property
     def loss_scale(self) -> float | None:
@@ -191,7 +206,11 @@ class Trainer:
         """One training step on ``feeds`` (every data input of the model): forward, loss,
         backward and the optimizer update, in one ``run_with_iobinding``. Returns the loss
         before the update. Under ``mixed_float16`` a step whose gradients are not finite
-        is skipped (the weights stay) and ``skipped`` counts it.
+        is skipped (the weights and moments stay, ``T`` does not advance, the loss scale
+        halves) and ``skipped`` counts it.
+
+        All or nothing (without ``comm``): if the step fails (an error from any node), no
+        state has changed (weights, optimizer state, ``T``, loss scale, Philox states).
 
         With ``comm``: ``feeds`` is this rank's shard of the batch; every rank must call
         ``step`` the same number of times; the gradients are averaged over the ranks
@@ -200,9 +219,10 @@ class Trainer:
         if missing:
             raise ValueError(f"step: feeds lack model inputs {missing}")
         loss = self.runtime.run(feeds, self.lr, self.T)
-        self.T += 1
         if self._dist is None and not self.runtime.finite:
-            self.skipped += 1
+            self.skipped += 1  # not an update: T stays (as PyTorch's GradScaler and Keras)
+        else:
+            self.T += 1
         return loss
 
     def memory(self) -> dict[str, int]:
