@@ -23,7 +23,7 @@ from typing import Sequence
 import onnx
 from onnx import TensorProto, helper
 
-from ..autodiff.backward import _all_inputs
+from ..autodiff.graph import node_inputs as _all_inputs  # main moved it (hyg19)
 from .spec import PREFIX as _P
 
 __all__ = ["order_updates", "pending_name"]
