@@ -125,13 +125,18 @@ def _producer() -> str:
         return "trainops"
 
 
-def manifest(graph: StepGraph, source: onnx.ModelProto, models: dict) -> dict:
+def manifest(graph: StepGraph, source: onnx.ModelProto, models: dict, outputs: dict) -> dict:
     """The ``manifest.json`` of the step graph ``graph`` of the model ``source``;
-    ``models``: ``{"training", "eval", "inference"}`` -> ModelProto (for the custom ops)."""
-    training = models["training"].graph
-    outputs = {o.name: o for o in training.output}
+    ``models``: ``{"training", "eval", "inference"}`` -> ModelProto (for the custom ops);
+    ``outputs``: the loss and extra outputs' buffers (numpy arrays of the static shapes
+    ONNX Runtime gives them, as :class:`~.runtime.StepRuntime` allocates them)."""
     inputs = {i.name: i for i in source.graph.input}
-    loss = _value_info(outputs[graph.loss_output])
+
+    def out(name):
+        return {"name": name, "dtype": str(outputs[name].dtype),
+                "shape": list(outputs[name].shape)}
+
+    loss = out(graph.loss_output)
     eval_inputs = list(graph.data_inputs) + graph.param_names
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "producer": _producer(),
@@ -140,12 +145,12 @@ def manifest(graph: StepGraph, source: onnx.ModelProto, models: dict) -> dict:
         "models": dict(MODELS), "checkpoint": CHECKPOINT,
         "data_inputs": [_value_info(inputs[n]) for n in graph.data_inputs],
         "loss": {"training_output": graph.loss_output, "eval_output": graph.options.loss,
-                 "dtype": loss["dtype"]},
+                 "dtype": loss["dtype"], "shape": loss["shape"]},
         "learning_rate": {"input": graph.lr_input, "dtype": _dtype_name(graph.lr_dtype)},
         "step": {"input": graph.step_input, "dtype": "int64",
                  "skip_output": graph.finite_output},
         "states": [e.to_manifest() for e in graph.states],
-        "extra_outputs": [_value_info(outputs[n]) for n in graph.extra_outputs],
+        "extra_outputs": [out(n) for n in graph.extra_outputs],
         "parameters": graph.param_names,
         "eval_inputs": eval_inputs,
         "options": graph.options.to_manifest(),
@@ -184,7 +189,7 @@ def save(trainer, directory) -> dict:
     for key, m in models.items():
         _write_bytes(os.path.join(directory, MODELS[key]), m.SerializeToString())
     _checkpoint.write(os.path.join(directory, CHECKPOINT), *_checkpoint.state_of(trainer))
-    man = manifest(graph, trainer._model, models)
+    man = manifest(graph, trainer._model, models, trainer.runtime.arrays)
     _write_bytes(os.path.join(directory, MANIFEST),
                  (json.dumps(man, indent=2) + "\n").encode())
     return man
