@@ -27,7 +27,7 @@ from . import checkpoint as _checkpoint
 from .spec import StepGraph
 
 __all__ = ["CHECKPOINT", "FORMAT", "FORMAT_VERSION", "MANIFEST", "MODELS", "custom_ops",
-           "eval_model", "inference_mode", "load", "manifest", "save"]
+           "eval_model", "inference_mode", "load", "manifest", "read_manifest", "save"]
 
 FORMAT = "trainops-artifacts"
 FORMAT_VERSION = 1
