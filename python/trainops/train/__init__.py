@@ -12,6 +12,8 @@
   model and an optimizer model around the collectives of :mod:`trainops.distributed`);
 - :mod:`.checkpoint`: safetensors checkpoints (``write``/``read`` usable without a
   Trainer; old ``.npz`` ones still read);
+- :mod:`.artifacts`: training artifacts (training/eval/inference models, checkpoint,
+  ``manifest.json``) that stock ONNX Runtime trains from in any language;
 - :mod:`.trainer`: :class:`Trainer`, the façade.
 
 Modules import only those listed before them (``spec`` first, ``trainer`` last).

@@ -35,6 +35,7 @@ from onnx import numpy_helper
 
 from .. import optim as _optim
 from ..random import _seed_bits
+from . import artifacts as _artifacts
 from . import checkpoint as _checkpoint
 from .backward import data_inputs
 from .graph import build_step_graph
@@ -102,7 +103,8 @@ class Trainer:
     def __init__(self, model, loss: str, optimizer: _optim.Optimizer | None = None,
                  params: Sequence[str] | None = None, policy: str = "float32",
                  threads: int | None = None, seed: int | None = None, comm=None,
-                 shard_optimizer: bool = False, collective_timeout: float | None = None):
+                 shard_optimizer: bool = False, collective_timeout: float | None = None,
+                 *, _step_graph: StepGraph | None = None):
         if isinstance(model, (str, os.PathLike)):
             model = onnx.load(os.fspath(model))
         self._model = onnx.ModelProto()
@@ -150,7 +152,8 @@ class Trainer:
         self.input_names = data_inputs(self._model)
         self.step_graph: StepGraph | None = None
         if self._dist is None:
-            self.step_graph = build_step_graph(self._model, options)
+            # _step_graph: a step graph read back (from_artifacts), not built again.
+            self.step_graph = _step_graph or build_step_graph(self._model, options)
             self.param_names = self.step_graph.param_names
             self.training_model = self.step_graph.model
             self.runtime = StepRuntime(self.step_graph, threads)
@@ -253,13 +256,7 @@ class Trainer:
         no trainops op, so plain onnxruntime runs it. Its Dropout nodes are plain ONNX
         ``Dropout`` in inference mode (as PyTorch's ``model.eval()``): any
         ``training_mode`` input is removed, so they pass their input through."""
-        m = onnx.ModelProto()
-        m.CopyFrom(self._model)
-        for n in m.graph.node:
-            if n.op_type == "Dropout" and n.domain in ("", "ai.onnx") and len(n.input) > 2:
-                ins = list(n.input[:2])
-                del n.input[:]
-                n.input.extend(ins)
+        m = _artifacts.inference_mode(self._model)
         params = self.parameters()
         for init in m.graph.initializer:
             if init.name in params:
@@ -316,3 +313,20 @@ class Trainer:
         them all, and the trainer is left exactly as it was."""
         tensors, metadata = _checkpoint.read(path)
         _checkpoint.restore(self, tensors, metadata, path)
+
+    # -- training artifacts ----------------------------------------------------------------
+    def save_artifacts(self, directory) -> dict:
+        """Write the training artifacts into ``directory`` (``docs/artifacts.md``):
+        ``training.onnx`` (one step), ``eval.onnx`` (forward and loss, no update),
+        ``inference.onnx`` (:meth:`export`), ``checkpoint.safetensors`` (every state) and
+        ``manifest.json``. Stock ONNX Runtime with the trainops library loaded trains from
+        them in any language; :meth:`from_artifacts` resumes here. Returns the manifest."""
+        return _artifacts.save(self, directory)
+
+    @classmethod
+    def from_artifacts(cls, directory, threads: int | None = None) -> "Trainer":
+        """The trainer whose artifacts (:meth:`save_artifacts`, or a checkpoint another
+        language wrote into the folder) are in ``directory``, ready to continue bit for bit:
+        the step graph from ``manifest.json`` and ``training.onnx``, the states from
+        ``checkpoint.safetensors`` (validated as :meth:`load` does)."""
+        return _artifacts.load(cls, directory, threads)
