@@ -9,15 +9,33 @@ applies from the first step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 
-__all__ = ["Adam", "Adagrad", "Momentum", "Optimizer", "from_dict"]
+__all__ = ["Adam", "Adagrad", "Momentum", "Optimizer", "check_lr", "from_dict"]
+
+
+def check_lr(lr, where: str) -> float:
+    """``lr`` as a float: TypeError if it is no real number, ValueError (PyTorch's words,
+    "Invalid learning rate: -1") if it is negative, NaN or infinite."""
+    if isinstance(lr, (bool, str, bytes)) or not hasattr(lr, "__float__"):
+        raise TypeError(f"{where}: the learning rate must be a real number, got "
+                        f"{type(lr).__name__} {lr!r}")
+    if not (math.isfinite(float(lr)) and float(lr) >= 0):
+        raise ValueError(f"Invalid learning rate: {lr} ({where}: expected a finite number "
+                         ">= 0)")
+    return float(lr)
 
 
 class Optimizer:
     op_type: str = ""
     state: tuple[str, ...] = ()  # per-parameter state tensors, in the node's input order
     lr: float
+
+    def __post_init__(self) -> None:
+        # Dataclass subclasses call this after their __init__: a bad lr fails here (and a
+        # numpy scalar becomes a float, so to_dict() stays JSON).
+        self.lr = check_lr(self.lr, type(self).__name__)
 
     def attributes(self) -> dict:
         return {k: v for k, v in asdict(self).items() if k != "lr"}

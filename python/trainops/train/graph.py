@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 from ..autodiff.backward import toposort
 from ..onnx_defs import TRAINING_DOMAIN, TRAINOPS_DOMAIN
 from .backward import forward_backward, resolve_params
+from .barrier import order_updates, pending_name
 from .spec import PREFIX as _P
 from .spec import StateEntry, StepGraph, StepOptions
 
@@ -66,21 +67,34 @@ def build_step_graph(model: onnx.ModelProto, options: StepOptions) -> StepGraph:
                        np.array([KERAS_INITIAL_LOSS_SCALE], np.float32), slot="scale"),
             StateEntry(f"{_P}/good_steps", f"{_P}/new/good_steps", "loss_scale",
                        np.array([0], np.int64), slot="good_steps")]
-        nodes.append(helper.make_node(
+        writers = [helper.make_node(
             "MixedPrecisionAdam", [r_name, t_name, f"{_P}/loss_scale"] + ps + grads + state_in,
             [f"{_P}/finite"] + [new[p] for p in ps] + state_out + [e.output for e in copy_states],
             domain=TRAINOPS_DOMAIN, name=f"{_P}/mixed_precision_adam",
-            copy_dtype=TensorProto.FLOAT16, **opt.attributes()))
-        nodes.append(helper.make_node(
+            copy_dtype=TensorProto.FLOAT16, **opt.attributes()),
+            helper.make_node(
             "DynamicLossScale", [f"{_P}/loss_scale", f"{_P}/good_steps", f"{_P}/finite"],
             [f"{_P}/new/loss_scale", f"{_P}/new/good_steps"], domain=TRAINOPS_DOMAIN,
-            name=f"{_P}/dynamic_loss_scale"))
+            name=f"{_P}/dynamic_loss_scale")]
         outs = [f"{_P}/finite"]
     else:
-        nodes.append(helper.make_node(
+        writers = [helper.make_node(
             opt.op_type, [r_name, t_name] + ps + grads + state_in,
             [new[p] for p in ps] + state_out, domain=optimizer_domain(opt),
-            name=f"{_P}/{opt.op_type.lower()}", **opt.attributes()))
+            name=f"{_P}/{opt.op_type.lower()}", **opt.attributes())]
+    # All or nothing (.barrier): the Philox ops write fresh tensors, every in-place write
+    # runs after every other node, nodes nothing needs are dropped.
+    pending = {e.output: pending_name(e.output) for e in bw.rng}
+    for n in nodes:
+        for i, o in enumerate(n.output):
+            if o in pending:
+                n.output[i] = pending[o]
+    for v in g.value_info:
+        if v.name in pending:
+            v.name = pending[v.name]
+    nodes = order_updates(nodes, writers, [loss_out] + list(pending.values()), t_name,
+                          [(pending[e.output], e.output, e.initial.shape) for e in bw.rng],
+                          bw.opset)
 
     r_type = TensorProto.DOUBLE if any(ptypes[p] == TensorProto.DOUBLE for p in ps) \
         and not mixed else TensorProto.FLOAT
