@@ -12,7 +12,8 @@ use crate::trainer::Batch;
 /// `<input>/<i>` (the input name may itself contain `/`: the index is after the last one),
 /// `i` from 0 to `n - 1` with every input present in every batch. [`Error::Checkpoint`]
 /// listing every problem otherwise.
-pub fn read_batches(path: &Path) -> Result<Vec<Batch>> {
+pub fn read_batches(path: impl AsRef<Path>) -> Result<Vec<Batch>> {
+    let path = path.as_ref();
     let file = checkpoint::read(path)?;
     let mut by_index: BTreeMap<usize, Batch> = BTreeMap::new();
     let mut problems = Vec::new();

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use crate::tensor::DType;
+use crate::dtype::DType;
 
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;

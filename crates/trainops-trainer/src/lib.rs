@@ -20,7 +20,7 @@
 //!
 //! # fn main() -> trainops_trainer::Result<()> {
 //! let mut trainer = Trainer::from_artifacts("artifacts")?;
-//! let batches = read_batches("batches.safetensors".as_ref())?;
+//! let batches = read_batches("batches.safetensors")?;
 //! for i in 0..100 {
 //!     let loss = trainer.step(&batches[i % batches.len()])?;
 //!     println!("{}", trainops_trainer::format_g(loss, 9));
@@ -38,6 +38,7 @@
 
 mod batches;
 pub mod checkpoint;
+mod dtype;
 mod error;
 mod format;
 pub mod manifest;
@@ -46,8 +47,9 @@ mod tensor;
 mod trainer;
 
 pub use batches::read_batches;
+pub use dtype::DType;
 pub use error::{Error, Result};
 pub use format::{format_g, python_repr};
 pub use manifest::Manifest;
-pub use tensor::{DType, Element, HostTensor};
+pub use tensor::{Element, HostTensor};
 pub use trainer::{Batch, Trainer, TrainerOptions, MODEL_KEY};
