@@ -1,0 +1,259 @@
+"""Standard-op expansions of the optimizer nodes ``ai.onnx.preview.training::Adam``,
+``Adagrad``, ``Momentum`` and ``com.trainops::AdamW``.
+
+Each function takes the node, the element types of the values it reads and the set of
+names taken in the graph, and returns an :class:`~trainops.portable.emit.Expansion`. The
+expansions do the kernels' operations (``crates/trainops-kernels/src/optim/*/mod.rs``,
+``update`` and the per-call coefficients) one ONNX node each, in the kernels' order:
+
+- scalar coefficients from attributes are formed in float64 from the float32 attribute
+  and rounded once to the compute type (initializers);
+- the per-call learning rate is computed in float64 from ``R`` and ``T`` (``Pow`` on
+  doubles, as ``f64::powf``) and rounded once to the compute type with ``Cast``;
+- float16 and bfloat16 tensors are widened to float32 with ``Cast``, updated in float32
+  and narrowed back (round to nearest even); double tensors are updated in double.
+
+So on a CPU that rounds every ``Mul``/``Add``/``Sub``/``Div``/``Sqrt`` correctly (no
+fused multiply-add) the result has the fused kernels' bits.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from .emit import (BFLOAT16, DOUBLE, FLOAT, FLOAT16, FLOAT_TYPES, INT64, Emitter, Expansion,
+                   ExpansionError, float_attrs)
+
+__all__ = ["adam", "adagrad", "momentum", "adamw", "ADAM_DEFAULTS", "ADAGRAD_DEFAULTS",
+           "ADAMW_DEFAULTS", "split_groups", "adam_rate", "adam_update"]
+
+ADAM_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-6, "norm_coefficient": 0.0,
+                 "norm_coefficient_post": 0.0}
+ADAGRAD_DEFAULTS = {"decay_factor": 0.0, "epsilon": 1e-6, "norm_coefficient": 0.0}
+MOMENTUM_ATTRS = {"alpha": None, "beta": None, "norm_coefficient": None}
+# AdamW as PyTorch's torch.optim.AdamW: alpha/beta are betas[0]/betas[1].
+ADAMW_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-8, "weight_decay": 0.01}
+
+
+def split_groups(e: Emitter, scalars: list[str], groups: str, out_groups: int,
+                 extra_outputs: int = 0) -> tuple[int, list[list[str]], list[list[str]]]:
+    """Checks the variadic arity ``len(scalars) + len(groups) * n`` inputs and
+    ``extra_outputs + out_groups * n`` outputs (``n >= 1``); returns ``n``, the input
+    groups and the output groups (after the extra outputs)."""
+    node = e.node
+    k, m = len(scalars), len(groups)
+    n, rest = divmod(len(node.input) - k, m)
+    want = (f"{k} + {m}n inputs ({', '.join(scalars)}, then "
+            f"{', '.join(f'{p}_1..{p}_n' for p in groups)}, n >= 1)")
+    if n < 1 or rest:
+        raise ExpansionError(e.where(f"expected {want}, got {len(node.input)}"))
+    if len(node.output) != extra_outputs + out_groups * n:
+        raise ExpansionError(e.where(f"expected {extra_outputs + out_groups * n} outputs for "
+                                     f"n = {n} tensors, got {len(node.output)}"))
+    ins = list(node.input[k:])
+    outs = list(node.output[extra_outputs:])
+    return (n, [ins[j * n:(j + 1) * n] for j in range(m)],
+            [outs[j * n:(j + 1) * n] for j in range(out_groups)])
+
+
+def _rate_inputs(e: Emitter) -> tuple[str, str, str]:
+    """(R as a float64 scalar, T as an int64 scalar, T as a float64 scalar)."""
+    r, t = e.node.input[0], e.node.input[1]
+    re = e.elem(r, "R", (FLOAT, DOUBLE))
+    e.elem(t, "T", (INT64,))
+    rd = e.cast(e.scalar(r), re, DOUBLE)
+    ts = e.scalar(t)
+    return rd, ts, e.op("Cast", ts, to=DOUBLE, hint="t")
+
+
+def _tensor_types(e: Emitter, i: int, streams: dict[str, str], gradient: str) -> tuple[int, int]:
+    """Checks tensor ``i``'s streams (``{group letter: name}``): weights float, double,
+    float16 or bfloat16, every stream but the gradient of X's type, the gradient of X's
+    type or 16-bit with float32 weights. Returns (X's type, G's type)."""
+    xe = e.elem(streams["X"], f"X_{i}", FLOAT_TYPES)
+    ge = xe
+    for p, name in streams.items():
+        if p == "X":
+            continue
+        if p == gradient:
+            allowed = (xe, FLOAT16, BFLOAT16) if xe == FLOAT else (xe,)
+            ge = e.elem(name, f"{p}_{i}", allowed)
+        else:
+            e.elem(name, f"{p}_{i}", (xe,))
+    return xe, ge
+
+
+def compute_type(elem: int) -> int:
+    """The type the kernels compute in for tensors of ``elem``: double for double, else
+    float."""
+    return DOUBLE if elem == DOUBLE else FLOAT
+
+
+def adam_rate(e: Emitter, alpha: float, beta: float) -> str:
+    """``T > 0 ? R * sqrt(1 - beta^T) / (1 - alpha^T) : R`` in float64 (a scalar)."""
+    rd, ts, td = _rate_inputs(e)
+    one = e.const(1.0, DOUBLE)
+    pa = e.op("Pow", e.const(alpha, DOUBLE), td)
+    pb = e.op("Pow", e.const(beta, DOUBLE), td)
+    r = e.op("Div", e.op("Mul", rd, e.op("Sqrt", e.op("Sub", one, pb))), e.op("Sub", one, pa))
+    return e.select(e.op("Greater", ts, e.const(0, INT64)), r, rd, DOUBLE)
+
+
+def adam_update(e: Emitter, c: int, a: Mapping[str, float], rate: str, x: str, g: str,
+                v: str, h: str, loss_scale: str | None = None) -> tuple[str, str, str]:
+    """The Adam kernel's ``update`` on compute-type values; returns ``(x', v', h')``."""
+    k = lambda value: e.const(value, c)  # noqa: E731 - a coefficient rounded once to c
+    if loss_scale is not None:
+        g = e.op("Div", g, loss_scale, hint="g")
+    g = e.op("Add", e.op("Mul", k(a["norm_coefficient"]), x), g, hint="g")
+    v = e.op("Add", e.op("Mul", k(a["alpha"]), v), e.op("Mul", k(1.0 - a["alpha"]), g), hint="v")
+    gg = e.op("Mul", g, g)
+    h = e.op("Add", e.op("Mul", k(a["beta"]), h), e.op("Mul", k(1.0 - a["beta"]), gg), hint="h")
+    denom = e.op("Add", e.sqrt(h, c), k(a["epsilon"]))
+    x = e.op("Sub", x, e.op("Mul", rate, e.op("Div", v, denom)))
+    x = e.op("Mul", k(1.0 - a["norm_coefficient_post"]), x, hint="x")
+    return x, v, h
+
+
+class _Rates:
+    """A float64 scalar rounded once per compute type (cached)."""
+
+    def __init__(self, e: Emitter, rate: str):
+        self.e, self.rate, self.cache = e, rate, {}
+
+    def __getitem__(self, c: int) -> str:
+        if c not in self.cache:
+            self.cache[c] = self.e.cast(self.rate, DOUBLE, c)
+        return self.cache[c]
+
+
+def adam(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
+    """``ai.onnx.preview.training::Adam`` (all attributes, any number of tensors)."""
+    e = Emitter(node, types, taken, **options)
+    a = float_attrs(node, ADAM_DEFAULTS)
+    n, (xs, gs, vs, hs), (xo, vo, ho) = split_groups(e, ["R", "T"], "XGVH", 3)
+    rates = _Rates(e, adam_rate(e, a["alpha"], a["beta"]))
+    for i in range(n):
+        xe, ge = _tensor_types(e, i + 1, {"X": xs[i], "G": gs[i], "V": vs[i], "H": hs[i]}, "G")
+        c = compute_type(xe)
+        x, v, h = adam_update(e, c, a, rates[c], e.cast(xs[i], xe, c), e.cast(gs[i], ge, c),
+                              e.cast(vs[i], xe, c), e.cast(hs[i], xe, c))
+        for value, out in ((x, xo[i]), (v, vo[i]), (h, ho[i])):
+            e.output(value, out, c, xe)
+    return e.finish()
+
+
+def adagrad(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
+    """``ai.onnx.preview.training::Adagrad``: ``r = R / (1 + T * decay_factor)`` in
+    float64, then ``g = norm * x + g; h' = h + g * g; x' = x - (r * g) / (sqrt(h') + eps)``."""
+    e = Emitter(node, types, taken, **options)
+    a = float_attrs(node, ADAGRAD_DEFAULTS)
+    n, (xs, gs, hs), (xo, ho) = split_groups(e, ["R", "T"], "XGH", 2)
+    rd, _, td = _rate_inputs(e)
+    rate = e.op("Div", rd, e.op("Add", e.const(1.0, DOUBLE),
+                                e.op("Mul", td, e.const(a["decay_factor"], DOUBLE))), hint="rate")
+    rates = _Rates(e, rate)
+    for i in range(n):
+        xe, ge = _tensor_types(e, i + 1, {"X": xs[i], "G": gs[i], "H": hs[i]}, "G")
+        c = compute_type(xe)
+        k = lambda value: e.const(value, c)  # noqa: E731
+        x, g, h = e.cast(xs[i], xe, c), e.cast(gs[i], ge, c), e.cast(hs[i], xe, c)
+        g = e.op("Add", e.op("Mul", k(a["norm_coefficient"]), x), g, hint="g")
+        h = e.op("Add", h, e.op("Mul", g, g), hint="h")
+        step = e.op("Div", e.op("Mul", rates[c], g), e.op("Add", e.sqrt(h, c), k(a["epsilon"])))
+        x = e.op("Sub", x, step, hint="x")
+        e.output(x, xo[i], c, xe)
+        e.output(h, ho[i], c, xe)
+    return e.finish()
+
+
+def momentum(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
+    """``ai.onnx.preview.training::Momentum``, ``mode`` standard or nesterov:
+    ``g = norm * x + g; v' = alpha * v + beta' * g`` (``beta' = T > 0 ? beta : 1``), then
+    ``x' = x - R * v'`` or ``x' = x - R * (g + alpha * v')``."""
+    from onnx import AttributeProto
+
+    e = Emitter(node, types, taken, **options)
+    a = float_attrs(node, MOMENTUM_ATTRS)
+    modes = [x for x in node.attribute if x.name == "mode"]
+    if not modes or modes[0].type != AttributeProto.STRING:
+        raise ExpansionError(e.where("attribute 'mode' is required (a string)"))
+    mode = modes[0].s.decode()
+    if mode not in ("standard", "nesterov"):
+        raise ExpansionError(e.where(f"attribute 'mode': expected \"standard\" or "
+                                     f"\"nesterov\", got {mode!r}"))
+    n, (xs, gs, vs), (xo, vo) = split_groups(e, ["R", "T"], "XGV", 2)
+    r, t = node.input[0], node.input[1]
+    re = e.elem(r, "R", (FLOAT, DOUBLE))
+    e.elem(t, "T", (INT64,))
+    rs, positive = e.scalar(r), e.op("Greater", e.scalar(t), e.const(0, INT64))
+    coeffs: dict[int, tuple[str, str]] = {}
+    for i in range(n):
+        xe, ge = _tensor_types(e, i + 1, {"X": xs[i], "G": gs[i], "V": vs[i]}, "G")
+        c = compute_type(xe)
+        k = lambda value: e.const(value, c)  # noqa: E731
+        if c not in coeffs:  # R rounded to c; beta or 1 by T
+            coeffs[c] = (e.cast(rs, re, c), e.select(positive, k(a["beta"]), k(1.0), c))
+        rate, beta = coeffs[c]
+        x, g, v = e.cast(xs[i], xe, c), e.cast(gs[i], ge, c), e.cast(vs[i], xe, c)
+        g = e.op("Add", e.op("Mul", k(a["norm_coefficient"]), x), g, hint="g")
+        v = e.op("Add", e.op("Mul", k(a["alpha"]), v), e.op("Mul", beta, g), hint="v")
+        if mode == "standard":
+            step = e.op("Mul", rate, v)
+        else:
+            step = e.op("Mul", rate, e.op("Add", g, e.op("Mul", k(a["alpha"]), v)))
+        x = e.op("Sub", x, step, hint="x")
+        e.output(x, xo[i], c, xe)
+        e.output(v, vo[i], c, xe)
+    return e.finish()
+
+
+def adamw(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
+    """``com.trainops::AdamW`` as PyTorch's ``torch.optim.AdamW`` computes it (single
+    tensor, CPU): inputs ``R, T, X..., G..., V... (exp_avg), H... (exp_avg_sq)``, outputs
+    ``X_new..., V_new..., H_new...``; attributes ``alpha`` (beta1), ``beta`` (beta2),
+    ``epsilon``, ``weight_decay``. Per call, in float64: ``decay = 1 - R * wd``,
+    ``step = R / (1 - alpha^T)``, ``bc2 = sqrt(1 - beta^T)``, each rounded once to the
+    compute type; per element::
+
+        x  = x * decay
+        v' = lerp(v, g, w)     w = 1 - alpha: w < 0.5 ? v + w * (g - v) : g - (g - v) * (1 - w)
+        h' = h * beta + ((1 - beta) * g) * g
+        x' = x - (step * v') / (sqrt(h') / bc2 + epsilon)
+
+    ``T`` must be at least 1 (``T = 0`` divides by zero, as PyTorch would).
+    """
+    import numpy as np
+
+    e = Emitter(node, types, taken, **options)
+    a = float_attrs(node, ADAMW_DEFAULTS)
+    n, (xs, gs, vs, hs), (xo, vo, ho) = split_groups(e, ["R", "T"], "XGVH", 3)
+    rd, _, td = _rate_inputs(e)
+    one = e.const(1.0, DOUBLE)
+    decay = e.op("Sub", one, e.op("Mul", rd, e.const(a["weight_decay"], DOUBLE)), hint="decay")
+    bc1 = e.op("Sub", one, e.op("Pow", e.const(a["alpha"], DOUBLE), td))
+    step = e.op("Div", rd, bc1, hint="step")
+    bc2 = e.op("Sqrt", e.op("Sub", one, e.op("Pow", e.const(a["beta"], DOUBLE), td)), hint="bc2")
+    scalars = {name: _Rates(e, value) for name, value in
+               (("decay", decay), ("step", step), ("bc2", bc2))}
+    for i in range(n):
+        xe, ge = _tensor_types(e, i + 1, {"X": xs[i], "G": gs[i], "V": vs[i], "H": hs[i]}, "G")
+        c = compute_type(xe)
+        k = lambda value: e.const(value, c)  # noqa: E731
+        cnp = np.float64 if c == DOUBLE else np.float32
+        w = cnp(1.0 - a["alpha"])  # the lerp weight, in the compute type
+        x, g, v, h = (e.cast(xs[i], xe, c), e.cast(gs[i], ge, c), e.cast(vs[i], xe, c),
+                      e.cast(hs[i], xe, c))
+        x = e.op("Mul", x, scalars["decay"][c], hint="x")
+        diff = e.op("Sub", g, v)
+        if w < 0.5:
+            v = e.op("Add", v, e.op("Mul", k(w), diff), hint="v")
+        else:
+            v = e.op("Sub", g, e.op("Mul", diff, k(cnp(1) - w)), hint="v")
+        h = e.op("Add", e.op("Mul", h, k(a["beta"])),
+                 e.op("Mul", e.op("Mul", k(1.0 - a["beta"]), g), g), hint="h")
+        denom = e.op("Add", e.op("Div", e.sqrt(h, c), scalars["bc2"][c]), k(a["epsilon"]))
+        x = e.op("Sub", x, e.op("Div", e.op("Mul", scalars["step"][c], v), denom), hint="x")
+        for value, out in ((x, xo[i]), (v, vo[i]), (h, ho[i])):
+            e.output(value, out, c, xe)
+    return e.finish()

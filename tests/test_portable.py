@@ -1,0 +1,543 @@
+"""trainops.portable: the standard-op rewrite of the optimizer and mixed-precision nodes
+has the fused kernels' bits.
+
+Each case runs a one-node model with the library (the fused kernel) and its rewrite in a
+plain onnxruntime session without the library, both on the CPU EP with the state updated in
+place through IOBinding, for many steps on the same random data (odd lengths, zeros, huge
+and tiny values, broadcast gradients, non-finite gradients for the mixed-precision step),
+and compares every output bitwise after every step. AdamW (which has no fused kernel here
+yet) is checked bitwise against a numpy float32 transcription of PyTorch's arithmetic.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import onnx
+import pytest
+
+from helpers.checks import ulp_distance
+from helpers.data import BF16, F16, F32, F64
+from trainops.bfloat16 import from_ortvalue, to_ortvalue
+from trainops.models import (adagrad_model, adam_model, all_finite_model, dynamic_loss_scale_model,
+                             momentum_model, mixed_precision_adam_model, node_model)
+from trainops.onnx_defs import TRAINING_DOMAIN, TRAINOPS_DOMAIN
+from trainops.portable import ExpansionError, custom_nodes, rewrite
+
+STEPS = 50
+SHAPES = [(0,), (1,), (7,), (3, 11), (1027,)]
+G_SHAPES = [(0,), (1,), (7,), (11,), (1027,)]  # (11,) broadcasts to (3, 11)
+HUGE = {F32: 1e30, F64: 1e300, F16: 3e4, BF16: 1e36}
+TINY = {F32: 1e-41, F64: 1e-310, F16: 1e-7, BF16: 1e-40}
+
+
+def plain_session(model):
+    """A CPU session WITHOUT the trainops library: the rewrite must run on stock ORT."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+
+
+def spiky(rng, shape, dtype, scale=1.0, positive=False):
+    """Normal values times ``scale`` with about 10% zeros (both signs), 3% huge and 3%
+    tiny (subnormal) values of ``dtype``."""
+    a = rng.standard_normal(shape) * scale
+    u = rng.random(shape)
+    a = np.where(u < 0.05, 0.0, a)
+    a = np.where((u >= 0.05) & (u < 0.1), -0.0, a)
+    a = np.where((u >= 0.1) & (u < 0.13), np.sign(a) * HUGE[np.dtype(dtype)], a)
+    a = np.where((u >= 0.13) & (u < 0.16), np.sign(a) * TINY[np.dtype(dtype)], a)
+    if positive:
+        a = np.abs(a)
+    return a.astype(dtype)
+
+
+def poison(rng, a, every=5):
+    """A copy of ``a`` with a few Inf/-Inf/NaN elements (about one in ``every``)."""
+    a = np.array(a, copy=True)
+    if a.size:
+        flat = a.reshape(-1)
+        k = rng.random(flat.size) < 1.0 / every
+        flat[k] = rng.choice(np.array([np.inf, -np.inf, np.nan]), size=int(k.sum())).astype(a.dtype)
+    return a
+
+
+class InPlace:
+    """Runs ``session`` with each ``(output, input)`` of ``pairs`` bound to the input's own
+    buffer (the arrays in ``state``, updated in place); other inputs are fed per step and
+    the remaining outputs are returned."""
+
+    def __init__(self, session, state: dict, pairs: dict):
+        self.session = session
+        self.state = {k: np.array(v, copy=True) for k, v in state.items()}
+        self.values = {k: to_ortvalue(v) for k, v in self.state.items()}
+        self.pairs = pairs
+
+    def step(self, feeds: dict) -> dict:
+        binding = self.session.io_binding()
+        keep = []
+        for name, value in self.values.items():
+            binding.bind_ortvalue_input(name, value)
+        for name, a in feeds.items():
+            keep.append(to_ortvalue(a))
+            binding.bind_ortvalue_input(name, keep[-1])
+        outs = [o.name for o in self.session.get_outputs()]
+        for name in outs:
+            if name in self.pairs:
+                binding.bind_ortvalue_output(name, self.values[self.pairs[name]])
+            else:
+                binding.bind_output(name, "cpu")
+        self.session.run_with_iobinding(binding)
+        got = {}
+        for name, value in zip(outs, binding.get_outputs()):
+            if name in self.pairs:
+                assert value.data_ptr() == self.values[self.pairs[name]].data_ptr(), name
+            else:
+                got[name] = from_ortvalue(value)
+        return got
+
+
+def assert_same_bits(name, got, want, step, nan_bits=True):
+    """Same dtype, shape and bytes; with ``nan_bits=False`` a NaN matches any NaN (the
+    positions of NaN must still agree)."""
+    got, want = np.asarray(got), np.asarray(want)
+    if not nan_bits and got.dtype != np.bool_:
+        nan = np.isnan(got.astype(np.float64))
+        assert np.array_equal(nan, np.isnan(want.astype(np.float64))), f"step {step}, {name}: NaN at other places"
+        got, want = np.where(nan, 0, got).astype(got.dtype), np.where(nan, 0, want).astype(want.dtype)
+    assert got.dtype == want.dtype and got.shape == want.shape, (name, got.dtype, got.shape,
+                                                                  want.dtype, want.shape)
+    if got.tobytes() == want.tobytes():
+        return
+    g, w = got.reshape(-1), want.reshape(-1)
+    gb, wb = g.view(f"u{g.itemsize}"), w.view(f"u{w.itemsize}")
+    diff = np.flatnonzero(gb != wb)
+    k = int(diff[0])
+    ulps = int(np.max(ulp_distance(g[diff], w[diff]))) if got.dtype != np.bool_ else None
+    raise AssertionError(f"step {step}, {name}: {diff.size} of {g.size} elements differ; first at "
+                         f"{k}: portable {g[k]!r} ({int(gb[k]):#x}) vs fused {w[k]!r} ({int(wb[k]):#x}); "
+                         f"at most {ulps} ulps")
+
+
+def assert_standard_only(model):
+    """Only default-domain nodes, no custom domain imported, and a model onnx accepts."""
+    domains = {n.domain for n in model.graph.node}
+    assert domains <= {"", "ai.onnx"}, domains
+    imported = {o.domain for o in model.opset_import}
+    assert TRAINING_DOMAIN not in imported and TRAINOPS_DOMAIN not in imported, imported
+    assert not custom_nodes(model)
+    onnx.checker.check_model(model)
+
+
+def run_pair(make_session, model, state, pairs, feeds_of, steps=STEPS, nan_bits=True):
+    """Steps the fused model and its rewrite in place with the same feeds; compares every
+    state array and every other output bitwise after each step. Returns the rewrite."""
+    portable = rewrite(model)
+    assert_standard_only(portable)
+    assert [i.name for i in portable.graph.input] == [i.name for i in model.graph.input]
+    assert [o.name for o in portable.graph.output] == [o.name for o in model.graph.output]
+    fused = InPlace(make_session(model), state, pairs)
+    plain = InPlace(plain_session(portable), state, pairs)
+    for step in range(steps):
+        feeds = feeds_of(step)
+        want, got = fused.step(feeds), plain.step(feeds)
+        for name in want:
+            assert_same_bits(name, got[name], want[name], step, nan_bits)
+        for name in state:
+            assert_same_bits(name, plain.state[name], fused.state[name], step, nan_bits)
+    return portable, fused.state
+
+
+def optimizer_case(rng, groups, dtype, g_dtype, shapes=SHAPES, g_shapes=G_SHAPES):
+    """Initial state for streams ``groups`` (the first is X, second-moment ``H`` >= 0)."""
+    state = {}
+    for p in groups:
+        for i, s in enumerate(shapes):
+            state[f"{p}_{i + 1}"] = spiky(rng, s, dtype, 0.1 if p != "X" else 1.0,
+                                          positive=p == "H")
+    grads = [[spiky(rng, s, g_dtype) for s in g_shapes] for _ in range(4)]
+    return state, grads
+
+
+def feeds_for(rng, grads, r_dtype, t0=1, extra=None):
+    rates = 10.0 ** rng.uniform(-4, -1, size=STEPS)
+
+    def feeds(step):
+        f = {"R": np.array(rates[step], dtype=r_dtype), "T": np.array(t0 + step, dtype=np.int64)}
+        f.update({f"G_{i + 1}": g for i, g in enumerate(grads[step % len(grads)])})
+        if extra:
+            f.update(extra(step))
+        return f
+
+    return feeds
+
+
+TYPES = [(F32, F32), (F64, F64), (F16, F16), (BF16, BF16), (F32, F16), (F32, BF16)]
+TYPE_IDS = ["f32", "f64", "f16", "bf16", "f32-g16", "f32-gbf16"]
+
+
+def pairs_of(groups, n):
+    return {f"{p}_{i}_new": f"{p}_{i}" for p in groups for i in range(1, n + 1)}
+
+
+@pytest.mark.parametrize("dtype,g_dtype", TYPES, ids=TYPE_IDS)
+@pytest.mark.parametrize("attrs,r_dtype,t0", [
+    ({}, F32, 1),
+    (dict(alpha=0.85, beta=0.995, epsilon=1e-7, norm_coefficient=0.01,
+          norm_coefficient_post=0.02), F64, 0),
+], ids=["defaults", "all-attributes"])
+def test_adam_bitwise(make_session, rng, dtype, g_dtype, attrs, r_dtype, t0):
+    model = adam_model(SHAPES, dtype, r_dtype, G_SHAPES, g_dtype=g_dtype, **attrs)
+    state, grads = optimizer_case(rng, "XVH", dtype, g_dtype)
+    run_pair(make_session, model, state, pairs_of("XVH", len(SHAPES)),
+             feeds_for(rng, grads, r_dtype, t0))
+
+
+@pytest.mark.parametrize("dtype,g_dtype", TYPES, ids=TYPE_IDS)
+@pytest.mark.parametrize("attrs,r_dtype", [
+    ({}, F32),
+    (dict(decay_factor=0.1, epsilon=1e-7, norm_coefficient=0.01), F64),
+], ids=["defaults", "all-attributes"])
+def test_adagrad_bitwise(make_session, rng, dtype, g_dtype, attrs, r_dtype):
+    model = adagrad_model(SHAPES, dtype, r_dtype, G_SHAPES, g_dtype=g_dtype, **attrs)
+    state, grads = optimizer_case(rng, "XH", dtype, g_dtype)
+    run_pair(make_session, model, state, pairs_of("XH", len(SHAPES)),
+             feeds_for(rng, grads, r_dtype, 0))
+
+
+@pytest.mark.parametrize("dtype,g_dtype", TYPES, ids=TYPE_IDS)
+@pytest.mark.parametrize("mode,r_dtype", [("standard", F64), ("nesterov", F32)])
+def test_momentum_bitwise(make_session, rng, dtype, g_dtype, mode, r_dtype):
+    model = momentum_model(SHAPES, dtype, r_dtype, G_SHAPES, g_dtype=g_dtype, alpha=0.9,
+                           beta=0.7, mode=mode, norm_coefficient=0.01)
+    state, grads = optimizer_case(rng, "XV", dtype, g_dtype)
+    run_pair(make_session, model, state, pairs_of("XV", len(SHAPES)),
+             feeds_for(rng, grads, r_dtype, 0))
+
+
+def float_sqrt_is_correctly_rounded() -> bool:
+    """Whether this onnxruntime's CPU ``Sqrt`` on float32 rounds correctly (1.17's does
+    not: Eigen's fast path), probed on values where an approximation shows."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Sqrt", ["a"], ["z"])], "g",
+                              [helper.make_tensor_value_info("a", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    a = np.random.default_rng(0).random(4096).astype(F32) * 100
+    a[:3] = [np.inf, 1e-41, -0.0]
+    z = plain_session(model).run(None, {"a": a})[0]
+    return z.tobytes() == np.sqrt(a).tobytes()
+
+
+@pytest.mark.parametrize("dtype,g_dtype", TYPES[:1] + TYPES[2:], ids=TYPE_IDS[:1] + TYPE_IDS[2:])
+def test_native_sqrt_is_bitwise_where_sqrt_rounds_correctly(make_session, rng, dtype, g_dtype):
+    """``sqrt="native"`` (float32 Sqrt, for EPs without float64) is bitwise too on a
+    runtime whose float Sqrt is correctly rounded."""
+    if not float_sqrt_is_correctly_rounded():
+        pytest.skip("this onnxruntime's float32 Sqrt is not correctly rounded (1.17's is not)")
+    model = adam_model(SHAPES, dtype, F32, G_SHAPES, g_dtype=g_dtype, norm_coefficient=0.01)
+    portable = rewrite(model, sqrt="native")
+    casts = lambda m: sum(n.op_type == "Cast" for n in m.graph.node)  # noqa: E731
+    assert casts(portable) < casts(rewrite(model))  # no float64 round trip per tensor
+    state, grads = optimizer_case(rng, "XVH", dtype, g_dtype)
+    fused = InPlace(make_session(model), state, pairs_of("XVH", len(SHAPES)))
+    plain = InPlace(plain_session(portable), state, pairs_of("XVH", len(SHAPES)))
+    feeds_of = feeds_for(rng, grads, F32)
+    for step in range(STEPS):
+        fused.step(feeds_of(step))
+        plain.step(feeds_of(step))
+        for name in state:
+            assert_same_bits(name, plain.state[name], fused.state[name], step)
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, F16])
+def test_optimizers_on_non_finite_gradients(make_session, rng, dtype):
+    """Inf and NaN gradients: Inf and NaN land in the same places and every other value
+    has the same bits. A NaN's own bits may differ: where two NaNs meet in one Add or Mul,
+    x86 returns the first operand's, and which operand comes first is the compiler's choice
+    (in onnxruntime's Add, in the kernels' SIMD code)."""
+    model = adam_model(SHAPES, dtype, F32, G_SHAPES, norm_coefficient=0.01)
+    state, grads = optimizer_case(rng, "XVH", dtype, dtype)
+    grads = [[poison(rng, g, 50) for g in gs] for gs in grads]
+    run_pair(make_session, model, state, pairs_of("XVH", len(SHAPES)),
+             feeds_for(rng, grads, F32), steps=10, nan_bits=False)
+
+
+MIXED_SHAPES = [(0,), (1,), (7,), (1027,)]
+
+
+@pytest.mark.parametrize("g_dtype", [F16, BF16, F32])
+@pytest.mark.parametrize("copy_dtype", [0, 10, 16])
+def test_mixed_precision_adam_bitwise(make_session, rng, g_dtype, copy_dtype):
+    """Skipped steps (Inf/NaN gradients, or a finite float32 gradient that overflows once
+    divided by a loss scale below 1) leave the state alone in both."""
+    n = len(MIXED_SHAPES)
+    model = mixed_precision_adam_model(MIXED_SHAPES, g_dtype, copy_dtype or None,
+                                       alpha=0.88, beta=0.99, norm_coefficient=0.001)
+    state, grads = optimizer_case(rng, "XVH", F32, g_dtype, MIXED_SHAPES, MIXED_SHAPES)
+    grads = [[(np.where(np.abs(g.astype(F32)) > 100, 1, g.astype(F32)) * 64).astype(g_dtype)
+              for g in gs] for gs in grads]  # scaled by the loss scale, finite
+    bad = [[poison(rng, g, 200) for g in gs] for gs in grads]
+    scales = [64.0, 0.5, 1.0, 2.0 ** 20]
+    base = feeds_for(rng, grads, F32)
+
+    def feeds(step):
+        f = base(step)
+        f["loss_scale"] = np.array(scales[step % 4], np.float32)
+        if step % 7 == 3:
+            f.update({f"G_{i + 1}": g for i, g in enumerate(bad[step % 4])})
+        if step % 11 == 5 and g_dtype == F32:
+            f["G_4"] = np.full(MIXED_SHAPES[3], 3e38, np.float32)
+            f["loss_scale"] = np.array(0.25, np.float32)
+        return f
+
+    flags = []
+    portable, _ = run_pair(make_session, model, state, pairs_of("XVH", n), feeds)
+    sess = InPlace(plain_session(portable), state, pairs_of("XVH", n))
+    for step in range(STEPS):
+        flags.append(bool(sess.step(feeds(step))["finite"]))
+    assert not all(flags) and any(flags), flags  # both kinds of step were exercised
+
+
+def test_dynamic_loss_scale_bitwise(make_session, rng):
+    model = dynamic_loss_scale_model(growth_interval=3, growth_factor=2.0, backoff_factor=0.25,
+                                     min_scale=2.0 ** -20)
+    finite = rng.random(STEPS) < 0.8
+    starts = [(65536.0, 0), (3.0e38, 2), (2.0 ** -19, 0), (1.0, 2 ** 63 - 1), (-0.0, 0),
+              (np.nan, 1), (np.inf, 0)]
+    for scale, good in starts:
+        state = {"scale": np.array(scale, np.float32), "good_steps": np.array(good, np.int64)}
+        pairs = {"new_scale": "scale", "new_good_steps": "good_steps"}
+        run_pair(make_session, model, state, pairs,
+                 lambda step: {"finite": np.array(finite[step])})
+
+
+def test_dynamic_loss_scale_keeps_shapes(make_session):
+    model = dynamic_loss_scale_model(shape=(1, 1))
+    portable = rewrite(model)
+    feeds = {"scale": np.full((1, 1), 8.0, np.float32), "good_steps": np.full((1, 1), 5),
+             "finite": np.full((1, 1), False)}
+    got = plain_session(portable).run(None, feeds)
+    want = make_session(model).run(None, feeds)
+    assert [a.shape for a in got] == [(1, 1), (1, 1)]
+    for g, w in zip(got, want):
+        assert g.tobytes() == w.tobytes() and g.dtype == w.dtype
+
+
+@pytest.mark.parametrize("dtypes", [[F32], [F64, F16], [BF16, F32, F16], [F16, F16]])
+def test_all_finite_bitwise(make_session, rng, dtypes):
+    shapes = [(1027,), (5, 3), (0,), (1,)][:len(dtypes)]
+    model = all_finite_model(dtypes, shapes)
+    portable = rewrite(model)
+    assert_standard_only(portable)
+    fused, plain = make_session(model), plain_session(portable)
+    seen = set()
+    for step in range(STEPS):
+        xs = [spiky(rng, s, dt) for s, dt in zip(shapes, dtypes)]
+        if step % 2:
+            k = step % len(dtypes)
+            xs[k] = poison(rng, xs[k], 100)
+        feeds = {f"x_{i + 1}": x for i, x in enumerate(xs)}
+        want = InPlace(fused, {}, {}).step(feeds)["finite"]
+        got = InPlace(plain, {}, {}).step(feeds)["finite"]
+        assert got.dtype == want.dtype == np.bool_ and got.shape == want.shape == ()
+        assert got == want, step
+        seen.add(bool(want))
+    assert seen == {True, False}
+
+
+# --- AdamW: PyTorch's arithmetic --------------------------------------------------------
+
+def adamw_model(shapes, dtype, **attrs):
+    n = len(shapes)
+    inputs = [("R", F64, ()), ("T", np.int64, ())]
+    inputs += [(f"{p}_{i + 1}", dtype, shapes[i]) for p in "XGVH" for i in range(n)]
+    outputs = [(f"{p}_{i + 1}_new", dtype, shapes[i]) for p in "XVH" for i in range(n)]
+    return node_model("AdamW", inputs, outputs, domain=TRAINOPS_DOMAIN, **attrs)
+
+
+def torch_adamw_step(lr, t, x, g, m, v, b1, b2, eps, wd, c):
+    """One step of ``torch.optim.AdamW`` (``_single_tensor_adam``, CPU) transcribed to numpy
+    in the compute type ``c``: scalars in Python floats (float64), rounded once to ``c``."""
+    x = x * c(1 - lr * wd)
+    w = c(1 - b1)
+    m = m + w * (g - m) if w < 0.5 else g - (g - m) * (c(1) - w)
+    v = v * c(b2) + (c(1 - b2) * g) * g
+    step_size = lr / (1 - b1 ** t)
+    bc2 = math.sqrt(1 - b2 ** t)
+    denom = np.sqrt(v) / c(bc2) + c(eps)
+    return x - (c(step_size) * m) / denom, m, v
+
+
+@pytest.mark.parametrize("dtype", [F32, F64])
+@pytest.mark.parametrize("b1", [0.9, 0.3])  # the two branches of torch's lerp
+def test_adamw_matches_torch_arithmetic(rng, dtype, b1):
+    shapes = SHAPES[:3] + [(33, 5)]
+    attrs = dict(alpha=b1, beta=0.999, epsilon=1e-8, weight_decay=0.05)
+    f = {k: float(np.float32(v)) for k, v in attrs.items()}
+    portable = rewrite(adamw_model(shapes, dtype, **attrs))
+    assert_standard_only(portable)
+    state, grads = optimizer_case(rng, "XVH", dtype, dtype, shapes, shapes)
+    grads = [[np.where(np.abs(g) > 1e20, 0, g).astype(dtype) for g in gs] for gs in grads]
+    sess = InPlace(plain_session(portable), state, pairs_of("XVH", len(shapes)))
+    ref = {k: np.array(v, copy=True) for k, v in state.items()}
+    c = dtype.type
+    feeds_of = feeds_for(rng, grads, F64)
+    for step in range(STEPS):
+        feeds = feeds_of(step)
+        sess.step(feeds)
+        for i in range(1, len(shapes) + 1):
+            ref[f"X_{i}"], ref[f"V_{i}"], ref[f"H_{i}"] = torch_adamw_step(
+                float(feeds["R"]), int(feeds["T"]), ref[f"X_{i}"], feeds[f"G_{i}"], ref[f"V_{i}"],
+                ref[f"H_{i}"], f["alpha"], f["beta"], f["epsilon"], f["weight_decay"], c)
+        for name in ref:
+            assert_same_bits(name, sess.state[name], ref[name].astype(dtype), step)
+
+
+def test_adamw_matches_the_fused_op(make_session, rng):
+    model = adamw_model(SHAPES, F32, alpha=0.9, beta=0.999, epsilon=1e-8, weight_decay=0.01)
+    try:
+        make_session(model)
+    except Exception as exc:  # noqa: BLE001 - onnxruntime raises its own types
+        if "AdamW" in str(exc) or "com.trainops" in str(exc):
+            pytest.skip(f"com.trainops::AdamW is not registered by this library ({exc!s:.80})")
+        raise
+    state, grads = optimizer_case(rng, "XVH", F32, F32)
+    run_pair(make_session, model, state, pairs_of("XVH", len(SHAPES)),
+             feeds_for(rng, grads, F64))
+
+
+# --- the rewrite itself -----------------------------------------------------------------
+
+def test_rewrite_of_a_mixed_precision_step(make_session, rng):
+    """A several-node step (step counter, MixedPrecisionAdam, its finite flag into
+    DynamicLossScale) rewritten: standard ops only, same bits, the library domains gone."""
+    from trainops.mixed_precision import optimizer_model
+
+    shapes = {"w": (3, 4), "b": (5,)}
+    model = optimizer_model(list(shapes.items()), "mixed_float16")
+    portable = rewrite(model)
+    assert_standard_only(portable)
+    assert {o.name for o in portable.graph.output} == {o.name for o in model.graph.output}
+    feeds = {}
+    for vi in model.graph.input:
+        t = vi.type.tensor_type
+        dims = [d.dim_value for d in t.shape.dim]
+        dt = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type)
+        feeds[vi.name] = np.asarray((np.abs(rng.standard_normal(dims)) * 4).astype(dt))
+    for name in feeds:
+        if "step" in name or "good" in name:
+            feeds[name] = np.zeros_like(feeds[name])
+    want = make_session(model).run(None, feeds)
+    got = plain_session(portable).run(None, feeds)
+    for o, g, w in zip(model.graph.output, got, want):
+        assert_same_bits(o.name, g, w, 0)
+
+
+def test_untyped_input_and_bad_attribute_are_clear_errors():
+    model = adam_model(1, F32)
+    model.graph.input[2].type.tensor_type.elem_type = 0  # X_1 untyped
+    with pytest.raises(ExpansionError, match=r"Adam node 'adam': input X_1 \('X_1'\) has no "
+                                             r"known element type"):
+        rewrite(model)
+    rewrite(model, types={"X_1": onnx.TensorProto.FLOAT})  # types= supplies it
+    with pytest.raises(ExpansionError, match="attribute 'alpha': expected a float, got INT"):
+        rewrite(adam_model(1, F32, alpha=1))
+    with pytest.raises(ExpansionError, match="expected 2 \\+ 4n inputs"):
+        m = adam_model(1, F32)
+        m.graph.node[0].input.pop()
+        rewrite(m)
+    with pytest.raises(ExpansionError, match="'mode'"):
+        rewrite(momentum_model(1, F32, alpha=0.9, beta=0.1, mode="heavy", norm_coefficient=0.0))
+
+
+# --- PhiloxDropout as Dropout with a seed -----------------------------------------------
+
+def dropout_model(dtype, shape, ratio=True, training=True):
+    inputs = [("data", dtype, shape), ("ratio", F32, ()), ("training_mode", np.bool_, ()),
+              ("state", np.uint32, (6,))]
+    outputs = [("output", dtype, shape), ("mask", np.bool_, shape), ("state_out", np.uint32, (6,))]
+    model = node_model("PhiloxDropout", inputs, outputs, domain=TRAINOPS_DOMAIN)
+    node = model.graph.node[0]
+    for k, keep in ((2, training), (1, ratio)):
+        if not keep:
+            node.input[k] = ""
+            del model.graph.input[k]
+    return model
+
+
+STATES = [np.array([0, 0, 0, 0, 7, 9], np.uint32),
+          np.array([0xFFFFFFF0, 0xFFFFFFFF, 0xFFFFFFFF, 0xFFFFFFFF, 1, 2], np.uint32),  # wraps
+          np.array([0xFFFFFFFF, 5, 0xFFFFFFFF, 3, 0xDEADBEEF, 0xCAFEF00D], np.uint32)]
+
+
+@pytest.mark.parametrize("dtype", [F32, F64, F16, BF16])
+@pytest.mark.parametrize("shape", [(0,), (1,), (7,), (3, 333)])
+def test_dropout_state_advances_as_philox_dropout_does(make_session, rng, dtype, shape):
+    """state_out (in place) has the fused op's bits after every step, in training mode and
+    out of it; the output is ``data * scale * keep`` (within 1 ulp where kept) (IEEE: -0 for a dropped negative),
+    ``scale = 1 / (1 - ratio)`` in the data's precision (float32 for 16-bit data)."""
+    model = dropout_model(dtype, shape)
+    data = spiky(rng, shape, dtype)
+    data = np.where(np.abs(data.astype(F64)) > 1e4, 1, data.astype(F64)).astype(dtype)
+    for state in STATES:
+        def feeds(step):
+            return {"data": data, "ratio": np.array(0.3, np.float32),
+                    "training_mode": np.array(step % 3 != 2)}
+
+        portable = rewrite(model)
+        assert_standard_only(portable)
+        fused = InPlace(make_session(model), {"state": state}, {"state_out": "state"})
+        plain = InPlace(plain_session(portable), {"state": state}, {"state_out": "state"})
+        for step in range(12):
+            want, got = fused.step(feeds(step)), plain.step(feeds(step))
+            assert_same_bits("state", plain.state["state"], fused.state["state"], step)
+            if step % 3 == 2:  # not training: the data, all kept, both
+                for name in ("output", "mask"):
+                    assert_same_bits(name, got[name], want[name], step)
+                continue
+            wide = F64 if dtype == F64 else F32
+            scale = wide.type(1) / (wide.type(1) - wide.type(np.float32(0.3)))
+            expect = (data.astype(wide) * scale * got["mask"].astype(wide)).astype(dtype)
+            out = got["output"]
+            assert out.dtype == expect.dtype and out.shape == expect.shape
+            dropped = ~got["mask"]
+            assert_same_bits("dropped", out[dropped], expect[dropped], step)
+            # Kept: onnxruntime's Dropout scales in its own order (within 1 ulp).
+            with np.errstate(over="ignore"):  # ulp_distance's int64 sign mask
+                assert np.all(ulp_distance(out[~dropped], expect[~dropped]) <= 1), step
+        counter = int.from_bytes(state[:4].astype("<u4").tobytes(), "little")
+        words = -(-data.size // 4) * sum(s % 3 != 2 for s in range(12))
+        new = plain.state["state"]
+        assert int.from_bytes(new[:4].astype("<u4").tobytes(), "little") == (counter + words) % 2**128
+        assert list(new[4:]) == list(state[4:])
+
+
+def test_dropout_masks_repeat_per_session_and_keep_about_one_minus_ratio(rng):
+    model = rewrite(dropout_model(F32, (4000,)))
+    feeds = {"data": np.ones(4000, F32), "ratio": np.array(0.25, F32),
+             "training_mode": np.array(True), "state": STATES[0]}
+    a, b = plain_session(model), plain_session(model)
+    masks_a = [a.run(None, feeds)[1] for _ in range(3)]
+    masks_b = [b.run(None, feeds)[1] for _ in range(3)]
+    for ma, mb in zip(masks_a, masks_b):
+        assert np.array_equal(ma, mb)  # run k of any session of the model: the same mask
+        assert abs(ma.mean() - 0.75) < 0.03
+    assert not np.array_equal(masks_a[0], masks_a[1])  # each run draws anew
+    other = plain_session(rewrite(dropout_model(F32, (4000,)), dropout_seed=1)).run(None, feeds)[1]
+    assert not np.array_equal(other, masks_a[0])
+
+
+def test_dropout_without_ratio_or_training_mode_is_the_identity(make_session, rng):
+    model = dropout_model(F32, (5, 7), ratio=False, training=False)
+    portable = rewrite(model)
+    assert_standard_only(portable)
+    feeds = {"data": spiky(rng, (5, 7), F32), "state": STATES[1]}
+    for name, g, w in zip(["output", "mask", "state_out"], plain_session(portable).run(None, feeds),
+                          make_session(model).run(None, feeds)):
+        assert_same_bits(name, g, w, 0)
