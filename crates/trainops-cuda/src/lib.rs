@@ -6,7 +6,7 @@
 //! - [`driver`]: the dozen CUDA driver calls trainops needs, from `libcuda.so.1` opened on
 //!   first use with `dlopen`, so a process that never asks for a GPU never loads it.
 
-use std::ffi::{c_int, c_uint, c_void, CString};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::{Mutex, OnceLock};
 
 /// The kernels' PTX (NVRTC 12.0, `compute_70`), loaded with `cuModuleLoadData`.
@@ -61,6 +61,7 @@ pub mod driver {
         pub(crate) init: unsafe extern "C" fn(c_uint) -> CuResult,
         pub(crate) device_get_count: unsafe extern "C" fn(*mut c_int) -> CuResult,
         pub(crate) device_get: unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult,
+        pub(crate) device_get_pci_bus_id: unsafe extern "C" fn(*mut c_char, c_int, CuDevice) -> CuResult,
         pub(crate) primary_ctx_retain: unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult,
         pub(crate) ctx_set_current: unsafe extern "C" fn(CuContext) -> CuResult,
         pub(crate) mem_alloc: unsafe extern "C" fn(*mut DevicePtr, usize) -> CuResult,
@@ -108,6 +109,7 @@ pub mod driver {
             init: sym!("cuInit"),
             device_get_count: sym!("cuDeviceGetCount"),
             device_get: sym!("cuDeviceGet"),
+            device_get_pci_bus_id: sym!("cuDeviceGetPCIBusId"),
             primary_ctx_retain: sym!("cuDevicePrimaryCtxRetain"),
             ctx_set_current: sym!("cuCtxSetCurrent"),
             mem_alloc: sym!("cuMemAlloc_v2"),
@@ -147,6 +149,23 @@ pub fn device_count() -> Result<u32> {
     // SAFETY: a valid out pointer, after cuInit.
     check("cuDeviceGetCount", unsafe { (d.device_get_count)(&mut n) })?;
     Ok(u32::try_from(n).unwrap_or(0))
+}
+
+/// The PCI bus id of GPU `ordinal` as the driver writes it (`domain:bus:device.function` in
+/// hexadecimal, e.g. `0000:65:00.0`): how a CUDA ordinal is matched to the device ONNX
+/// Runtime discovered (its `pci_bus_id` metadata), whatever order either lists them in.
+pub fn pci_bus_id(ordinal: u32) -> Result<String> {
+    let d = driver::get()?;
+    let mut dev = 0;
+    let mut buf = [0 as c_char; 32];
+    // SAFETY: valid out pointers after cuInit; the buffer's length is passed (the driver
+    // writes a NUL-terminated string of at most that many bytes).
+    unsafe {
+        check("cuDeviceGet", (d.device_get)(&mut dev, ordinal as c_int))?;
+        check("cuDeviceGetPCIBusId", (d.device_get_pci_bus_id)(buf.as_mut_ptr(), buf.len() as c_int, dev))?;
+    }
+    // SAFETY: NUL-terminated by the driver within the buffer (zeroed, so a NUL is there).
+    Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
 }
 
 struct Contexts(Vec<(u32, usize)>);

@@ -157,6 +157,13 @@ def resolve(providers: Sequence[Any] | None = None, portable: bool | None = None
         if len(devices) != len(providers):
             raise TypeError("providers: a list of OrtEpDevice objects cannot be mixed with "
                             "provider names")
+        ours = [d for d in devices if d.ep_name == TRAINOPS_EP]
+        if len(ours) > 1:
+            raise ValueError(
+                f"providers: {len(ours)} {TRAINOPS_EP} devices given; a session takes one (pick it "
+                "by ep_metadata['pci_bus_id'] or ['device_id']): ONNX Runtime 1.24 refuses devices "
+                "with different memory and falls back to the CPU, and a factory's custom-op "
+                "domains would be collected once per device")
         names = tuple(dict.fromkeys(d.ep_name for d in devices))
         auto_portable = any(n in NO_CUSTOM_OPS for n in names)
         return Placement(providers=None, ep_devices=devices, names=names,
