@@ -18,6 +18,9 @@ pub const KERNELS: &[&str] = &[
     "trainops_adagrad_f32",
     "trainops_momentum_f32",
     "trainops_philox",
+    "trainops_philox_words",
+    "trainops_dropout_f32",
+    "trainops_store_state",
     "trainops_all_finite_f32",
     "trainops_all_finite_f16",
     "trainops_mp_adam_f32",
@@ -67,6 +70,7 @@ pub mod driver {
         pub(crate) mem_alloc: unsafe extern "C" fn(*mut DevicePtr, usize) -> CuResult,
         pub(crate) mem_free: unsafe extern "C" fn(DevicePtr) -> CuResult,
         pub(crate) memcpy: unsafe extern "C" fn(DevicePtr, DevicePtr, usize) -> CuResult,
+        pub(crate) memcpy_dtod_async: unsafe extern "C" fn(DevicePtr, DevicePtr, usize, CuStream) -> CuResult,
         pub(crate) module_load_data: unsafe extern "C" fn(*mut CuModule, *const c_void) -> CuResult,
         pub(crate) module_get_function: unsafe extern "C" fn(*mut CuFunction, CuModule, *const i8) -> CuResult,
         #[allow(clippy::type_complexity)]
@@ -115,6 +119,7 @@ pub mod driver {
             mem_alloc: sym!("cuMemAlloc_v2"),
             mem_free: sym!("cuMemFree_v2"),
             memcpy: sym!("cuMemcpy"),
+            memcpy_dtod_async: sym!("cuMemcpyDtoDAsync_v2"),
             module_load_data: sym!("cuModuleLoadData"),
             module_get_function: sym!("cuModuleGetFunction"),
             launch_kernel: sym!("cuLaunchKernel"),
@@ -223,6 +228,24 @@ pub unsafe fn copy(ordinal: u32, dst: *mut c_void, src: *const c_void, bytes: us
     let d = make_current(ordinal)?;
     // SAFETY: the caller's contract.
     check("cuMemcpy", unsafe { (d.memcpy)(dst as DevicePtr, src as DevicePtr, bytes) })
+}
+
+/// Copies `bytes` from device to device on `stream` (null: the legacy default stream),
+/// ordered with the stream's other work.
+///
+/// # Safety
+/// `dst` and `src` are device memory of GPU `ordinal` valid for `bytes` bytes until the copy
+/// is done; `stream` is null or a live stream of its primary context.
+pub unsafe fn copy_on(
+    ordinal: u32,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    stream: *mut c_void,
+) -> Result<()> {
+    let d = make_current(ordinal)?;
+    // SAFETY: the caller's contract.
+    check("cuMemcpyDtoDAsync", unsafe { (d.memcpy_dtod_async)(dst as DevicePtr, src as DevicePtr, bytes, stream) })
 }
 
 /// A kernel of [`PTX`] on GPU `ordinal`.
