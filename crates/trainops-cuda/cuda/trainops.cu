@@ -64,33 +64,76 @@ extern "C" __global__ void trainops_momentum_f32(float* x, const float* g, float
   }
 }
 
-// Philox4x32-10 (Random123): output word i is word i % 4 of philox(C + i / 4, K), C the 128-bit
-// counter state[0..4] (state[0] least significant), K = (state[4], state[5]). One thread per
-// 4-word block; the last block writes only the words that exist.
+// Philox4x32-10 (Random123): the block of counter (s0 + b, carried through 128 bits; s0 least
+// significant word) under key (k0, k1), written to w.
+__device__ __forceinline__ void philox_block(u32 s0, u32 s1, u32 s2, u32 s3, u32 k0, u32 k1, u64 b, u32 w[4]) {
+  u64 lo = ((u64)s1 << 32) | s0;
+  u64 hi = ((u64)s3 << 32) | s2;
+  u64 sum = lo + b;
+  hi += (sum < lo) ? 1ull : 0ull;
+  u32 c0 = (u32)sum, c1 = (u32)(sum >> 32), c2 = (u32)hi, c3 = (u32)(hi >> 32);
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    u32 hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
+    u32 hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
+    u32 n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
+    c0 = n0; c1 = n1; c2 = n2; c3 = n3;
+  }
+  w[0] = c0; w[1] = c1; w[2] = c2; w[3] = c3;
+}
+
+// Output word i is word i % 4 of philox(C + i / 4, K), C the 128-bit counter state[0..4]
+// (state[0] least significant), K = (state[4], state[5]). One thread per 4-word block; the last
+// block writes only the words that exist.
 extern "C" __global__ void trainops_philox(u32* out, u64 n, const u32* state) {
   u64 blocks = (n + 3) / 4;
   GRID_STRIDE(b, blocks) {
-    // counter + b, carried through 128 bits
-    u64 lo = ((u64)state[1] << 32) | state[0];
-    u64 hi = ((u64)state[3] << 32) | state[2];
-    u64 sum = lo + b;
-    hi += (sum < lo) ? 1ull : 0ull;
-    u32 c0 = (u32)sum, c1 = (u32)(sum >> 32), c2 = (u32)hi, c3 = (u32)(hi >> 32);
-    u32 k0 = state[4], k1 = state[5];
-    for (int round = 0; round < 10; ++round) {
-      if (round > 0) {
-        k0 += 0x9E3779B9u;
-        k1 += 0xBB67AE85u;
-      }
-      u32 hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-      u32 hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-      u32 n0 = hi1 ^ c1 ^ k0, n1 = lo1, n2 = hi0 ^ c3 ^ k1, n3 = lo0;
-      c0 = n0; c1 = n1; c2 = n2; c3 = n3;
-    }
-    u32 words[4] = {c0, c1, c2, c3};
+    u32 words[4];
+    philox_block(state[0], state[1], state[2], state[3], state[4], state[5], b, words);
     u64 base = b * 4;
     for (int w = 0; w < 4 && base + w < n; ++w) out[base + w] = words[w];
   }
+}
+
+// The same words, with the state given by value (the host read it: a CPU input of the op).
+extern "C" __global__ void trainops_philox_words(u32* out, u64 n, u32 s0, u32 s1, u32 s2, u32 s3, u32 k0,
+                                                 u32 k1) {
+  u64 blocks = (n + 3) / 4;
+  GRID_STRIDE(b, blocks) {
+    u32 words[4];
+    philox_block(s0, s1, s2, s3, k0, k1, b, words);
+    u64 base = b * 4;
+    for (int w = 0; w < 4 && base + w < n; ++w) out[base + w] = words[w];
+  }
+}
+
+// PhiloxDropout on float32 (crates/trainops-kernels/src/random/dropout.rs): element i is kept
+// when (word(i) & 0x7FFFFF) >= keep_from, out[i] = (data[i] * scale) * (keep ? 1 : 0); mask
+// (null when not wanted) gets keep. Inference mode is keep_from 0, scale 1. data may be out.
+extern "C" __global__ void trainops_dropout_f32(const float* data, float* out, unsigned char* mask, u64 n, u32 s0,
+                                                u32 s1, u32 s2, u32 s3, u32 k0, u32 k1, u32 keep_from,
+                                                float scale) {
+  u64 blocks = (n + 3) / 4;
+  GRID_STRIDE(b, blocks) {
+    u32 words[4];
+    philox_block(s0, s1, s2, s3, k0, k1, b, words);
+    u64 base = b * 4;
+    for (int w = 0; w < 4 && base + w < n; ++w) {
+      u64 i = base + w;
+      bool keep = (words[w] & 0x7FFFFFu) >= keep_from;
+      out[i] = __fmul_rn(__fmul_rn(data[i], scale), keep ? 1.0f : 0.0f);
+      if (mask) mask[i] = keep ? 1 : 0;
+    }
+  }
+}
+
+// A Philox op's state_out, computed on the host, written on the op's stream (one thread).
+extern "C" __global__ void trainops_store_state(u32* out, u32 s0, u32 s1, u32 s2, u32 s3, u32 k0, u32 k1) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  out[0] = s0; out[1] = s1; out[2] = s2; out[3] = s3; out[4] = k0; out[5] = k1;
 }
 
 // AllFinite: sets *bad to 1 when any element is Inf or NaN (the verdict stays on the device;

@@ -6,7 +6,7 @@
 //! - [`driver`]: the dozen CUDA driver calls trainops needs, from `libcuda.so.1` opened on
 //!   first use with `dlopen`, so a process that never asks for a GPU never loads it.
 
-use std::ffi::{c_int, c_uint, c_void, CString};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr, CString};
 use std::sync::{Mutex, OnceLock};
 
 /// The kernels' PTX (NVRTC 12.0, `compute_70`), loaded with `cuModuleLoadData`.
@@ -18,6 +18,9 @@ pub const KERNELS: &[&str] = &[
     "trainops_adagrad_f32",
     "trainops_momentum_f32",
     "trainops_philox",
+    "trainops_philox_words",
+    "trainops_dropout_f32",
+    "trainops_store_state",
     "trainops_all_finite_f32",
     "trainops_all_finite_f16",
     "trainops_mp_adam_f32",
@@ -61,11 +64,13 @@ pub mod driver {
         pub(crate) init: unsafe extern "C" fn(c_uint) -> CuResult,
         pub(crate) device_get_count: unsafe extern "C" fn(*mut c_int) -> CuResult,
         pub(crate) device_get: unsafe extern "C" fn(*mut CuDevice, c_int) -> CuResult,
+        pub(crate) device_get_pci_bus_id: unsafe extern "C" fn(*mut c_char, c_int, CuDevice) -> CuResult,
         pub(crate) primary_ctx_retain: unsafe extern "C" fn(*mut CuContext, CuDevice) -> CuResult,
         pub(crate) ctx_set_current: unsafe extern "C" fn(CuContext) -> CuResult,
         pub(crate) mem_alloc: unsafe extern "C" fn(*mut DevicePtr, usize) -> CuResult,
         pub(crate) mem_free: unsafe extern "C" fn(DevicePtr) -> CuResult,
         pub(crate) memcpy: unsafe extern "C" fn(DevicePtr, DevicePtr, usize) -> CuResult,
+        pub(crate) memcpy_dtod_async: unsafe extern "C" fn(DevicePtr, DevicePtr, usize, CuStream) -> CuResult,
         pub(crate) module_load_data: unsafe extern "C" fn(*mut CuModule, *const c_void) -> CuResult,
         pub(crate) module_get_function: unsafe extern "C" fn(*mut CuFunction, CuModule, *const i8) -> CuResult,
         #[allow(clippy::type_complexity)]
@@ -108,11 +113,13 @@ pub mod driver {
             init: sym!("cuInit"),
             device_get_count: sym!("cuDeviceGetCount"),
             device_get: sym!("cuDeviceGet"),
+            device_get_pci_bus_id: sym!("cuDeviceGetPCIBusId"),
             primary_ctx_retain: sym!("cuDevicePrimaryCtxRetain"),
             ctx_set_current: sym!("cuCtxSetCurrent"),
             mem_alloc: sym!("cuMemAlloc_v2"),
             mem_free: sym!("cuMemFree_v2"),
             memcpy: sym!("cuMemcpy"),
+            memcpy_dtod_async: sym!("cuMemcpyDtoDAsync_v2"),
             module_load_data: sym!("cuModuleLoadData"),
             module_get_function: sym!("cuModuleGetFunction"),
             launch_kernel: sym!("cuLaunchKernel"),
@@ -147,6 +154,23 @@ pub fn device_count() -> Result<u32> {
     // SAFETY: a valid out pointer, after cuInit.
     check("cuDeviceGetCount", unsafe { (d.device_get_count)(&mut n) })?;
     Ok(u32::try_from(n).unwrap_or(0))
+}
+
+/// The PCI bus id of GPU `ordinal` as the driver writes it (`domain:bus:device.function` in
+/// hexadecimal, e.g. `0000:65:00.0`): how a CUDA ordinal is matched to the device ONNX
+/// Runtime discovered (its `pci_bus_id` metadata), whatever order either lists them in.
+pub fn pci_bus_id(ordinal: u32) -> Result<String> {
+    let d = driver::get()?;
+    let mut dev = 0;
+    let mut buf = [0 as c_char; 32];
+    // SAFETY: valid out pointers after cuInit; the buffer's length is passed (the driver
+    // writes a NUL-terminated string of at most that many bytes).
+    unsafe {
+        check("cuDeviceGet", (d.device_get)(&mut dev, ordinal as c_int))?;
+        check("cuDeviceGetPCIBusId", (d.device_get_pci_bus_id)(buf.as_mut_ptr(), buf.len() as c_int, dev))?;
+    }
+    // SAFETY: NUL-terminated by the driver within the buffer (zeroed, so a NUL is there).
+    Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
 }
 
 struct Contexts(Vec<(u32, usize)>);
@@ -204,6 +228,24 @@ pub unsafe fn copy(ordinal: u32, dst: *mut c_void, src: *const c_void, bytes: us
     let d = make_current(ordinal)?;
     // SAFETY: the caller's contract.
     check("cuMemcpy", unsafe { (d.memcpy)(dst as DevicePtr, src as DevicePtr, bytes) })
+}
+
+/// Copies `bytes` from device to device on `stream` (null: the legacy default stream),
+/// ordered with the stream's other work.
+///
+/// # Safety
+/// `dst` and `src` are device memory of GPU `ordinal` valid for `bytes` bytes until the copy
+/// is done; `stream` is null or a live stream of its primary context.
+pub unsafe fn copy_on(
+    ordinal: u32,
+    dst: *mut c_void,
+    src: *const c_void,
+    bytes: usize,
+    stream: *mut c_void,
+) -> Result<()> {
+    let d = make_current(ordinal)?;
+    // SAFETY: the caller's contract.
+    check("cuMemcpyDtoDAsync", unsafe { (d.memcpy_dtod_async)(dst as DevicePtr, src as DevicePtr, bytes, stream) })
 }
 
 /// A kernel of [`PTX`] on GPU `ordinal`.

@@ -21,17 +21,20 @@ NUMPY_TYPES = {"tensor(float)": np.float32, "tensor(double)": np.float64,
                "tensor(uint32)": np.uint32}
 
 
-def session_options(threads: int | None, library: str | None = None, *, spin: bool = True):
+def session_options(threads: int | None, library: str | None = None, *, spin: bool = True,
+                    register: bool = True):
     """SessionOptions with the trainops library registered (``library``, default
-    :func:`trainops.get_library_path`), ``threads`` intra-op threads (None: ONNX Runtime's
-    choice) and one inter-op thread, warnings off; ``spin=False``: idle intra-op
-    workers do not spin (ranks may outnumber cores)."""
+    :func:`trainops.get_library_path`; ``register=False``: not, the caller's placement
+    decides), ``threads`` intra-op threads (None: ONNX Runtime's choice) and one inter-op
+    thread, warnings off; ``spin=False``: idle intra-op workers do not spin (ranks may
+    outnumber cores)."""
     import onnxruntime as ort
 
     from .. import get_library_path
 
     so = ort.SessionOptions()
-    so.register_custom_ops_library(library or get_library_path())
+    if register:
+        so.register_custom_ops_library(library or get_library_path())
     if threads is not None:
         so.intra_op_num_threads = int(threads)
         so.inter_op_num_threads = 1
@@ -42,7 +45,9 @@ def session_options(threads: int | None, library: str | None = None, *, spin: bo
 
 
 class StepRuntime:
-    """A session of ``graph.model`` on the CPU with its buffers bound.
+    """A session of ``graph.model`` with its buffers bound: on the CPU, or where
+    ``placement`` (:class:`~trainops.train.placement.Placement`) says; the buffers are host
+    numpy arrays either way (on another EP ONNX Runtime copies them in and out each run).
 
     ``arrays``: name -> numpy buffer the session reads and writes in place: every state
     (by its input name, in ``graph.states`` order, starting at its ``initial``), then the
@@ -50,13 +55,23 @@ class StepRuntime:
     :meth:`run` does one step."""
 
     def __init__(self, graph: StepGraph, threads: int | None = None,
-                 library: str | None = None):
+                 library: str | None = None, placement=None):
         import onnxruntime as ort
 
         self.graph = graph
-        self.session = ort.InferenceSession(graph.model.SerializeToString(),
-                                            session_options(threads, library),
-                                            providers=["CPUExecutionProvider"])
+        if placement is None or placement.is_cpu:
+            self.session = ort.InferenceSession(graph.model.SerializeToString(),
+                                                session_options(threads, library),
+                                                providers=["CPUExecutionProvider"])
+        else:
+            so = session_options(threads, library, register=False)
+            custom = any(n.domain not in ("", "ai.onnx") for n in graph.model.graph.node)
+            placement.configure(so, library, needs_library=custom)
+            self.session = placement.session(graph.model.SerializeToString(), so)
+        # IOBinding copies a host input to the device of the node that takes it when it is
+        # BOUND, not when the session runs: off the CPU, the states are bound again on every
+        # run so a device node reads this step's values, not the first step's.
+        self._rebind = placement is not None and not placement.is_cpu
         self.arrays: dict[str, np.ndarray] = {}
         self.values: dict[str, Any] = {}
         self.binding = bind = self.session.io_binding()
@@ -92,6 +107,9 @@ class StepRuntime:
         """One step: ``feeds`` (every data input), learning rate ``lr``, update count ``t``.
         Returns the loss (before the update)."""
         g, bind = self.graph, self.binding
+        if self._rebind:
+            for e in g.states:
+                bind.bind_ortvalue_input(e.input, self.values[e.input])
         for name in g.data_inputs:
             bind.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
         bind.bind_cpu_input(g.lr_input, np.array([lr], g.lr_dtype))

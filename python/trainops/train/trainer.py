@@ -39,6 +39,8 @@ from . import artifacts as _artifacts
 from . import checkpoint as _checkpoint
 from .backward import data_inputs
 from .graph import build_step_graph
+from .placement import TrainingModel
+from .placement import resolve as resolve_placement
 from .runtime import StepRuntime
 from .spec import StepGraph, StepOptions, check_policy
 
@@ -58,6 +60,16 @@ def _check_optimizer(optimizer) -> _optim.Optimizer:
                         f"(e.g. trainops.optim.Adam(lr=1e-3)), got {type(optimizer).__name__} "
                         f"{optimizer!r}")
     return optimizer
+
+
+def _portable(graph: StepGraph, key_seed: int) -> StepGraph:
+    """``graph`` with its model rewritten to standard ONNX ops (inputs, outputs and state
+    names unchanged, so the runtime binds it as before)."""
+    import dataclasses
+
+    from ..portable import rewrite
+
+    return dataclasses.replace(graph, model=rewrite(graph.model, dropout_seed=key_seed))
 
 
 class Trainer:
@@ -96,15 +108,29 @@ class Trainer:
       ``seed`` a fresh one is drawn from the OS (as PyTorch does), kept as ``seed``; with
       ``comm``, rank 0's. With ``comm``, rank ``r`` keys its nodes with
       ``trainops.distributed.rank_seed(seed, r)`` instead of ``seed`` (rank 0: ``seed``).
+    - ``device``: ``"cpu"`` (the default), ``"cuda"`` (onnxruntime-gpu's
+      ``CUDAExecutionProvider`` then the CPU, with trainops' CUDA kernels: ``TRAINOPS_CUDA=1``)
+      or ``"auto"`` (the CPU for now: CUDA becomes its choice once trainops' CUDA kernels are
+      verified on a GPU); exclusive with ``providers``;
+    - ``providers``: as ``onnxruntime.InferenceSession``'s (names or ``(name, options)``
+      pairs), or a list of ``OrtEpDevice`` (``onnxruntime.get_ep_devices()``), given to
+      ``SessionOptions.add_provider_for_devices``;
+    - ``portable``: rewrite the step's trainops nodes as standard ONNX ops
+      (:func:`trainops.portable.rewrite`) for EPs that take no custom-op library; ``None``:
+      True for the EPs in :data:`trainops.train.placement.NO_CUSTOM_OPS` (DirectML, WebGPU,
+      CoreML, OpenVINO, QNN, ...), else False. Not with ``comm``.
 
-    Every other graph input is data, fed to :meth:`step`.
+    Every other graph input is data, fed to :meth:`step`. ``training_model`` is the model the
+    session runs: read its attributes directly (``trainer.training_model.graph``) or call it
+    for the ``onnx.ModelProto`` itself (``trainer.training_model()``).
     """
 
     def __init__(self, model, loss: str, optimizer: _optim.Optimizer | None = None,
                  params: Sequence[str] | None = None, policy: str = "float32",
                  threads: int | None = None, seed: int | None = None, comm=None,
                  shard_optimizer: bool = False, collective_timeout: float | None = None,
-                 *, _step_graph: StepGraph | None = None):
+                 *, providers=None, portable: bool | None = None, device: str | None = None,
+                 _step_graph: StepGraph | None = None):
         if isinstance(model, (str, os.PathLike)):
             model = onnx.load(os.fspath(model))
         self._model = onnx.ModelProto()
@@ -122,7 +148,11 @@ class Trainer:
         if seed is not None:
             _seed_bits(seed)  # TypeError / ValueError for a seed that is not a 64-bit int
         self.shard_optimizer = bool(shard_optimizer)
+        self.placement = resolve_placement(providers, portable, device)
         self._dist = None
+        if comm is not None and not self.placement.is_cpu:
+            raise NotImplementedError("comm= trains on the CPU only for now: leave providers, "
+                                      "portable and device unset")
         if comm is not None:
             from ..distributed import Collectives
 
@@ -154,9 +184,11 @@ class Trainer:
         if self._dist is None:
             # _step_graph: a step graph read back (from_artifacts), not built again.
             self.step_graph = _step_graph or build_step_graph(self._model, options)
+            if self.placement.portable and _step_graph is None:
+                self.step_graph = _portable(self.step_graph, key_seed)
             self.param_names = self.step_graph.param_names
-            self.training_model = self.step_graph.model
-            self.runtime = StepRuntime(self.step_graph, threads)
+            self.training_model = TrainingModel(self.step_graph.model)
+            self.runtime = StepRuntime(self.step_graph, threads, placement=self.placement)
             self._rng = [(e.input, e.output, e.initial) for e in self.step_graph.of_kind("rng")]
             opt_states = self.step_graph.of_kind("optimizer")
             self.state_names = {s: [e.input for e in opt_states if e.slot == s]
@@ -170,7 +202,7 @@ class Trainer:
             self.param_names = list(graphs.options.params)
             self.gradient_model = graphs.gradient_model
             self.optimizer_model = graphs.optimizer_model
-            self.training_model = graphs.gradient_model  # the model with the forward pass
+            self.training_model = TrainingModel(graphs.gradient_model)  # the forward pass
             self.runtime = DistributedRuntime(graphs, self._dist, threads, self.seed,
                                               self.shard_optimizer)
             self._rng = [(e.input, e.output, e.initial) for e in graphs.rng]

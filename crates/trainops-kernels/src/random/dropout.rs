@@ -30,6 +30,12 @@ pub fn keep_from(ratio: f64) -> u32 {
     }
 }
 
+/// The scale of kept float32 and 16-bit elements, `1 / (1 - ratio)` in float32 (the device
+/// kernels are given this value).
+pub fn scale_f32(ratio: f64) -> f32 {
+    1.0f32 / (1.0f32 - ratio as f32)
+}
+
 /// The data of a dropout: read, then written (in place or to a separate buffer).
 pub enum Data<'a> {
     /// float
@@ -141,7 +147,7 @@ pub fn fill_with(
     check_mask(&data, mask.as_deref())?;
     let isa = level.isa().unwrap_or_else(|| panic!("dropout: {level:?} is not available on this CPU"));
     let from = keep_from(ratio);
-    let scale32 = 1.0f32 / (1.0f32 - ratio as f32);
+    let scale32 = scale_f32(ratio);
     Ok(match data {
         Data::F32(d) => split(state, work(isa, d, mask), Words::One, 0, par, |s, w| {
             piece(level, isa, s, w, from, |words, d| drop_f32(isa, words, d, from, scale32))

@@ -97,6 +97,26 @@ impl Context<'_> {
         // SAFETY: valid context; `value` is a valid out pointer.
         let s = unsafe { (raw.KernelContext_GetInput)(self.ctx, index, &mut value) };
         self.api.check(self.op, "KernelContext_GetInput", s)?;
+        // SAFETY: the runtime's input value for this call (or null).
+        unsafe { self.device_id_of(value) }
+    }
+
+    /// The device id of output `index`'s memory, once allocated with `shape` (asking again
+    /// returns the value already made).
+    pub fn output_device_id(&self, index: usize, shape: &[i64]) -> Result<u32> {
+        let raw = self.api.raw();
+        let mut value: *mut sys::OrtValue = core::ptr::null_mut();
+        // SAFETY: valid context; `shape` is valid for its length; `value` is an out pointer.
+        let s = unsafe { (raw.KernelContext_GetOutput)(self.ctx, index, shape.as_ptr(), shape.len(), &mut value) };
+        self.api.check(self.op, "KernelContext_GetOutput", s)?;
+        // SAFETY: the runtime's output value for this call (or null).
+        unsafe { self.device_id_of(value) }
+    }
+
+    /// # Safety
+    /// `value` is null or a value of this call.
+    unsafe fn device_id_of(&self, value: *const sys::OrtValue) -> Result<u32> {
+        let raw = self.api.raw();
         if value.is_null() {
             return Ok(0);
         }

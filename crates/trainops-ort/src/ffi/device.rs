@@ -6,6 +6,8 @@
 use core::ffi::CStr;
 
 use super::tensor::DType;
+use super::Context;
+use crate::error::Result;
 
 /// Per-call kernel arguments after the tensors: float coefficients, then an optional int.
 pub type CoeffFn = Box<dyn Fn(f64, i64) -> (Vec<f32>, Option<i32>) + Send + Sync>;
@@ -19,6 +21,36 @@ pub struct DeviceStep {
     /// The coefficients of one call with learning rate `r` and update count `t`, in the
     /// kernel's argument order.
     pub coeffs: CoeffFn,
+}
+
+/// One call of a Philox-stream op on the device, as the op's host code plans it from the
+/// node's host inputs (state, shape, ratio, training_mode): the device only draws words.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StreamPlan {
+    /// Output dimensions (the data's, for a dropout).
+    pub dims: Vec<i64>,
+    /// The state of this call: counter words 0..4, key words 4..6.
+    pub state: [u32; 6],
+    /// The state after it (`state_out`), advanced past exactly the words drawn.
+    pub next: [u32; 6],
+    /// Dropout in training mode: `(keep_from, scale)`: element `i` is kept when
+    /// `word(i) & 0x7FFFFF >= keep_from`, and then multiplied by `scale`; `None`: the data
+    /// passes through (inference mode) or the op is raw Philox.
+    pub dropout: Option<(u32, f32)>,
+}
+
+/// Plans one call from the node's inputs (host memory for the planned ones).
+pub type PlanFn = Box<dyn Fn(&Context<'_>) -> Result<StreamPlan> + Send + Sync>;
+
+/// How a node runs on a CUDA device.
+pub enum DeviceOp {
+    /// An optimizer of the family: one PTX kernel over its streams.
+    Optimizer(DeviceStep),
+    /// `Philox`: output 0 the words of the stream, output 1 (optional) the next state.
+    Philox(PlanFn),
+    /// `PhiloxDropout` on float32 data: output 0 the data, output 1 (optional) the mask,
+    /// output 2 (optional) the next state.
+    Dropout(PlanFn),
 }
 
 /// What the device kernels of an op accept: the formal inputs kept in host memory, and the
@@ -41,4 +73,13 @@ pub type DeviceTable = fn(&CStr, &CStr) -> Option<DeviceSupport>;
 /// verified on a GPU.
 pub fn cuda_requested() -> bool {
     std::env::var("TRAINOPS_CUDA").as_deref() == Ok("1")
+}
+
+/// The launch of a stream kernel over `words` words: 4-word blocks (one thread each, the
+/// last one partial) and the grid (256 threads a block, at most `65535 * 8` blocks; a
+/// grid-stride loop covers the rest).
+pub fn launch_shape(words: usize) -> (u64, u32) {
+    let blocks = words.div_ceil(4) as u64;
+    let grid = blocks.div_ceil(256).clamp(1, 65_535 * 8);
+    (blocks, grid as u32)
 }

@@ -9,7 +9,7 @@ use std::ffi::CStr;
 use ort_sys as sys;
 
 use super::api::{boundary, guard, API_VERSION};
-use super::device::DeviceStep;
+use super::device::{DeviceOp, DeviceStep};
 use super::{Api, Context, KernelInfo, ShapeInfer};
 use crate::error::Result;
 use crate::ffi::tensor::DType;
@@ -82,6 +82,11 @@ pub trait OpSpec: Sync + 'static {
     /// the CPU). Reads the node's attributes as [`OpSpec::create`] does.
     fn device_step(&'static self, _info: &KernelInfo<'_>) -> Result<Option<DeviceStep>> {
         Ok(None)
+    }
+    /// How a node of this op runs on a CUDA device, of any kind ([`DeviceOp`]): by default
+    /// the optimizer step of [`OpSpec::device_step`].
+    fn device_op(&'static self, info: &KernelInfo<'_>) -> Result<Option<DeviceOp>> {
+        Ok(self.device_step(info)?.map(DeviceOp::Optimizer))
     }
     /// The op name as `&str`, for messages.
     fn op(&self) -> &'static str {

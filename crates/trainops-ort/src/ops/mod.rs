@@ -54,11 +54,15 @@ pub fn device_support(domain: &CStr, op: &CStr) -> Option<DeviceSupport> {
     let support = |host_inputs, types, cuda| Some(DeviceSupport { host_inputs, types, cuda });
     match (domain.to_bytes(), op.to_bytes()) {
         (b"ai.onnx.preview.training", b"Adam" | b"Adagrad" | b"Momentum") => support(SCALARS, &[DType::Float], true),
-        // PTX kernels exist (trainops-cuda) but are not wired to these ops yet: fake mode only.
+        // The state (and the shape, the ratio, training_mode) are host inputs: the host plans
+        // the call with the CPU's functions (`random::device`), the device draws the words.
+        (b"com.trainops", b"Philox") => support(&[0, 1], &[DType::Uint32], true),
+        (b"com.trainops", b"PhiloxDropout") => support(&[1, 2, 3], &[DType::Float], true),
+        // Not wired to a CUDA kernel yet (fake mode only): on the CUDA execution provider they
+        // run on the CPU, ONNX Runtime copying their inputs and outputs.
         (b"com.trainops", b"MixedPrecisionAdam") => support(SCALARS, &[DType::Float, DType::Float16], false),
         (b"com.trainops", b"AllFinite") => support(&[], &[DType::Float, DType::Float16], false),
         (b"com.trainops", b"DynamicLossScale") => support(&[], &[DType::Float, DType::Int64, DType::Bool], false),
-        (b"com.trainops", b"Philox") => support(&[1], &[DType::Uint32], false),
         _ => None,
     }
 }
@@ -75,4 +79,42 @@ pub fn layouts() -> [&'static Layout; 7] {
         &loss_scale::mixed_precision_adam::LAYOUT,
         &bench::MEMORY_CEILING.three.layout,
     ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The registration table of the CUDA door: which ops get a `CUDAExecutionProvider`
+    /// overload (those with `cuda: true`), and which of their inputs stay in host memory.
+    #[test]
+    fn cuda_overloads_and_host_inputs() {
+        let mut wired = Vec::new();
+        for d in catalogue() {
+            for spec in &d.ops {
+                if let Some(s) = device_support(d.name, spec.name()).filter(|s| s.cuda) {
+                    let name = spec.name().to_str().unwrap();
+                    wired.push((d.name.to_str().unwrap().to_string(), name, s.host_inputs.to_vec()));
+                    assert!(s.host_inputs.iter().all(|&i| i < spec.inputs().len()), "{name}");
+                }
+            }
+        }
+        let t = "ai.onnx.preview.training".to_string();
+        let c = "com.trainops".to_string();
+        assert_eq!(
+            wired,
+            vec![
+                (t.clone(), "Adam", vec![0, 1]),
+                (t.clone(), "Adagrad", vec![0, 1]),
+                (t, "Momentum", vec![0, 1]),
+                (c.clone(), "Philox", vec![0, 1]),
+                (c, "PhiloxDropout", vec![1, 2, 3]),
+            ]
+        );
+        // Not wired: the mixed-precision ops, the distributions, the benchmark op.
+        for op in [c"MixedPrecisionAdam", c"AllFinite", c"DynamicLossScale", c"PhiloxUniform", c"PhiloxNormal"] {
+            assert!(device_support(c"com.trainops", op).is_none_or(|s| !s.cuda), "{op:?}");
+        }
+        assert!(device_support(c"com.trainops.bench", c"MemoryCeiling").is_none());
+    }
 }

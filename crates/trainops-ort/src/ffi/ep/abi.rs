@@ -173,12 +173,22 @@ pub struct ApiExt {
     pub node_get_domain: unsafe extern "system" fn(*const Opaque, *mut *const c_char) -> Status,
     pub node_get_num_inputs: unsafe extern "system" fn(*const Opaque, *mut usize) -> Status,
     pub node_get_inputs: unsafe extern "system" fn(*const Opaque, *mut *const Opaque, usize) -> Status,
+    pub create_key_value_pairs: unsafe extern "system" fn(*mut *mut Opaque),
+    pub add_key_value_pair: unsafe extern "system" fn(*mut Opaque, *const c_char, *const c_char),
+    pub get_key_value: unsafe extern "system" fn(*const Opaque, *const c_char) -> *const c_char,
+    pub release_key_value_pairs: unsafe extern "system" fn(*mut Opaque),
+    pub hardware_device_metadata: unsafe extern "system" fn(*const Opaque) -> *const Opaque,
 }
 
 /// Slots in `OrtApi`: the field offsets of ort-sys 2.0.0-rc.15's `OrtApi` with `api-24`, divided
 /// by 8 (`offset_of!`), which follows the release headers.
 mod slot {
     pub const GET_VALUE_INFO_TYPE_INFO: usize = 290;
+    pub const CREATE_KEY_VALUE_PAIRS: usize = 295;
+    pub const ADD_KEY_VALUE_PAIR: usize = 296;
+    pub const GET_KEY_VALUE: usize = 297;
+    pub const RELEASE_KEY_VALUE_PAIRS: usize = 300;
+    pub const HARDWARE_DEVICE_METADATA: usize = 311;
     pub const HARDWARE_DEVICE_TYPE: usize = 307;
     pub const HARDWARE_DEVICE_VENDOR_ID: usize = 308;
     pub const GET_EP_API: usize = 317;
@@ -225,6 +235,11 @@ impl ApiExt {
             node_get_domain: entry!(slot::NODE_GET_DOMAIN),
             node_get_num_inputs: entry!(slot::NODE_GET_NUM_INPUTS),
             node_get_inputs: entry!(slot::NODE_GET_INPUTS),
+            create_key_value_pairs: entry!(slot::CREATE_KEY_VALUE_PAIRS),
+            add_key_value_pair: entry!(slot::ADD_KEY_VALUE_PAIR),
+            get_key_value: entry!(slot::GET_KEY_VALUE),
+            release_key_value_pairs: entry!(slot::RELEASE_KEY_VALUE_PAIRS),
+            hardware_device_metadata: entry!(slot::HARDWARE_DEVICE_METADATA),
         }
     }
 }

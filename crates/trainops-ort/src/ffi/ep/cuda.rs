@@ -1,7 +1,8 @@
 //! The CUDA device kernels behind the device registrations (the plugin EP in CUDA mode, and
 //! the `CUDAExecutionProvider` registration of the custom-op library): one generic kernel for
 //! the optimizer family that launches the op's PTX entry point from `trainops_cuda` on the
-//! device buffers. UNVERIFIED on a GPU in this tree (no GPU where it was written):
+//! device buffers, and [`CudaStreamOp`] for Philox and PhiloxDropout (the host plans the call,
+//! the device draws). UNVERIFIED on a GPU in this tree (no GPU where it was written):
 //! `scripts/gpu_check` is the check to run.
 //!
 //! A node's inputs are `R, T` (host memory: `OrtMemTypeCPUInput`), then `N + 1` blocks of `n`
@@ -14,6 +15,7 @@ use core::ffi::c_void;
 
 /// The step type, re-exported where the op modules first found it.
 pub use super::super::device::DeviceStep;
+use super::super::device::{launch_shape, DeviceOp, PlanFn, StreamPlan};
 use super::super::op::DeviceKernels;
 use super::super::{Context, Kernel, KernelInfo, OpSpec};
 use crate::error::{Error, Result};
@@ -109,8 +111,9 @@ impl Kernel for CudaOptimizer {
                 }
                 let out = ctx.output(s * n + i, &input.shape)?;
                 if out.ptr != input.ptr && x.numel > 0 {
-                    // SAFETY: both are device buffers of numel float32 elements.
-                    unsafe { trainops_cuda::copy(ordinal, out.ptr, input.ptr, x.numel * 4) }
+                    // SAFETY: both are device buffers of numel float32 elements, alive until the
+                    // node's work on `stream` is done; the copy is ordered before the kernel.
+                    unsafe { trainops_cuda::copy_on(ordinal, out.ptr, input.ptr, x.numel * 4, stream) }
                         .map_err(|e| runtime(e.to_string()))?;
                 }
                 outs.push(out.ptr);
@@ -147,20 +150,154 @@ impl Kernel for CudaOptimizer {
     }
 }
 
+/// Which stream op a [`CudaStreamOp`] is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum StreamKind {
+    Philox,
+    Dropout,
+}
+
+/// Philox or PhiloxDropout on the device: the op's host code plans the call from its host
+/// inputs ([`StreamPlan`]); the kernel draws the words of counters `state + b` for the
+/// 4-word blocks `b`, and writes `state_out` with a one-thread kernel on the same stream.
+pub struct CudaStreamOp {
+    op: &'static str,
+    kind: StreamKind,
+    plan: PlanFn,
+    stream: StreamFrom,
+}
+
+/// The six state words as kernel arguments.
+fn state_args(state: &mut [u32; 6]) -> impl Iterator<Item = *mut c_void> + '_ {
+    state.iter_mut().map(arg)
+}
+
+impl CudaStreamOp {
+    fn store_state(
+        &self,
+        ctx: &mut Context<'_>,
+        index: usize,
+        plan: &StreamPlan,
+        ordinal: u32,
+        stream: *mut c_void,
+    ) -> Result<()> {
+        let runtime = |message: String| Error::Runtime { op: self.op, call: "CUDA", message };
+        if ctx.output_count()? <= index {
+            return Ok(());
+        }
+        let Some(out) = ctx.output_opt(index, &[6])? else { return Ok(()) };
+        let function = trainops_cuda::function(ordinal, "trainops_store_state").map_err(|e| runtime(e.to_string()))?;
+        let mut next = plan.next;
+        let mut p = out.ptr;
+        let mut args: Vec<*mut c_void> = vec![arg(&mut p)];
+        args.extend(state_args(&mut next));
+        // SAFETY: the parameters of trainops_store_state: a device pointer to six uint32 (the
+        // output, checked by its shape) and six words; all outlive the launch, which copies them.
+        unsafe { trainops_cuda::launch(ordinal, &function, 1, stream, &mut args) }.map_err(|e| runtime(e.to_string()))
+    }
+}
+
+impl Kernel for CudaStreamOp {
+    fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
+        let runtime = |message: String| Error::Runtime { op: self.op, call: "CUDA", message };
+        let plan = (self.plan)(ctx)?;
+        let stream: *mut c_void = match self.stream {
+            StreamFrom::DefaultSynchronised => core::ptr::null_mut(),
+            StreamFrom::ComputeStream => ctx.gpu_stream()?,
+        };
+        let out = ctx.output(0, &plan.dims)?;
+        let ordinal = ctx.output_device_id(0, &plan.dims)?;
+        let (_, grid) = launch_shape(out.numel);
+        let mut numel = out.numel as u64;
+        let mut state = plan.state;
+        match self.kind {
+            StreamKind::Philox => {
+                if out.numel > 0 {
+                    let function = trainops_cuda::function(ordinal, "trainops_philox_words")
+                        .map_err(|e| runtime(e.to_string()))?;
+                    let mut p = out.ptr;
+                    let mut args: Vec<*mut c_void> = vec![arg(&mut p), arg(&mut numel)];
+                    args.extend(state_args(&mut state));
+                    // SAFETY: trainops_philox_words(u32* out, u64 n, six u32): the output holds
+                    // n uint32; the arguments outlive the launch.
+                    unsafe { trainops_cuda::launch(ordinal, &function, grid, stream, &mut args) }
+                        .map_err(|e| runtime(e.to_string()))?;
+                }
+                self.store_state(ctx, 1, &plan, ordinal, stream)?;
+            }
+            StreamKind::Dropout => {
+                let data = ctx.input(0)?.ok_or_else(|| runtime("missing data".into()))?;
+                let mask = if ctx.output_count()? > 1 { ctx.output_opt(1, &plan.dims)? } else { None };
+                if let Some(m) = &mask {
+                    if m.dtype != DType::Bool || m.numel != out.numel {
+                        return Err(Error::input(
+                            self.op,
+                            1,
+                            "mask",
+                            "tensor(bool) of the data's shape",
+                            m.dtype.name(),
+                        ));
+                    }
+                }
+                if out.numel > 0 {
+                    let (mut from, mut scale) = plan.dropout.unwrap_or((0, 1.0));
+                    let mut src = data.ptr;
+                    let mut dst = out.ptr;
+                    let mut mask_ptr: *mut c_void = mask.as_ref().map_or(core::ptr::null_mut(), |m| m.ptr);
+                    let function =
+                        trainops_cuda::function(ordinal, "trainops_dropout_f32").map_err(|e| runtime(e.to_string()))?;
+                    let mut args: Vec<*mut c_void> =
+                        vec![arg(&mut src), arg(&mut dst), arg(&mut mask_ptr), arg(&mut numel)];
+                    args.extend(state_args(&mut state));
+                    args.push(arg(&mut from));
+                    args.push(arg(&mut scale));
+                    // SAFETY: trainops_dropout_f32(const float*, float*, u8* or null, u64 n,
+                    // six u32, u32 keep_from, float scale): data and output hold n float32 (the
+                    // same buffer in place, else disjoint), the mask n bools; inference mode is
+                    // keep_from 0, scale 1 (every element kept, multiplied by 1: the data).
+                    unsafe { trainops_cuda::launch(ordinal, &function, grid, stream, &mut args) }
+                        .map_err(|e| runtime(e.to_string()))?;
+                }
+                self.store_state(ctx, 2, &plan, ordinal, stream)?;
+            }
+        }
+        if self.stream == StreamFrom::DefaultSynchronised {
+            // SAFETY: the default stream.
+            unsafe { trainops_cuda::synchronize(ordinal, core::ptr::null_mut()) }
+                .map_err(|e| runtime(e.to_string()))?;
+        }
+        Ok(())
+    }
+}
+
+/// The CUDA kernel of a node of `spec`, on `stream`, or an error naming `door` when the op
+/// has none.
+fn cuda_kernel(
+    spec: &'static dyn OpSpec,
+    info: &KernelInfo<'_>,
+    stream: StreamFrom,
+    door: &'static str,
+) -> Result<Box<dyn Kernel>> {
+    let op = spec.op();
+    match spec.device_op(info)? {
+        Some(DeviceOp::Optimizer(step)) => Ok(Box::new(CudaOptimizer::new(spec, step, stream))),
+        Some(DeviceOp::Philox(plan)) => Ok(Box::new(CudaStreamOp { op, kind: StreamKind::Philox, plan, stream })),
+        Some(DeviceOp::Dropout(plan)) => Ok(Box::new(CudaStreamOp { op, kind: StreamKind::Dropout, plan, stream })),
+        None => Err(Error::Runtime {
+            op,
+            call: door,
+            message: "this op has no CUDA kernel yet; its nodes belong on the CPU".into(),
+        }),
+    }
+}
+
 /// The device kernels of the `CUDAExecutionProvider` registration: the op's CUDA kernel on the
 /// provider's compute stream.
 pub struct CudaEpKernels;
 
 impl DeviceKernels for CudaEpKernels {
     fn create(&self, spec: &'static dyn OpSpec, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
-        match spec.device_step(info)? {
-            Some(step) => Ok(Box::new(CudaOptimizer::new(spec, step, StreamFrom::ComputeStream))),
-            None => Err(Error::Runtime {
-                op: spec.op(),
-                call: "CUDAExecutionProvider",
-                message: "this op has no CUDA kernel".into(),
-            }),
-        }
+        cuda_kernel(spec, info, StreamFrom::ComputeStream, "CUDAExecutionProvider")
     }
 }
 
@@ -173,14 +310,7 @@ struct CudaKernels;
 
 impl DeviceKernels for CudaKernels {
     fn create(&self, spec: &'static dyn OpSpec, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
-        match spec.device_step(info)? {
-            Some(step) => Ok(Box::new(CudaOptimizer::new(spec, step, StreamFrom::DefaultSynchronised))),
-            None => Err(Error::Runtime {
-                op: spec.op(),
-                call: "TrainopsExecutionProvider",
-                message: "this op has no CUDA kernel yet; its nodes belong on the CPU".into(),
-            }),
-        }
+        cuda_kernel(spec, info, StreamFrom::DefaultSynchronised, "TrainopsExecutionProvider")
     }
 }
 

@@ -8,6 +8,7 @@ use std::sync::OnceLock;
 use ort_sys as sys;
 
 use super::abi::{self, EpFactory, Opaque};
+use super::bus;
 use super::{bump, c_str, cuda, memory, Backend, Device, Factory, Plugin, COUNTERS, EP_NAME, FAKE_KERNELS};
 use crate::ffi::api::boundary;
 use crate::ffi::op::{DeviceKernels, OpDescriptor, Placement};
@@ -100,60 +101,125 @@ fn check(api: Api, call: &'static str, status: sys::OrtStatusPtr) -> crate::erro
     api.check("TrainopsExecutionProvider", call, status)
 }
 
-/// The hardware devices to offer, one per GPU: ORT's own NVIDIA GPUs when it found as many as
-/// the driver reports (in order: ORT lists them by PCI bus, as the driver's ordinals do unless
-/// `CUDA_DEVICE_ORDER` says otherwise), else devices we create; in fake mode always one we
-/// create.
+/// A key-value list of the runtime's, released on drop.
+struct Pairs<'a> {
+    plugin: &'a Plugin,
+    raw: *mut Opaque,
+}
+
+impl<'a> Pairs<'a> {
+    fn new(plugin: &'a Plugin, entries: &[(&CStr, &str)]) -> crate::error::Result<Self> {
+        let mut raw: *mut Opaque = core::ptr::null_mut();
+        // SAFETY: a valid out pointer.
+        unsafe { (plugin.ext.create_key_value_pairs)(&mut raw) };
+        let pairs = Self { plugin, raw };
+        for (key, value) in entries {
+            let value = std::ffi::CString::new(*value).map_err(|e| crate::error::Error::Runtime {
+                op: "TrainopsExecutionProvider",
+                call: "AddKeyValuePair",
+                message: e.to_string(),
+            })?;
+            // SAFETY: a live list and NUL-terminated strings (the runtime copies them).
+            unsafe { (plugin.ext.add_key_value_pair)(pairs.raw, key.as_ptr(), value.as_ptr()) };
+        }
+        Ok(pairs)
+    }
+}
+
+impl Drop for Pairs<'_> {
+    fn drop(&mut self) {
+        // SAFETY: made by CreateKeyValuePairs, released once; users of it copied it.
+        unsafe { (self.plugin.ext.release_key_value_pairs)(self.raw) };
+    }
+}
+
+/// The `pci_bus_id` metadata of a hardware device, parsed.
+fn bus_of(p: &Plugin, hw: *const Opaque) -> Option<bus::BusId> {
+    // SAFETY: a live hardware device; the metadata and its strings are owned by it.
+    let text = unsafe {
+        let md = (p.ext.hardware_device_metadata)(hw);
+        if md.is_null() {
+            return None;
+        }
+        c_str((p.ext.get_key_value)(md, bus::KEY.as_ptr()))
+    };
+    bus::parse(text.to_str().ok()?)
+}
+
+/// The hardware devices to offer, one per GPU ordinal, with their bus ids: the device ONNX
+/// Runtime discovered whose `pci_bus_id` is the ordinal's (the driver's
+/// `cuDeviceGetPCIBusId`), never by position (ONNX Runtime's list has no order); an ordinal
+/// with no such device gets one we create, with the bus id in its metadata. Fake mode creates
+/// every device, each with its own made-up bus id (see `bus::fake`), read back from the
+/// runtime's object.
 fn hardware_devices(
     f: &Factory,
     found: &[*const Opaque],
     backend: Backend,
-) -> crate::error::Result<Vec<*const Opaque>> {
+) -> crate::error::Result<Vec<(*const Opaque, Option<bus::BusId>)>> {
     let p = f.plugin;
-    let count = match backend {
-        Backend::Fake => 1,
-        Backend::Cuda { count } => count,
-    };
-    if let Backend::Cuda { .. } = backend {
-        let gpus: Vec<_> = found
-            .iter()
-            .copied()
-            // SAFETY: hardware devices the runtime passed to this call.
-            .filter(|&hw| unsafe {
-                (p.ext.hardware_device_type)(hw) == abi::HARDWARE_DEVICE_GPU
-                    && (p.ext.hardware_device_vendor_id)(hw) == abi::NVIDIA_VENDOR_ID
-            })
-            .collect();
-        if gpus.len() == count as usize {
-            return Ok(gpus);
+    let (count, wanted): (u32, Vec<Option<bus::BusId>>) = match backend {
+        Backend::Fake { count } => (count, (0..count).map(|o| Some(bus::fake(o, count))).collect()),
+        Backend::Cuda { count } => {
+            (count, (0..count).map(|o| trainops_cuda::pci_bus_id(o).ok().and_then(|t| bus::parse(&t))).collect())
         }
-    }
-    let mut made = Vec::new();
+    };
+    let matched = match backend {
+        Backend::Fake { .. } => vec![None; wanted.len()],
+        Backend::Cuda { .. } => {
+            let discovered: Vec<Option<bus::BusId>> = found
+                .iter()
+                .map(|&hw| {
+                    // SAFETY: hardware devices the runtime passed to this call.
+                    let nvidia = unsafe {
+                        (p.ext.hardware_device_type)(hw) == abi::HARDWARE_DEVICE_GPU
+                            && (p.ext.hardware_device_vendor_id)(hw) == abi::NVIDIA_VENDOR_ID
+                    };
+                    if nvidia {
+                        bus_of(p, hw)
+                    } else {
+                        None
+                    }
+                })
+                .collect();
+            bus::match_ordinals(&wanted, &discovered)
+        }
+    };
+    let mut out = Vec::new();
     for ordinal in 0..count {
+        let at = ordinal as usize;
+        if let Some(i) = matched[at] {
+            out.push((found[i], wanted[at]));
+            continue;
+        }
+        let text = wanted[at].map(bus::format);
+        let metadata = Pairs::new(p, &text.iter().map(|t| (bus::KEY, t.as_str())).collect::<Vec<_>>())?;
         let mut hw: *mut Opaque = core::ptr::null_mut();
-        // SAFETY: valid arguments and out pointer; the device lives for the process.
+        // SAFETY: valid arguments and out pointer; the runtime copies the metadata; the device
+        // lives for the process.
         check(p.api, "CreateHardwareDevice", unsafe {
             (p.ep_api.create_hardware_device)(
                 abi::HARDWARE_DEVICE_GPU,
                 abi::NVIDIA_VENDOR_ID,
                 ordinal,
                 c"NVIDIA".as_ptr(),
-                core::ptr::null(),
+                metadata.raw.cast_const(),
                 &mut hw,
             )
         })?;
-        made.push(hw.cast_const());
+        // The bus id as the runtime's object now says it (fake mode: the reading path).
+        out.push((hw.cast_const(), bus_of(p, hw)));
     }
-    Ok(made)
+    Ok(out)
 }
 
 fn make_devices(f: &Factory, found: &[*const Opaque], backend: Backend) -> crate::error::Result<Vec<Device>> {
     let p = f.plugin;
     let mut out = Vec::new();
-    for (ordinal, hardware) in hardware_devices(f, found, backend)?.into_iter().enumerate() {
+    for (ordinal, (hardware, bus_id)) in hardware_devices(f, found, backend)?.into_iter().enumerate() {
         let mut memory: *mut sys::OrtMemoryInfo = core::ptr::null_mut();
         let name = match backend {
-            Backend::Fake => c"TrainopsFakeDevice",
+            Backend::Fake { .. } => c"TrainopsFakeDevice",
             Backend::Cuda { .. } => c"TrainopsCuda",
         };
         // SAFETY: valid arguments and out pointer; the info is kept for the process.
@@ -169,7 +235,7 @@ fn make_devices(f: &Factory, found: &[*const Opaque], backend: Backend) -> crate
                 &mut memory,
             )
         })?;
-        out.push(Device { hardware, memory });
+        out.push(Device { hardware, pci_bus_id: bus_id.map(bus::format), memory });
     }
     Ok(out)
 }
@@ -203,11 +269,26 @@ unsafe extern "system" fn get_supported_devices(
             }
         };
         let mut n = 0;
-        for d in list.iter().take(max_ep_devices) {
+        for (ordinal, d) in list.iter().enumerate().take(max_ep_devices) {
             let mut ep_device: *mut Opaque = core::ptr::null_mut();
-            // SAFETY: our factory, a live hardware device, no metadata or options.
+            // The EP device's metadata: its CUDA ordinal and PCI bus id (Python:
+            // `OrtEpDevice.ep_metadata`), so callers pick a GPU by bus, not by list position.
+            let ordinal = ordinal.to_string();
+            let mut entries = vec![(c"device_id", ordinal.as_str())];
+            if let Some(b) = &d.pci_bus_id {
+                entries.push((bus::KEY, b.as_str()));
+            }
+            let metadata = Pairs::new(p, &entries)?;
+            // SAFETY: our factory, a live hardware device, metadata the runtime copies, no
+            // options.
             check(p.api, "CreateEpDevice", unsafe {
-                (p.ep_api.create_ep_device)(this, d.hardware, core::ptr::null(), core::ptr::null(), &mut ep_device)
+                (p.ep_api.create_ep_device)(
+                    this,
+                    d.hardware,
+                    metadata.raw.cast_const(),
+                    core::ptr::null(),
+                    &mut ep_device,
+                )
             })?;
             // SAFETY: the device just made and our memory info (copied by the runtime).
             check(p.api, "EpDevice_AddAllocatorInfo", unsafe {

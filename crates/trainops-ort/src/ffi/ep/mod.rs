@@ -4,12 +4,14 @@
 //! and a device kernel of every op (a node the EP claims runs on the device kernel, any other
 //! on the CPU kernel).
 //!
-//! Backends: `TRAINOPS_FAKE_DEVICE=1` labels host memory as one NVIDIA GPU and runs the CPU
+//! Backends: `TRAINOPS_FAKE_DEVICE=1` labels host memory as one NVIDIA GPU (as
+//! `TRAINOPS_FAKE_DEVICES=N` of them, 1 to 8, each with its own PCI bus id) and runs the CPU
 //! kernels behind the device registration, so everything but the arithmetic on a GPU is
 //! tested without one; otherwise the CUDA driver (`libcuda.so.1`, opened only here, on first
 //! use) says how many GPUs there are. With neither, the factory offers no device.
 
 pub mod abi;
+pub mod bus;
 pub mod cuda;
 mod factory;
 mod memory;
@@ -31,8 +33,12 @@ pub const EP_NAME: &CStr = c"TrainopsExecutionProvider";
 /// How the "device" is driven.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Backend {
-    /// Host memory labelled as one NVIDIA GPU, CPU kernels behind the device registration.
-    Fake,
+    /// Host memory labelled as `count` NVIDIA GPUs, CPU kernels behind the device
+    /// registration.
+    Fake {
+        /// Devices offered (`TRAINOPS_FAKE_DEVICES`, default 1).
+        count: u32,
+    },
     /// GPUs through the CUDA driver, `count` of them.
     Cuda {
         /// Devices the driver reports.
@@ -70,8 +76,10 @@ pub struct Factory {
 
 /// One offered device.
 pub struct Device {
-    /// The hardware device ORT discovered, or one we created.
+    /// The hardware device ORT discovered (matched by PCI bus id), or one we created.
     pub hardware: *const Opaque,
+    /// Its PCI bus id (`0000:65:00.0`), when known.
+    pub pci_bus_id: Option<String>,
     /// Its memory, as `CreateMemoryInfo_V2` made it.
     pub memory: *mut sys::OrtMemoryInfo,
 }
@@ -169,13 +177,19 @@ pub fn negotiate(runtime: (u32, u32)) -> Option<u32> {
 /// when the plugin EP is registered with CUDA mode asked for.
 fn pick_backend() -> Option<Backend> {
     if std::env::var("TRAINOPS_FAKE_DEVICE").as_deref() == Ok("1") {
-        return Some(Backend::Fake);
+        let count = fake_count(std::env::var("TRAINOPS_FAKE_DEVICES").ok().as_deref());
+        return Some(Backend::Fake { count });
     }
     if std::env::var("TRAINOPS_CUDA").as_deref() != Ok("1") {
         return None;
     }
     let count = trainops_cuda::device_count().ok()?;
     (count > 0).then_some(Backend::Cuda { count })
+}
+
+/// How many fake devices `TRAINOPS_FAKE_DEVICES` asks for: 1 to 8, 1 when unset or unreadable.
+pub fn fake_count(value: Option<&str>) -> u32 {
+    value.and_then(|v| v.trim().parse::<u32>().ok()).filter(|n| (1..=8).contains(n)).unwrap_or(1)
 }
 
 /// The body of `CreateEpFactories`.
@@ -317,5 +331,15 @@ mod tests {
         assert_eq!(negotiate((1, 24)), Some(24));
         assert_eq!(negotiate((1, 32)), Some(24));
         assert_eq!(negotiate((2, 0)), Some(24));
+    }
+
+    #[test]
+    fn fake_device_count_is_one_to_eight() {
+        assert_eq!(fake_count(None), 1);
+        assert_eq!(fake_count(Some("2")), 2);
+        assert_eq!(fake_count(Some(" 8 ")), 8);
+        for bad in ["0", "9", "-1", "two", ""] {
+            assert_eq!(fake_count(Some(bad)), 1, "{bad:?}");
+        }
     }
 }

@@ -288,6 +288,10 @@ impl OpSpec for PhiloxDropout {
     fn create(&'static self, _info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
         Ok(Box::new(DropoutKernel))
     }
+
+    fn device_op(&'static self, _info: &KernelInfo<'_>) -> Result<Option<crate::ffi::device::DeviceOp>> {
+        Ok(Some(crate::ffi::device::DeviceOp::Dropout(super::device::dropout())))
+    }
 }
 
 struct DropoutKernel;

@@ -31,6 +31,11 @@ impl OpSpec for Philox {
         Ok(Box::new(PhiloxKernel { shape: OutputShape::from_node(OP, info)? }))
     }
 
+    fn device_op(&'static self, info: &KernelInfo<'_>) -> Result<Option<crate::ffi::device::DeviceOp>> {
+        let shape = OutputShape::from_node(OP, info)?;
+        Ok(Some(crate::ffi::device::DeviceOp::Philox(super::device::philox(shape))))
+    }
+
     fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
         state::infer(OP, ctx)
     }

@@ -1,0 +1,167 @@
+//! The Philox-stream ops on a CUDA device: the host half of a call ([`StreamPlan`]: the
+//! dimensions, the state from the host input, the state after the call, the dropout's
+//! threshold and scale), made with the CPU kernels' own functions, so the device draws the
+//! words the CPU would and `state_out` is the CPU's. The device kernels (`trainops.cu`:
+//! `trainops_philox_words`, `trainops_dropout_f32`) then do one thread per 4-word block `b`
+//! of counter `state + b`.
+
+use trainops_kernels::random::dropout::{keep_from, scale_f32};
+use trainops_kernels::random::philox::{advance, blocks_for};
+
+use super::state::{read_state, OutputShape};
+use crate::error::{Error, Result};
+#[cfg(test)]
+use crate::ffi::device::launch_shape;
+use crate::ffi::device::{PlanFn, StreamPlan};
+use crate::ffi::{Context, DType};
+use crate::ops::io;
+
+/// The plan of a `Philox` node with output shape `shape` (attribute or host `shape` input).
+pub fn philox(shape: OutputShape) -> PlanFn {
+    Box::new(move |ctx: &Context<'_>| {
+        let (state, _) = read_state(ctx, "Philox")?;
+        let (dims, count) = shape.dims(ctx)?;
+        Ok(StreamPlan { dims, state, next: advance(&state, blocks_for(count)), dropout: None })
+    })
+}
+
+const DROPOUT: &str = "PhiloxDropout";
+
+fn optional(ctx: &Context<'_>, index: usize) -> Result<Option<crate::ffi::Tensor>> {
+    if ctx.input_count()? > index {
+        ctx.input(index)
+    } else {
+        Ok(None)
+    }
+}
+
+/// The plan of a `PhiloxDropout` node: float32 data on the device; `ratio` (default 0.5),
+/// `training_mode` (default false) and `state` are host inputs, checked as the CPU kernel
+/// checks them.
+pub fn dropout() -> PlanFn {
+    Box::new(|ctx: &Context<'_>| {
+        let data = io::required(ctx, DROPOUT, 0, "data")?;
+        if data.dtype != DType::Float {
+            return Err(Error::input(DROPOUT, 0, "data", "tensor(float) on the CUDA device", data.dtype.name()));
+        }
+        let ratio = match optional(ctx, 1)? {
+            Some(_) => io::scalar_float(ctx, DROPOUT, 1, "ratio")?,
+            None => 0.5,
+        };
+        let training = match optional(ctx, 2)? {
+            Some(t) => t.read_bool().ok_or_else(|| {
+                let got = format!("{} with shape {:?}", t.dtype.name(), t.shape);
+                Error::input(DROPOUT, 2, "training_mode", "a tensor(bool) with exactly one element", got)
+            })?,
+            None => false,
+        };
+        let t = io::exact(ctx, DROPOUT, 3, "state", &[DType::Uint32], 6, " [c0, c1, c2, c3, k0, k1]")?;
+        // SAFETY: six aligned uint32 elements in host memory (a CPU input), read only.
+        let state: [u32; 6] = unsafe { t.slice::<u32>() }.try_into().expect("six words");
+        if training && !(0.0..1.0).contains(&ratio) {
+            return Err(Error::input(DROPOUT, 1, "ratio", "a value in [0, 1) in training mode", format!("{ratio}")));
+        }
+        Ok(plan_dropout(data.shape.clone(), data.numel, state, ratio, training))
+    })
+}
+
+/// The dropout plan of `numel` elements: the CPU's threshold, scale and next state.
+pub fn plan_dropout(dims: Vec<i64>, numel: usize, state: [u32; 6], ratio: f64, training: bool) -> StreamPlan {
+    if training {
+        let next = advance(&state, blocks_for(numel));
+        StreamPlan { dims, state, next, dropout: Some((keep_from(ratio), scale_f32(ratio))) }
+    } else {
+        StreamPlan { dims, state, next: state, dropout: None }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use trainops_kernels::random::dropout::{self, Data};
+    use trainops_kernels::random::philox::{self, reference};
+    use trainops_kernels::{InOut, Sequential as Serial};
+
+    use super::*;
+
+    /// The device kernels' loops, transcribed: thread `x` of the grid takes blocks
+    /// `x, x + stride, ...`; block `b` is `philox(counter + b)` (128-bit carry), and writes
+    /// the words `4b..4b+4` that exist. Returns every word, and asserts each block is drawn
+    /// exactly once.
+    fn emulate(state: &[u32; 6], words: usize) -> Vec<u32> {
+        let (blocks, grid) = launch_shape(words);
+        let stride = u64::from(grid) * 256;
+        let mut out = vec![0u32; words];
+        let mut seen = vec![0u8; blocks as usize];
+        for x in 0..stride.min(blocks.max(1) + 300) {
+            let mut b = x;
+            while b < blocks {
+                seen[b as usize] += 1;
+                let c = philox::counter_of(state).wrapping_add(u128::from(b));
+                let w = reference::block(
+                    [c as u32, (c >> 32) as u32, (c >> 64) as u32, (c >> 96) as u32],
+                    [state[4], state[5]],
+                );
+                for (k, v) in w.iter().enumerate() {
+                    if let Some(slot) = out.get_mut(b as usize * 4 + k) {
+                        *slot = *v;
+                    }
+                }
+                b += stride;
+            }
+        }
+        assert!(seen.iter().all(|&s| s == 1), "a block drawn twice or never");
+        out
+    }
+
+    const LENGTHS: [usize; 9] = [0, 1, 3, 4, 5, 255, 1024, 1027, 70_001];
+    // A counter that carries through three words within the first blocks.
+    const STATE: [u32; 6] = [0xFFFF_FFFE, 0xFFFF_FFFF, 0xFFFF_FFFF, 7, 0x1234_5678, 0x9ABC_DEF0];
+
+    #[test]
+    fn philox_words_and_next_state_are_the_cpus() {
+        for n in LENGTHS {
+            let mut cpu = vec![0u32; n];
+            let next = philox::fill(&STATE, &mut cpu, &Serial);
+            assert_eq!(emulate(&STATE, n), cpu, "n = {n}");
+            assert_eq!(advance(&STATE, blocks_for(n)), next, "n = {n}");
+        }
+    }
+
+    #[test]
+    fn dropout_plan_and_elements_are_the_cpus() {
+        for (n, ratio) in LENGTHS.iter().zip([0.0, 0.1, 0.25, 0.5, 0.9, 0.3, 0.75, 1e-9, 0.5]) {
+            let n = *n;
+            let data: Vec<f32> = (0..n).map(|i| (i as f32 - 7.5) * 0.37).collect();
+            let mut cpu = vec![0f32; n];
+            let mut mask = vec![false; n];
+            let next = dropout::fill(
+                &STATE,
+                ratio,
+                Data::F32(InOut::split(&data, &mut cpu).unwrap()),
+                Some(&mut mask),
+                &Serial,
+            )
+            .unwrap();
+            let plan = plan_dropout(vec![n as i64], n, STATE, ratio, true);
+            assert_eq!(plan.next, next, "n = {n}");
+            let (from, scale) = plan.dropout.unwrap();
+            let words = emulate(&STATE, n);
+            for i in 0..n {
+                let keep = words[i] & 0x7F_FFFF >= from;
+                let v = (data[i] * scale) * if keep { 1.0 } else { 0.0 };
+                assert_eq!((v.to_bits(), keep), (cpu[i].to_bits(), mask[i]), "n = {n}, i = {i}");
+            }
+        }
+        let off = plan_dropout(vec![3], 3, STATE, 0.5, false);
+        assert_eq!((off.next, off.dropout), (STATE, None));
+    }
+
+    #[test]
+    fn launch_shapes() {
+        assert_eq!(launch_shape(0), (0, 1));
+        assert_eq!(launch_shape(1), (1, 1));
+        assert_eq!(launch_shape(1024), (256, 1));
+        assert_eq!(launch_shape(1025), (257, 2));
+        assert_eq!(launch_shape(usize::MAX / 2).1, 65_535 * 8);
+    }
+}

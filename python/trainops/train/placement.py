@@ -1,0 +1,214 @@
+"""Where a training step runs: :func:`resolve` turns a Trainer's ``providers=``,
+``portable=`` and ``device=`` into a :class:`Placement` (the execution providers, how
+trainops' ops get into the session, whether the step graph is rewritten to standard ops),
+and :meth:`Placement.session` makes the session of a model with it.
+
+The doors (see the README's "Execution providers" section):
+
+- CPU (default): ``register_custom_ops_library``, the CPU kernels.
+- ``device="cuda"`` (or ``CUDAExecutionProvider`` among ``providers``; onnxruntime-gpu):
+  the same library with ``TRAINOPS_CUDA=1``, which also registers trainops' CUDA kernels
+  for ``CUDAExecutionProvider`` (R, T and other scalars as CPU inputs).
+- a list of ``OrtEpDevice`` (``onnxruntime.get_ep_devices()``, 1.23+):
+  ``SessionOptions.add_provider_for_devices``; ``TrainopsExecutionProvider``'s devices
+  bring trainops' domains themselves, any other EP's devices get the custom-op library too.
+- ``portable=True``: the step graph's optimizer, mixed-precision and dropout nodes become
+  standard ONNX ops (:func:`trainops.portable.rewrite`), for EPs that take no custom-op
+  library (:data:`NO_CUSTOM_OPS`); ``portable=None`` picks it for those EPs.
+
+``device="auto"`` is the CPU for now: CUDA becomes auto's choice once trainops' CUDA
+kernels are verified on a GPU (``scripts/gpu_check``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+__all__ = ["NO_CUSTOM_OPS", "Placement", "TrainingModel", "resolve"]
+
+CPU = "CPUExecutionProvider"
+CUDA = "CUDAExecutionProvider"
+TRAINOPS_EP = "TrainopsExecutionProvider"
+
+# Execution providers that cannot run a custom-op library's kernels (their nodes would fall
+# back to the CPU, a copy each way per node): portable=None rewrites the step for them.
+NO_CUSTOM_OPS = frozenset({
+    "DmlExecutionProvider",
+    "WebGpuExecutionProvider",
+    "CoreMLExecutionProvider",
+    "OpenVINOExecutionProvider",
+    "QNNExecutionProvider",
+    "WebNNExecutionProvider",
+    "JsExecutionProvider",
+    "NnapiExecutionProvider",
+    "MIGraphXExecutionProvider",
+    "VitisAIExecutionProvider",
+})
+
+DEVICES = ("cpu", "cuda", "auto")
+
+
+def _is_ep_device(p) -> bool:
+    return hasattr(p, "ep_name") and hasattr(p, "device")
+
+
+def _provider_name(p) -> str:
+    if isinstance(p, str):
+        return p
+    if isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], dict):
+        return p[0]
+    raise TypeError("providers: expected provider names, (name, options) pairs or OrtEpDevice "
+                    f"objects, got {p!r}")
+
+
+@dataclass(frozen=True)
+class Placement:
+    """How a step's session is made.
+
+    - ``providers``: the ``providers=`` argument of ``InferenceSession`` (names or
+      ``(name, options)`` pairs), or None with ``ep_devices``;
+    - ``ep_devices`` / ``ep_options``: ``OrtEpDevice`` objects for
+      ``SessionOptions.add_provider_for_devices`` and their options;
+    - ``names``: the execution providers asked for, in order;
+    - ``portable``: the step graph is rewritten to standard ops;
+    - ``cuda_kernels``: trainops' CUDA kernels are requested (``TRAINOPS_CUDA=1``).
+    """
+
+    providers: list | None = None
+    ep_devices: list | None = None
+    ep_options: dict = field(default_factory=dict)
+    names: tuple[str, ...] = (CPU,)
+    portable: bool = False
+    cuda_kernels: bool = False
+
+    @property
+    def is_cpu(self) -> bool:
+        """True for the default: the CPU execution provider alone, trainops' CPU kernels."""
+        return self.names == (CPU,) and not self.portable and self.ep_devices is None
+
+    @property
+    def ep_supplies_domains(self) -> bool:
+        """True when the plugin EP ``TrainopsExecutionProvider`` brings trainops' domains (the
+        custom-op library must then not be registered too: ONNX Runtime rejects a domain
+        set twice)."""
+        return TRAINOPS_EP in self.names and self.ep_devices is not None
+
+    def configure(self, so, library: str | None, needs_library: bool) -> None:
+        """Registers what this placement needs on ``so``: the EP devices, and the custom-op
+        library when the model has nodes of trainops' domains left (``needs_library``) and
+        the EP does not bring them."""
+        from .. import get_library_path
+
+        if self.cuda_kernels and os.environ.get("TRAINOPS_CUDA") != "1":
+            # Read by the library when it first registers its domains in this process.
+            os.environ["TRAINOPS_CUDA"] = "1"
+        if self.ep_devices is not None:
+            so.add_provider_for_devices(list(self.ep_devices), dict(self.ep_options))
+        if needs_library and not self.ep_supplies_domains:
+            so.register_custom_ops_library(library or get_library_path())
+
+    def session(self, model_bytes: bytes, so):
+        """An ``InferenceSession`` of ``model_bytes`` with ``so`` (already configured)."""
+        import onnxruntime as ort
+
+        if self.ep_devices is not None:
+            return ort.InferenceSession(model_bytes, so)
+        return ort.InferenceSession(model_bytes, so, providers=self.providers)
+
+
+def _available() -> list[str]:
+    import onnxruntime as ort
+
+    return list(ort.get_available_providers())
+
+
+def resolve(providers: Sequence[Any] | None = None, portable: bool | None = None,
+            device: str | None = None) -> Placement:
+    """The :class:`Placement` of a Trainer's arguments (see :class:`trainops.Trainer`).
+
+    ``device`` and ``providers`` are exclusive (``ValueError``). ``device="cuda"`` needs
+    ``CUDAExecutionProvider`` in this onnxruntime (onnxruntime-gpu), else ``RuntimeError``
+    naming what it offers. ``portable=None``: True when an EP in :data:`NO_CUSTOM_OPS` is
+    asked for."""
+    if device is not None and providers is not None:
+        raise ValueError("Trainer: give device= or providers=, not both "
+                         f"(device={device!r}, providers={providers!r})")
+    if portable is not None and not isinstance(portable, bool):
+        raise TypeError(f"Trainer: portable must be True, False or None, got {portable!r}")
+    if device is not None:
+        if device not in DEVICES:
+            raise ValueError(f"Trainer: device must be 'cpu', 'cuda' or 'auto', got {device!r}")
+        if device == "cuda":
+            if CUDA not in _available():
+                raise RuntimeError("Trainer: device='cuda' needs onnxruntime-gpu's "
+                                   f"{CUDA}; this onnxruntime offers {_available()}")
+            providers = [CUDA, CPU]
+        else:  # "cpu", and "auto" until the CUDA kernels are verified on a GPU
+            providers = [CPU]
+    if providers is None:
+        providers = [CPU]
+    providers = list(providers)
+    if not providers:
+        raise ValueError("Trainer: providers is empty")
+    devices = [p for p in providers if _is_ep_device(p)]
+    if devices:
+        if len(devices) != len(providers):
+            raise TypeError("providers: a list of OrtEpDevice objects cannot be mixed with "
+                            "provider names")
+        ours = [d for d in devices if d.ep_name == TRAINOPS_EP]
+        if len(ours) > 1:
+            raise ValueError(
+                f"providers: {len(ours)} {TRAINOPS_EP} devices given; a session takes one (pick it "
+                "by ep_metadata['pci_bus_id'] or ['device_id']): ONNX Runtime 1.24 refuses devices "
+                "with different memory and falls back to the CPU, and a factory's custom-op "
+                "domains would be collected once per device")
+        names = tuple(dict.fromkeys(d.ep_name for d in devices))
+        auto_portable = any(n in NO_CUSTOM_OPS for n in names)
+        return Placement(providers=None, ep_devices=devices, names=names,
+                         portable=auto_portable if portable is None else portable,
+                         cuda_kernels=False)
+    names = tuple(_provider_name(p) for p in providers)
+    auto_portable = any(n in NO_CUSTOM_OPS for n in names)
+    return Placement(providers=providers, names=names,
+                     portable=auto_portable if portable is None else portable,
+                     cuda_kernels=CUDA in names)
+
+
+class TrainingModel:
+    """``trainer.training_model``: the ``onnx.ModelProto`` the step's session runs, both as
+    an attribute (``trainer.training_model.graph.node``: every attribute of the proto is
+    read through) and as a call (``trainer.training_model()`` returns the ModelProto itself,
+    for ``onnx.save``, ``isinstance`` and ``CopyFrom``).
+
+    Why a wrapper: the attribute predates the call, and a ModelProto subclass with
+    ``__call__`` is impossible (protobuf's generated classes refuse subclasses), so the
+    wrapper forwards attribute reads and comparisons to the proto it holds."""
+
+    __slots__ = ("_model",)
+
+    def __init__(self, model) -> None:
+        object.__setattr__(self, "_model", model)
+
+    def __call__(self):
+        """The ModelProto the session runs (not a copy: do not modify it)."""
+        return self._model
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError("training_model is read-only; training_model() is the ModelProto")
+
+    def __eq__(self, other) -> bool:
+        other = other._model if isinstance(other, TrainingModel) else other
+        return self._model == other
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __dir__(self):
+        return sorted(set(dir(self._model)) | {"__call__"})
+
+    def __repr__(self) -> str:
+        return f"TrainingModel({len(self._model.graph.node)} nodes; call it for the ModelProto)"
