@@ -14,8 +14,8 @@ PyTorch does (AdamW's ``lerp_`` and ``addcmul_``), so the portable AdamW emits t
   case decided by the last error). Exact wherever Dekker's product is: ``a * b`` zero or
   at least ``2^-969`` in magnitude (a gradient of 1e-146 is still exact) and below
   ``2^1023`` (operands from ``2^995`` up are split scaled, exactly). Products that
-  underflow are within 3 ulps of the fma in measurements (tests/test_portable.py, README),
-  mostly exact; where ``a * b`` overflows in double, ``c`` if it is infinite, else
+  underflow are within 2 ulps of the fma in measurements (0 to 4% of such cases differ;
+  tests/test_portable.py, README); where ``a * b`` overflows in double, ``c`` if it is infinite, else
   ``a * b + c`` (the fma's value unless ``c`` cancels the overflow).
 
 A zero product that underflowed keeps its sign against a zero ``c`` (``fma(-tiny, tiny,

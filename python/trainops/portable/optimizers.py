@@ -19,7 +19,9 @@ expansions do the kernels' operations (``crates/trainops-kernels/src/optim/*/mod
 
 So on a runtime that rounds every ``Mul``/``Add``/``Sub``/``Div`` and the double ``Sqrt``
 correctly (no fused multiply-add) and whose double ``Pow`` is the kernels' ``f64::powf``
-(the platform's ``pow``), the result has the fused kernels' bits.
+(the platform's ``pow``), the result has the fused kernels' bits. (AdamW's kernel fuses two
+multiply-adds: :mod:`.adamw` emits them through :mod:`.fma`, exact in float32 and, unless
+a product underflows below 2^-969, in float64.)
 """
 
 from __future__ import annotations
