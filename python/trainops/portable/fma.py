@@ -14,14 +14,15 @@ PyTorch does (AdamW's ``lerp_`` and ``addcmul_``), so the portable AdamW emits t
   case decided by the last error). Exact wherever Dekker's product is: ``a * b`` zero or
   at least ``2^-969`` in magnitude (a gradient of 1e-146 is still exact) and below
   ``2^1023`` (operands from ``2^995`` up are split scaled, exactly). Products that
-  underflow are within 2 ulps of the fma in measurements (0 to 4% of such cases differ;
-  tests/test_portable.py, README); where ``a * b`` overflows in double, ``c`` if it is infinite, else
-  ``a * b + c`` (the fma's value unless ``c`` cancels the overflow).
+  underflow are within 2 ulps of the fma in measurements (up to 4% of such cases differ;
+  tests/test_portable.py, README); where ``a * b`` overflows in double: ``c`` if that is
+  infinite, else ``a * b + c`` (the fma's value unless ``c`` cancels the overflow).
 
 A zero product that underflowed keeps its sign against a zero ``c`` (``fma(-tiny, tiny,
 +0) = -0``) in both. Every node is a ``Mul``/``Add``/``Sub``/``Cast``/comparison/``Where``
-on doubles: no runtime behaviour is relied on beyond IEEE rounding of double arithmetic and
-correctly rounded ``Cast`` from double to float.
+on doubles: nothing is relied on beyond IEEE rounding of double arithmetic, correctly
+rounded ``Cast`` from double to float, and onnxruntime's ``Where`` keeping every bit of its
+second operand (of its first but a -0; the selections are arranged for that).
 """
 
 from __future__ import annotations
