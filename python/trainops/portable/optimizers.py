@@ -1,5 +1,5 @@
 """Standard-op expansions of the optimizer nodes ``ai.onnx.preview.training::Adam``,
-``Adagrad``, ``Momentum`` and ``com.trainops::AdamW``.
+``Adagrad`` and ``Momentum`` (``com.trainops::AdamW``'s is :mod:`.adamw`, on these helpers).
 
 Each function takes the node, the element types of the values it reads and the set of
 names taken in the graph, and returns an :class:`~trainops.portable.emit.Expansion`. The
@@ -19,7 +19,9 @@ expansions do the kernels' operations (``crates/trainops-kernels/src/optim/*/mod
 
 So on a runtime that rounds every ``Mul``/``Add``/``Sub``/``Div`` and the double ``Sqrt``
 correctly (no fused multiply-add) and whose double ``Pow`` is the kernels' ``f64::powf``
-(the platform's ``pow``), the result has the fused kernels' bits.
+(the platform's ``pow``), the result has the fused kernels' bits. (AdamW's kernel fuses two
+multiply-adds: :mod:`.adamw` emits them through :mod:`.fma`, exact in float32 and, unless
+a product underflows below 2^-969, in float64.)
 """
 
 from __future__ import annotations
@@ -29,15 +31,13 @@ from typing import Mapping
 from .emit import (BFLOAT16, DOUBLE, FLOAT, FLOAT16, FLOAT_TYPES, INT64, Emitter, Expansion,
                    ExpansionError, float_attrs)
 
-__all__ = ["adam", "adagrad", "momentum", "adamw", "ADAM_DEFAULTS", "ADAGRAD_DEFAULTS",
-           "ADAMW_DEFAULTS", "split_groups", "adam_rate", "adam_update"]
+__all__ = ["adam", "adagrad", "momentum", "ADAM_DEFAULTS", "ADAGRAD_DEFAULTS",
+           "split_groups", "adam_rate", "adam_update", "compute_type"]
 
 ADAM_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-6, "norm_coefficient": 0.0,
                  "norm_coefficient_post": 0.0}
 ADAGRAD_DEFAULTS = {"decay_factor": 0.0, "epsilon": 1e-6, "norm_coefficient": 0.0}
 MOMENTUM_ATTRS = {"alpha": None, "beta": None, "norm_coefficient": None}
-# AdamW as PyTorch's torch.optim.AdamW: alpha/beta are betas[0]/betas[1].
-ADAMW_DEFAULTS = {"alpha": 0.9, "beta": 0.999, "epsilon": 1e-8, "weight_decay": 0.01}
 
 
 def split_groups(e: Emitter, scalars: list[str], groups: str, out_groups: int,
@@ -213,56 +213,4 @@ def momentum(node, types: Mapping[str, int], taken: set[str], **options) -> Expa
         x = e.op("Sub", x, step, hint="x")
         e.output(x, xo[i], c, xe)
         e.output(v, vo[i], c, xe)
-    return e.finish()
-
-
-def adamw(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
-    """``com.trainops::AdamW`` as PyTorch's ``torch.optim.AdamW`` computes it (single
-    tensor, CPU): inputs ``R, T, X..., G..., V... (exp_avg), H... (exp_avg_sq)``, outputs
-    ``X_new..., V_new..., H_new...``; attributes ``alpha`` (beta1), ``beta`` (beta2),
-    ``epsilon``, ``weight_decay``. Per call, in float64: ``decay = 1 - R * wd``,
-    ``step = R / (1 - alpha^T)``, ``bc2 = sqrt(1 - beta^T)``, each rounded once to the
-    compute type; per element::
-
-        x  = x * decay
-        v' = lerp(v, g, w)     w = 1 - alpha: w < 0.5 ? v + w * (g - v) : g - (g - v) * (1 - w)
-        h' = h * beta + ((1 - beta) * g) * g
-        x' = x - (step * v') / (sqrt(h') / bc2 + epsilon)
-
-    ``T`` must be at least 1 (``T = 0`` divides by zero, as PyTorch would).
-    """
-    import numpy as np
-
-    e = Emitter(node, types, taken, **options)
-    a = float_attrs(node, ADAMW_DEFAULTS)
-    n, (xs, gs, vs, hs), (xo, vo, ho) = split_groups(e, ["R", "T"], "XGVH", 3)
-    rd, _, td = _rate_inputs(e)
-    one = e.const(1.0, DOUBLE)
-    decay = e.op("Sub", one, e.op("Mul", rd, e.const(a["weight_decay"], DOUBLE)), hint="decay")
-    bc1 = e.op("Sub", one, e.op("Pow", e.const(a["alpha"], DOUBLE), td))
-    step = e.op("Div", rd, bc1, hint="step")
-    bc2 = e.op("Sqrt", e.op("Sub", one, e.op("Pow", e.const(a["beta"], DOUBLE), td)), hint="bc2")
-    scalars = {name: _Rates(e, value) for name, value in
-               (("decay", decay), ("step", step), ("bc2", bc2))}
-    for i in range(n):
-        xe, ge = _tensor_types(e, i + 1, {"X": xs[i], "G": gs[i], "V": vs[i], "H": hs[i]}, "G")
-        c = compute_type(xe)
-        k = lambda value: e.const(value, c)  # noqa: E731
-        cnp = np.float64 if c == DOUBLE else np.float32
-        w = cnp(1.0 - a["alpha"])  # the lerp weight, in the compute type
-        x, g, v, h = (e.cast(xs[i], xe, c), e.cast(gs[i], ge, c), e.cast(vs[i], xe, c),
-                      e.cast(hs[i], xe, c))
-        x = e.op("Mul", x, scalars["decay"][c], hint="x")
-        diff = e.op("Sub", g, v)
-        # The weights of v and h ordered after R and T (see Emitter.ready).
-        if w < 0.5:
-            v = e.op("Add", v, e.op("Mul", e.coefficient(w, c), diff), hint="v")
-        else:
-            v = e.op("Sub", g, e.op("Mul", diff, e.coefficient(cnp(1) - w, c)), hint="v")
-        h = e.op("Add", e.op("Mul", h, k(a["beta"])),
-                 e.op("Mul", e.op("Mul", e.coefficient(1.0 - a["beta"], c), g), g), hint="h")
-        denom = e.op("Add", e.op("Div", e.sqrt(h, c), scalars["bc2"][c]), k(a["epsilon"]))
-        x = e.op("Sub", x, e.op("Div", e.op("Mul", scalars["step"][c], v), denom), hint="x")
-        for value, out in ((x, xo[i]), (v, vo[i]), (h, ho[i])):
-            e.output(value, out, c, xe)
     return e.finish()

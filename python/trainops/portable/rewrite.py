@@ -15,7 +15,8 @@ from ..onnx_defs import ONNX_OPSET, TRAINING_DOMAIN, TRAINOPS_DOMAIN
 from .emit import BOOL, FLOAT, INT64, Expansion, ExpansionError
 from .dropout import philox_dropout
 from .mixed import all_finite, dynamic_loss_scale, mixed_precision_adam
-from .optimizers import adagrad, adam, adamw, momentum
+from .adamw import adamw
+from .optimizers import adagrad, adam, momentum
 
 __all__ = ["EXPANSIONS", "MIN_OPSET", "rewrite", "custom_nodes", "value_types"]
 
@@ -74,7 +75,9 @@ def _output_types(node, types: dict[str, int]) -> None:
         types[outs[0]], types[outs[1]] = FLOAT, INT64
     else:  # optimizers: output groups of the weights' type; MixedPrecisionAdam: flag first
         mixed = op == "MixedPrecisionAdam"
-        scalars, groups = (3, 4) if mixed else (2, 4 if op in ("Adam", "AdamW") else 3)
+        amsgrad = op == "AdamW" and any(a.name == "amsgrad" and a.i for a in node.attribute)
+        scalars, groups = (3, 4) if mixed else (2, 5 if amsgrad else 4 if op in ("Adam", "AdamW")
+                                                else 3)
         n = (len(ins) - scalars) // groups
         flag = 1 if mixed else 0
         if mixed:
