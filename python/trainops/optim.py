@@ -72,3 +72,6 @@ def from_dict(d: dict) -> Optimizer:
     d = dict(d)
     cls = {"Adam": Adam, "Adagrad": Adagrad, "Momentum": Momentum}[d.pop("type")]
     return cls(**d)
+
+
+from . import schedules  # noqa: E402  (trainops.optim.schedules: learning-rate schedules)

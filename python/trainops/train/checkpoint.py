@@ -12,6 +12,8 @@ import numpy as np
 
 import onnx
 
+from . import update_options
+
 __all__ = ["read", "restore", "save"]
 
 
@@ -22,7 +24,8 @@ def save(trainer, path) -> None:
                                   "1/N of the optimizer state; not implemented yet")
     config = {"loss": trainer.loss_name, "optimizer": trainer.optimizer.to_dict(),
               "params": trainer.param_names, "policy": trainer.policy, "T": trainer.T,
-              "lr": trainer.lr, "skipped": trainer.skipped, "seed": trainer.seed}
+              "lr": trainer.lr, "skipped": trainer.skipped, "seed": trainer.seed,
+              **update_options.config_of(trainer)}
     arrays = {f"value:{k}": v for k, v in trainer._arrays.items()}
     arrays["model"] = np.frombuffer(trainer._model.SerializeToString(), np.uint8)
     arrays["config"] = np.frombuffer(json.dumps(config).encode(), np.uint8)

@@ -37,8 +37,10 @@ from ..random import _seed_bits
 from . import checkpoint as _checkpoint
 from .backward import data_inputs
 from .graph import build_step_graph
+from . import update_options as _schedules
+from .accumulate_runtime import AccumulatingRuntime
 from .runtime import StepRuntime
-from .spec import StepGraph, StepOptions, check_policy
+from .spec import StepGraph, StepOptions, check_policy, check_update_options
 
 __all__ = ["Trainer"]
 
@@ -78,7 +80,19 @@ class Trainer:
       steps in place. The same seed gives bit-identical runs for any thread count. Without
       ``seed`` a fresh one is drawn from the OS (as PyTorch does), kept as ``seed``; with
       ``comm``, rank 0's. With ``comm``, rank ``r`` keys its nodes with
-      ``trainops.distributed.rank_seed(seed, r)`` instead of ``seed`` (rank 0: ``seed``).
+      ``trainops.distributed.rank_seed(seed, r)`` instead of ``seed`` (rank 0: ``seed``);
+    - ``clip_grad_norm``: ``max_norm`` of PyTorch's ``clip_grad_norm_`` (total 2-norm over
+      every parameter's gradient, coefficient ``min(max_norm / (norm + 1e-6), 1)``),
+      applied inside the step graph before the update (:mod:`trainops.train.clip`); the
+      total norm before clipping is ``last_grad_norm``. Under ``mixed_float16`` it is the
+      norm of the unscaled gradients, and the clipped ones go to the optimizer as float32;
+    - ``accumulate``: ``k`` >= 1: :meth:`step` adds each micro-batch's gradients into
+      accumulation buffers (``grad_accum`` state) and updates on every k-th call, with
+      their mean (:mod:`trainops.train.accumulate`): k micro-batches of B train as one
+      batch of kB with a mean loss. ``T`` counts updates;
+    - ``schedule``: a learning-rate schedule (:mod:`trainops.optim.schedules`, or any
+      callable ``step -> lr``): each update uses ``schedule(T - 1)`` (``T - 1`` updates
+      made so far); a schedule without ``lr`` takes the optimizer's.
 
     Every other graph input is data, fed to :meth:`step`.
     """
@@ -87,7 +101,8 @@ class Trainer:
                  params: Sequence[str] | None = None, policy: str = "float32",
                  threads: int | None = None, seed: int | None = None, comm=None,
                  shard_optimizer: bool = False, collective_timeout: float | None = None,
-                 *, _state=None):
+                 *, clip_grad_norm: float | None = None, accumulate: int = 1,
+                 schedule=None, _state=None):
         if isinstance(model, bytes):
             model = onnx.load_from_string(model)
         elif isinstance(model, (str, os.PathLike)):
@@ -97,6 +112,8 @@ class Trainer:
         self.loss_name = loss
         self.optimizer = optimizer if optimizer is not None else _optim.Adam()
         self.policy = check_policy(policy, self.optimizer)
+        self.clip_grad_norm, self.accumulate = check_update_options(clip_grad_norm, accumulate)
+        self.schedule = _schedules.bind(schedule, self.optimizer)
         if seed is not None:
             _seed_bits(seed)  # TypeError / ValueError for a seed that is not a 64-bit int
         self.shard_optimizer = bool(shard_optimizer)
@@ -108,6 +125,9 @@ class Trainer:
                 raise NotImplementedError("comm= with policy 'mixed_float16' is not "
                                           "supported yet (the finite check and the loss "
                                           "scale would need to agree across ranks)")
+            if self.clip_grad_norm is not None or self.accumulate > 1:
+                raise NotImplementedError("comm= with clip_grad_norm or accumulate is not "
+                                          "supported yet")
             self._dist = Collectives(comm, collective_timeout)
             if threads is None:
                 threads = max(1, (os.cpu_count() or 1) // self._dist.local_size())
@@ -126,14 +146,16 @@ class Trainer:
             from ..distributed import rank_seed
 
             key_seed = rank_seed(self.seed, self._dist.rank)
-        options = StepOptions(loss, self.optimizer, params, self.policy, key_seed)
+        options = StepOptions(loss, self.optimizer, params, self.policy, key_seed,
+                              self.clip_grad_norm, self.accumulate)
         self.input_names = data_inputs(self._model)
         self.step_graph: StepGraph | None = None
         if self._dist is None:
             self.step_graph = build_step_graph(self._model, options)
             self.param_names = self.step_graph.param_names
             self.training_model = self.step_graph.model
-            self.runtime = StepRuntime(self.step_graph, threads)
+            self.runtime = (StepRuntime if self.step_graph.apply_model is None
+                            else AccumulatingRuntime)(self.step_graph, threads)
             self._rng = [(e.input, e.output, e.initial) for e in self.step_graph.of_kind("rng")]
             opt_states = self.step_graph.of_kind("optimizer")
             self.state_names = {s: [e.input for e in opt_states if e.slot == s]
@@ -161,6 +183,8 @@ class Trainer:
         self.skipped = 0
         if _state is not None:
             self.T, self.lr, self.skipped = _checkpoint.restore(self._arrays, _state)
+        if self.schedule is not None:
+            self.lr = _schedules.lr_at(self.schedule, self.T)
 
     # -- training ----------------------------------------------------------------------
     @property
@@ -170,7 +194,21 @@ class Trainer:
 
     @learning_rate.setter
     def learning_rate(self, value: float) -> None:
+        if self.schedule is not None:
+            raise ValueError("learning_rate: this trainer's schedule sets it before every "
+                             "update (Trainer(schedule=None) to set it by hand)")
         self.lr = float(value)
+
+    @property
+    def last_grad_norm(self) -> float | None:
+        """With ``clip_grad_norm``: the total 2-norm of the last update's gradients before
+        clipping (unscaled under ``mixed_float16``; inf or NaN for non-finite gradients,
+        as torch's ``clip_grad_norm_`` returns); None before the first update or without
+        ``clip_grad_norm``."""
+        name = self.step_graph.norm_output if self.step_graph is not None else None
+        if name is None or self.T == 1:
+            return None
+        return float(self._arrays[name][0])
 
     @property
     def loss_scale(self) -> float | None:
@@ -182,7 +220,10 @@ class Trainer:
         """One training step on ``feeds`` (every data input of the model): forward, loss,
         backward and the optimizer update, in one ``run_with_iobinding``. Returns the loss
         before the update. Under ``mixed_float16`` a step whose gradients are not finite
-        is skipped (the weights stay) and ``skipped`` counts it.
+        is skipped (the weights stay) and ``skipped`` counts it. With ``accumulate=k`` only
+        every k-th call updates (the others add the micro-batch's gradients); each call
+        returns its micro-batch's loss. With ``schedule`` the update's learning rate is
+        ``schedule(T - 1)``.
 
         With ``comm``: ``feeds`` is this rank's shard of the batch; every rank must call
         ``step`` the same number of times; the gradients are averaged over the ranks
@@ -190,7 +231,11 @@ class Trainer:
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise ValueError(f"step: feeds lack model inputs {missing}")
+        if self.schedule is not None:
+            self.lr = _schedules.lr_at(self.schedule, self.T)
         loss = self.runtime.run(feeds, self.lr, self.T)
+        if not getattr(self.runtime, "updated", True):
+            return loss
         self.T += 1
         if self._dist is None and not self.runtime.finite:
             self.skipped += 1
@@ -206,7 +251,11 @@ class Trainer:
         params = sum(self._arrays[p].nbytes for p in self.param_names)
         state = sum(self._arrays[n].nbytes for s in self.optimizer.state
                     for n in self.state_names[s])
-        return {"parameters": params, "gradients": params, "optimizer_state": state}
+        out = {"parameters": params, "gradients": params, "optimizer_state": state}
+        if self.accumulate > 1:
+            out["accumulation"] = sum(self._arrays[e.input].nbytes
+                                      for e in self.step_graph.of_kind("grad_accum"))
+        return out
 
     # -- results -------------------------------------------------------------------------
     def parameters(self) -> dict[str, np.ndarray]:
@@ -251,9 +300,12 @@ class Trainer:
         _checkpoint.save(self, path)
 
     @classmethod
-    def load(cls, path, threads: int | None = None) -> "Trainer":
-        """The trainer saved at ``path`` (:meth:`save`), ready to continue."""
+    def load(cls, path, threads: int | None = None, schedule=None) -> "Trainer":
+        """The trainer saved at ``path`` (:meth:`save`), ready to continue. ``schedule``:
+        needed when the saved trainer's schedule was a Python function (which a
+        checkpoint cannot hold), else it replaces the saved one."""
         model, config, state = _checkpoint.read(path)
         return cls(model, config["loss"], _optim.from_dict(config["optimizer"]),
                    params=config["params"], policy=config["policy"], threads=threads,
-                   seed=config.get("seed"), _state=state)
+                   seed=config.get("seed"), _state=state,
+                   **_schedules.load_options(config, schedule, path))
