@@ -16,7 +16,12 @@ power of two, so this is exactly the norm of the unscaled gradients, as after to
 ``GradScaler.unscale_``), and the clipped gradients stay float32 and scaled (the
 optimizer node divides by the scale: ``(g * coef) / s == (g / s) * coef`` exactly for a
 power-of-two ``s``). Non-finite gradients give a non-finite total, ``coef`` 0 or NaN and
-non-finite clipped gradients, so the step is still skipped.
+non-finite clipped gradients, so the step is still skipped. (On the CPU execution
+provider ONNX Runtime computes most float16 ops in float32 between Casts it inserts, and
+drops a float32 -> float16 -> float32 round trip: the clipping's Cast then reads the
+float32 value, so a gradient that would overflow float16 only there is not seen as
+non-finite, while the unclipped path, which hands the float16 tensors to the optimizer,
+skips that step.)
 
 The optimizer consumes only the clipped gradients, and each of them depends on every
 gradient through ``total``: no update can run before the whole backward pass is done.
