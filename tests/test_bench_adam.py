@@ -101,3 +101,28 @@ def test_memory_ceiling_rejects_other_stream_counts(make_session):
         feeds = {"R": np.array(1e-3, np.float32), "T": np.array(1, np.int64)}
         feeds.update({f"{p}_1": np.ones(4, np.float32) for p in "XGVH"})
         sess.run(None, feeds)
+
+
+def test_optim_target_runs_adamw_against_its_ceiling(library_path, capsys):
+    """``bench optim`` at a tiny size: the AdamW row and its ceiling run (torch left out),
+    and the row's in-place step really is AdamW's first step (m = 0.1 g)."""
+    from trainops import bench
+    from trainops.bench.optim import ROWS
+
+    code = bench.main(["optim", "--sizes", "1e3", "--threads", "1", "--repeat", "2", "--warmup",
+                       "1", "--min-time", "0", "--no-torch", "--library", library_path])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    for row in ROWS:
+        assert f"trainops {row.name}, 1 thread" in out and f"ceiling of {row.name}, 1 thread" in out
+    assert "torch peers are left out" in out
+
+
+def test_optim_row_state_is_adamws(make_session):
+    from trainops.bench.optim import ROWS
+
+    row = ROWS[0]
+    feeds = row.state(64)
+    x, m, v = make_session(row.model(64)).run(None, feeds)
+    np.testing.assert_allclose(m, (1 - 0.9) * feeds["G_1"], rtol=1e-6)
+    np.testing.assert_allclose(v, (1 - 0.999) * feeds["G_1"].astype(np.float64) ** 2, rtol=1e-5)

@@ -14,7 +14,7 @@ use trainops::fuzzing::{
 };
 use trainops_kernels::broadcast::broadcast_to;
 
-/// One of the registered optimizer-shaped ops' layouts (Adam, Adagrad, Momentum,
+/// One of the registered optimizer-shaped ops' layouts (Adam, AdamW, Adagrad, Momentum,
 /// MixedPrecisionAdam, MemoryCeiling), as the library itself uses them.
 fn layout(pick: u8) -> &'static Layout {
     let all = layouts();

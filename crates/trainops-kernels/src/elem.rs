@@ -4,7 +4,7 @@
 //! compute in `f32` and are stored back round-to-nearest-even.
 
 use core::fmt::Debug;
-use core::ops::{Add, Div, Mul, Sub};
+use core::ops::{Add, Div, Mul, Neg, Sub};
 
 /// The arithmetic type a kernel computes in (`f32` or `f64`).
 pub trait Compute:
@@ -17,6 +17,7 @@ pub trait Compute:
     + Sub<Output = Self>
     + Mul<Output = Self>
     + Div<Output = Self>
+    + Neg<Output = Self>
     + 'static
 {
     /// Rounds an `f64` to this type (round-to-nearest-even).
@@ -25,6 +26,9 @@ pub trait Compute:
     fn to_f64(self) -> f64;
     /// Correctly rounded square root.
     fn sqrt(self) -> Self;
+    /// `self * a + b` with one rounding (a fused multiply-add), as PyTorch's CPU kernels
+    /// compute `lerp` and `addcmul` (AdamW).
+    fn mul_add(self, a: Self, b: Self) -> Self;
     /// Neither infinite nor NaN.
     fn is_finite(self) -> bool;
 }
@@ -43,6 +47,10 @@ macro_rules! impl_compute {
             #[inline(always)]
             fn sqrt(self) -> Self {
                 <$t>::sqrt(self)
+            }
+            #[inline(always)]
+            fn mul_add(self, a: Self, b: Self) -> Self {
+                <$t>::mul_add(self, a, b)
             }
             #[inline(always)]
             fn is_finite(self) -> bool {

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 pub enum Level {
     /// Portable code; every CPU.
     Scalar,
-    /// AVX2 (256-bit vectors); x86_64 only.
+    /// AVX2 with FMA (256-bit vectors; every AVX2 CPU has FMA); x86_64 only.
     Avx2,
     /// AVX-512F (512-bit vectors, masked tails); x86_64 only.
     Avx512,
@@ -26,7 +26,7 @@ impl Level {
         match self {
             Level::Scalar => true,
             #[cfg(target_arch = "x86_64")]
-            Level::Avx2 => std::arch::is_x86_feature_detected!("avx2"),
+            Level::Avx2 => std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma"),
             #[cfg(target_arch = "x86_64")]
             Level::Avx512 => std::arch::is_x86_feature_detected!("avx512f"),
             #[cfg(not(target_arch = "x86_64"))]
@@ -47,7 +47,7 @@ impl Level {
     }
 }
 
-/// Proof that the CPU has AVX2: only [`Level::isa`] makes one, after detection.
+/// Proof that the CPU has AVX2 and FMA: only [`Level::isa`] makes one, after detection.
 #[derive(Debug, Clone, Copy)]
 pub struct Avx2(());
 

@@ -102,7 +102,7 @@ pub mod fuzzing {
     pub use crate::ops::random::state::{output_numel, ShapeFrom};
 
     /// The layouts of every optimizer-shaped op, as registered.
-    pub fn layouts() -> [&'static Layout; 5] {
+    pub fn layouts() -> [&'static Layout; 7] {
         crate::ops::layouts()
     }
 

@@ -12,7 +12,8 @@ size runs in one process, interleaved, and is reported as a ratio to a baseline 
 - one module per target, each defining ``TARGET`` (a :class:`Target`): :mod:`.adam`,
   :mod:`.philox`, :mod:`.distributions` (target ``random``), with :mod:`.optimizers` (the
   rows of ``adam --optimizers``: every optimizer and weight type against its own
-  ``MemoryCeiling``), :mod:`.train` (a training
+  ``MemoryCeiling``), :mod:`.optim` (PyTorch-style optimizers, AdamW, against their
+  ceiling and torch's fused step), :mod:`.train` (a training
   step against PyTorch eager: a target with its own command line, ``Target(...,
   command=)``), :mod:`.distributed` (data-parallel scaling over MPI, likewise).
 
@@ -39,6 +40,7 @@ __all__ = [
 TARGETS: dict[str, str] = {
     "philox": "philox",
     "adam": "adam",
+    "optim": "optim",
     "random": "distributions",
     "train": "train",
     "distributed": "distributed",

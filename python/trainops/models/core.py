@@ -28,6 +28,9 @@ __all__ = [
     "adagrad_feeds",
     "momentum_model",
     "momentum_feeds",
+    "adamw_groups",
+    "adamw_model",
+    "adamw_feeds",
 ]
 
 
@@ -217,13 +220,14 @@ def philox_model(shape: Sequence[int] | None = None, *, state_shape: Shape = (6,
     return node_model("Philox", inputs, outputs, domain=TRAINOPS_DOMAIN, **attrs)
 
 
-def _optimizer_model(op: str, groups: str, n_or_shapes: int | Sequence[Shape], dtype: Any,
+def _optimizer_model(op: str, groups: Sequence[str], n_or_shapes: int | Sequence[Shape], dtype: Any,
                      r_dtype: Any, g_shapes: Sequence[Shape] | None, *, g_dtype: Any = None,
                      t_dtype: Any = np.int64, r_shape: Shape = (), t_shape: Shape = (),
                      dynamic: bool = False, **attrs: Any):
     """A one-node model of an ONNX optimizer whose inputs are ``R, T`` then the tensor
-    groups named by ``groups`` (``"XGH"``: ``X_1..X_n, G_1..G_n, H_1..H_n``; the second
-    is the gradient), and whose outputs rewrite every group but the gradient."""
+    groups named by ``groups`` (``"XGH"``: ``X_1..X_n, G_1..G_n, H_1..H_n``, or a list of
+    names; the second is the gradient), and whose outputs rewrite every group but the
+    gradient. A ``domain`` keyword goes to :func:`node_model`."""
     if isinstance(n_or_shapes, (int, np.integer)):
         shapes: list[Shape] = [None] * int(n_or_shapes)
     else:
@@ -241,11 +245,11 @@ def _optimizer_model(op: str, groups: str, n_or_shapes: int | Sequence[Shape], d
         dt, shp = (dtype if g_dtype is None else g_dtype, g_shapes) if k == 1 else (dtype, shapes)
         inputs += [(f"{p}_{i + 1}", dt, shp[i]) for i in range(n)]
     outputs = [(f"{p}_{i + 1}_new", dtype, shapes[i])
-               for p in groups[:1] + groups[2:] for i in range(n)]
+               for p in list(groups[:1]) + list(groups[2:]) for i in range(n)]
     return node_model(op, inputs, outputs, **attrs)
 
 
-def _optimizer_feeds(r: Any, t: Any, groups: str, lists: Sequence[Sequence[np.ndarray]],
+def _optimizer_feeds(r: Any, t: Any, groups: Sequence[str], lists: Sequence[Sequence[np.ndarray]],
                      r_dtype: Any = None) -> dict[str, np.ndarray]:
     """Feeds ``R, T`` (as :func:`adam_feeds` makes them) and ``<group>_<i>`` for each list."""
     if len({len(a) for a in lists}) != 1:
@@ -285,3 +289,31 @@ def momentum_feeds(r: Any, t: Any, xs: Sequence[np.ndarray], gs: Sequence[np.nda
                    vs: Sequence[np.ndarray], r_dtype: Any = None) -> dict[str, np.ndarray]:
     """The feed dict for :func:`momentum_model`'s names (``R``/``T`` as in :func:`adam_feeds`)."""
     return _optimizer_feeds(r, t, "XGV", [xs, gs, vs], r_dtype)
+
+
+def adamw_groups(amsgrad: bool = False) -> list[str]:
+    """The input groups of a ``com.trainops::AdamW`` node: ``X, G, M, V`` (and ``Vmax``)."""
+    return ["X", "G", "M", "V"] + (["Vmax"] if amsgrad else [])
+
+
+def adamw_model(n_or_shapes: int | Sequence[Shape], dtype: Any = np.float32,
+                r_dtype: Any = None, g_shapes: Sequence[Shape] | None = None, *,
+                amsgrad: int = 0, **kwargs: Any):
+    """A ``com.trainops::AdamW`` model: inputs ``R, T, X_1..X_n, G_1..G_n, M_1..M_n,
+    V_1..V_n`` (and ``Vmax_1..Vmax_n`` when ``amsgrad``), outputs ``X_i_new, M_i_new,
+    V_i_new`` (and ``Vmax_i_new``). Arguments as :func:`adam_model`'s; attributes
+    ``beta1``, ``beta2``, ``epsilon``, ``weight_decay``, ``maximize`` (left out: torch's
+    defaults); ``amsgrad`` is written only when non-zero."""
+    if amsgrad:
+        kwargs["amsgrad"] = amsgrad
+    return _optimizer_model("AdamW", adamw_groups(bool(amsgrad)), n_or_shapes, dtype, r_dtype,
+                            g_shapes, domain=TRAINOPS_DOMAIN, **kwargs)
+
+
+def adamw_feeds(r: Any, t: Any, xs: Sequence[np.ndarray], gs: Sequence[np.ndarray],
+                ms: Sequence[np.ndarray], vs: Sequence[np.ndarray],
+                vmaxs: Sequence[np.ndarray] | None = None, r_dtype: Any = None) -> dict[str, np.ndarray]:
+    """The feed dict for :func:`adamw_model`'s names (``R``/``T`` as in :func:`adam_feeds`);
+    ``vmaxs`` for an amsgrad model."""
+    lists = [xs, gs, ms, vs] + ([] if vmaxs is None else [vmaxs])
+    return _optimizer_feeds(r, t, adamw_groups(vmaxs is not None), lists, r_dtype)

@@ -1,4 +1,5 @@
 //! The optimizer family: one contract, [`Optimizer`], implemented by [`adam::Adam`],
+//! [`adamw::AdamW`] (PyTorch's, three streams or four with amsgrad),
 //! [`adagrad::Adagrad`] and [`momentum::Momentum`] (and by the benchmark yardstick
 //! [`crate::ceiling::MemoryCeiling`]).
 //!
@@ -18,6 +19,7 @@
 
 pub mod adagrad;
 pub mod adam;
+pub mod adamw;
 #[cfg(test)]
 pub(crate) mod harness;
 pub mod momentum;
@@ -66,6 +68,9 @@ pub trait Optimizer<const N: usize>: Sized + Send + Sync + 'static {
     type Coeffs<C: Compute>: Copy + Debug + Send + Sync;
     /// The streams' names, weights first (`["X", "V", "H"]`): for length errors and tests.
     const STREAMS: [&'static str; N];
+    /// The smallest update count `T` the op accepts (AdamW counts from 1, as torch's
+    /// `step`); the op refuses a smaller one with a clear error.
+    const MIN_T: i64 = i64::MIN;
 
     /// The coefficients of one call with learning rate `r` and update count `t`.
     fn coeffs<C: Compute>(attrs: &Self::Attrs, r: f64, t: i64) -> Self::Coeffs<C>;

@@ -4,8 +4,9 @@
 //! optimizer's kernels and writes its `try_simd` dispatch.
 //!
 //! An optimizer's `x86.rs` writes only its lane body (a macro, expanded inside each
-//! `#[target_feature]` kernel, doing the reference's operations in the reference's order with
-//! no fused multiply-add) and instantiates `simd_kernels!`. Every IEEE operation rounds the
+//! `#[target_feature]` kernel, doing the reference's operations in the reference's order,
+//! with a fused multiply-add exactly where the reference has one: only AdamW, after
+//! PyTorch) and instantiates `simd_kernels!`. Every IEEE operation rounds the
 //! same in a vector lane as in a scalar register, and the 16-bit conversions round to nearest
 //! even exactly as `half` does, so every kernel is bitwise equal to the scalar reference.
 
@@ -69,30 +70,86 @@ pub unsafe fn tail<X: Element, G: Element<C = X::C>, const N: usize>(
 /// kernel names its set once.
 pub mod ps512 {
     pub use core::arch::x86_64::{
-        _mm512_add_ps as add, _mm512_div_ps as div, _mm512_loadu_ps as load, _mm512_mul_ps as mul,
-        _mm512_set1_ps as set1, _mm512_sqrt_ps as sqrt, _mm512_storeu_ps as store, _mm512_sub_ps as sub,
+        _mm512_add_ps as add, _mm512_div_ps as div, _mm512_fmadd_ps as fmadd, _mm512_loadu_ps as load,
+        _mm512_mul_ps as mul, _mm512_set1_ps as set1, _mm512_sqrt_ps as sqrt, _mm512_storeu_ps as store,
+        _mm512_sub_ps as sub,
     };
+
+    /// The bits of `a` xor `b` (a sign flip with `b = -0.0`).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub fn xor(a: core::arch::x86_64::__m512, b: core::arch::x86_64::__m512) -> core::arch::x86_64::__m512 {
+        use core::arch::x86_64::*;
+        _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(a), _mm512_castps_si512(b)))
+    }
+
+    /// Per lane `a` where `a > b` or `a` is NaN, else `b` (selection only: bits kept).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub fn keep_max(a: core::arch::x86_64::__m512, b: core::arch::x86_64::__m512) -> core::arch::x86_64::__m512 {
+        use core::arch::x86_64::*;
+        let take_a = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b) | _mm512_cmp_ps_mask::<_CMP_UNORD_Q>(a, a);
+        _mm512_mask_blend_ps(take_a, b, a)
+    }
 }
 /// See [`ps512`].
 pub mod pd512 {
     pub use core::arch::x86_64::{
-        _mm512_add_pd as add, _mm512_div_pd as div, _mm512_loadu_pd as load, _mm512_mul_pd as mul,
-        _mm512_set1_pd as set1, _mm512_sqrt_pd as sqrt, _mm512_storeu_pd as store, _mm512_sub_pd as sub,
+        _mm512_add_pd as add, _mm512_div_pd as div, _mm512_fmadd_pd as fmadd, _mm512_loadu_pd as load,
+        _mm512_mul_pd as mul, _mm512_set1_pd as set1, _mm512_sqrt_pd as sqrt, _mm512_storeu_pd as store,
+        _mm512_sub_pd as sub,
     };
+
+    /// The bits of `a` xor `b` (a sign flip with `b = -0.0`).
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub fn xor(a: core::arch::x86_64::__m512d, b: core::arch::x86_64::__m512d) -> core::arch::x86_64::__m512d {
+        use core::arch::x86_64::*;
+        _mm512_castsi512_pd(_mm512_xor_si512(_mm512_castpd_si512(a), _mm512_castpd_si512(b)))
+    }
+
+    /// See [`super::ps512::keep_max`].
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    pub fn keep_max(a: core::arch::x86_64::__m512d, b: core::arch::x86_64::__m512d) -> core::arch::x86_64::__m512d {
+        use core::arch::x86_64::*;
+        let take_a = _mm512_cmp_pd_mask::<_CMP_GT_OQ>(a, b) | _mm512_cmp_pd_mask::<_CMP_UNORD_Q>(a, a);
+        _mm512_mask_blend_pd(take_a, b, a)
+    }
 }
 /// See [`ps512`].
 pub mod ps256 {
     pub use core::arch::x86_64::{
-        _mm256_add_ps as add, _mm256_div_ps as div, _mm256_loadu_ps as load, _mm256_mul_ps as mul,
-        _mm256_set1_ps as set1, _mm256_sqrt_ps as sqrt, _mm256_storeu_ps as store, _mm256_sub_ps as sub,
+        _mm256_add_ps as add, _mm256_div_ps as div, _mm256_fmadd_ps as fmadd, _mm256_loadu_ps as load,
+        _mm256_mul_ps as mul, _mm256_set1_ps as set1, _mm256_sqrt_ps as sqrt, _mm256_storeu_ps as store,
+        _mm256_sub_ps as sub, _mm256_xor_ps as xor,
     };
+
+    /// See [`super::ps512::keep_max`].
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub fn keep_max(a: core::arch::x86_64::__m256, b: core::arch::x86_64::__m256) -> core::arch::x86_64::__m256 {
+        use core::arch::x86_64::*;
+        let take_a = _mm256_or_ps(_mm256_cmp_ps::<_CMP_GT_OQ>(a, b), _mm256_cmp_ps::<_CMP_UNORD_Q>(a, a));
+        _mm256_blendv_ps(b, a, take_a)
+    }
 }
 /// See [`ps512`].
 pub mod pd256 {
     pub use core::arch::x86_64::{
-        _mm256_add_pd as add, _mm256_div_pd as div, _mm256_loadu_pd as load, _mm256_mul_pd as mul,
-        _mm256_set1_pd as set1, _mm256_sqrt_pd as sqrt, _mm256_storeu_pd as store, _mm256_sub_pd as sub,
+        _mm256_add_pd as add, _mm256_div_pd as div, _mm256_fmadd_pd as fmadd, _mm256_loadu_pd as load,
+        _mm256_mul_pd as mul, _mm256_set1_pd as set1, _mm256_sqrt_pd as sqrt, _mm256_storeu_pd as store,
+        _mm256_sub_pd as sub, _mm256_xor_pd as xor,
     };
+
+    /// See [`super::ps512::keep_max`].
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    pub fn keep_max(a: core::arch::x86_64::__m256d, b: core::arch::x86_64::__m256d) -> core::arch::x86_64::__m256d {
+        use core::arch::x86_64::*;
+        let take_a = _mm256_or_pd(_mm256_cmp_pd::<_CMP_GT_OQ>(a, b), _mm256_cmp_pd::<_CMP_UNORD_Q>(a, a));
+        _mm256_blendv_pd(b, a, take_a)
+    }
 }
 
 /// Stores 32 bytes at `p` (unaligned) as a plain `vmovdqu`. Written as assembly so that the
@@ -226,7 +283,7 @@ macro_rules! simd_kernels {
     ) => {
         /// Runs the SIMD kernel of `level` for weights `X` and gradients `G` on `p`, or hands
         /// `p` back when there is none (a scalar level, 16-bit types on AVX2, other pairs).
-        pub(super) fn try_simd<'a, X: $crate::Element, G: $crate::Element<C = X::C>>(
+        pub(crate) fn try_simd<'a, X: $crate::Element, G: $crate::Element<C = X::C>>(
             level: $crate::simd::Level,
             c: &$coeffs<X::C>,
             mut p: $crate::optim::Param<'a, X, G, $n>,
@@ -402,7 +459,7 @@ macro_rules! simd_kernels {
         ///
         /// # Safety
         /// As for the AVX-512 `f32` kernel.
-        #[target_feature(enable = "avx2")]
+        #[target_feature(enable = "avx2,fma")]
         pub unsafe fn $f32_256(
             _: $crate::simd::Avx2,
             c: &$coeffs<f32>,
@@ -418,7 +475,7 @@ macro_rules! simd_kernels {
         ///
         /// # Safety
         /// As for the AVX-512 `f32` kernel.
-        #[target_feature(enable = "avx2")]
+        #[target_feature(enable = "avx2,fma")]
         pub unsafe fn $f64_256(
             _: $crate::simd::Avx2,
             c: &$coeffs<f64>,

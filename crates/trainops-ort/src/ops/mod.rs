@@ -1,4 +1,4 @@
-//! The op catalogue, in family folders: [`optim`] (Adam, Adagrad, Momentum, and the generic
+//! The op catalogue, in family folders: [`optim`] (Adam, Adagrad, Momentum, AdamW, and the generic
 //! run path they share), [`loss_scale`] (MixedPrecisionAdam, DynamicLossScale, AllFinite),
 //! [`random`] (Philox, PhiloxUniform, PhiloxNormal, PhiloxDropout, and the state and shape
 //! handling they share), [`bench`]
@@ -29,6 +29,7 @@ pub fn catalogue() -> Vec<Domain> {
             ops: [
                 &random::philox::Philox as &'static dyn OpSpec,
                 &random::distributions::PhiloxDropout,
+                &optim::adamw::ADAMW,
                 &loss_scale::mixed_precision_adam::MixedPrecisionAdam,
                 &loss_scale::dynamic_loss_scale::DynamicLossScale,
                 &loss_scale::all_finite::AllFinite,
@@ -62,9 +63,11 @@ pub fn device_support(domain: &CStr, op: &CStr) -> Option<DeviceSupport> {
 
 /// The layouts of every optimizer-shaped op of the catalogue (the fuzz targets check them all
 /// through `trainops::fuzzing`): an optimizer added to the catalogue is added here too.
-pub fn layouts() -> [&'static Layout; 5] {
+pub fn layouts() -> [&'static Layout; 7] {
     [
         &optim::adam::ADAM.layout,
+        &optim::adamw::ADAMW.plain.layout,
+        &optim::adamw::ADAMW.amsgrad.layout,
         &optim::adagrad::ADAGRAD.layout,
         &optim::momentum::MOMENTUM.layout,
         &loss_scale::mixed_precision_adam::LAYOUT,

@@ -7,6 +7,7 @@
 use trainops_kernels::ceiling::MemoryCeiling;
 use trainops_kernels::optim::adagrad::Adagrad;
 use trainops_kernels::optim::adam::Adam;
+use trainops_kernels::optim::adamw::AdamW;
 use trainops_kernels::optim::momentum::{Momentum, MomentumMode};
 use trainops_kernels::optim::Optimizer;
 
@@ -62,6 +63,10 @@ impl OnDevice<2> for Momentum {
         })
     }
 }
+
+/// No device kernel yet: CPU only (not in `ops::device_support`).
+impl OnDevice<3> for AdamW {}
+impl OnDevice<4> for AdamW {}
 
 /// A benchmark yardstick: CPU only.
 impl OnDevice<3> for MemoryCeiling {}

@@ -1,5 +1,5 @@
-//! The optimizer family's ops: ONNX's `Adam`, `Adagrad` and `Momentum` (one file each: the
-//! attributes and the layout), all served by one generic op, [`OptimizerOp`], and one
+//! The optimizer family's ops: ONNX's `Adam`, `Adagrad` and `Momentum`, and PyTorch's
+//! `AdamW` (`com.trainops`; one file each: the attributes and the layout), all served by one generic op, [`OptimizerOp`], and one
 //! generic run path, [`run`]. MemoryCeiling (`ops::bench`) is one more [`OptimizerOp`];
 //! MixedPrecisionAdam (`ops::loss_scale`) has its own kernel around [`Call`] and [`run`].
 //! The math is the kernels crate's `trainops_kernels::optim`.
@@ -10,6 +10,7 @@
 
 pub mod adagrad;
 pub mod adam;
+pub mod adamw;
 pub mod call;
 pub mod device;
 pub mod layout;
@@ -62,6 +63,10 @@ struct OptimizerKernel<O: Optimizer<N>, const N: usize> {
 impl<O: Optimizer<N>, const N: usize> Kernel for OptimizerKernel<O, N> {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
         let mut call = Call::prepare(self.layout, ctx, None)?;
+        if call.t < O::MIN_T {
+            let want = format!("an update count >= {} (1 on the first update, as torch's step)", O::MIN_T);
+            return Err(Error::input(self.layout.op, 1, "T", want, call.t.to_string()));
+        }
         let c32 = O::coeffs::<f32>(&self.attrs, call.r, call.t);
         let c64 = O::coeffs::<f64>(&self.attrs, call.r, call.t);
         run::<O, f32, f32, N>(&mut call, &c32)?;

@@ -1,0 +1,145 @@
+//! `com.trainops::AdamW` (since version 1): PyTorch's `torch.optim.AdamW`, variadic like
+//! ONNX's Adam.
+//!
+//! Inputs `R, T, X_1..X_n, G_1..G_n, M_1..M_n, V_1..V_n` (and `Vmax_1..Vmax_n` when
+//! `amsgrad = 1`); outputs `X_1_new..X_n_new, M_1_new..M_n_new, V_1_new..V_n_new` (and
+//! `Vmax_1_new..Vmax_n_new`). `T` is torch's `step`: 1 on the first update. Attributes, with
+//! torch's names and defaults: `beta1 = 0.9`, `beta2 = 0.999`, `epsilon = 1e-8`,
+//! `weight_decay = 1e-2`, `amsgrad = 0`, `maximize = 0`; float ones are read as the
+//! decimal they were written as (`adamw::as_written`). The math is
+//! `trainops_kernels::optim::adamw`; the node plumbing the family's (`super`).
+
+use trainops_kernels::optim::adamw::{as_written, AdamW, AdamWAttrs};
+
+use super::layout::{optimizer_signature, Layout};
+use super::OptimizerOp;
+use crate::error::{Error, Result};
+use crate::ffi::context::{KernelInfo, ShapeInfer};
+use crate::ffi::op::{Kernel, OpSpec, Signature};
+
+const OP: &str = "AdamW";
+
+/// The op as registered in `com.trainops`: one name, two layouts (`amsgrad` picks).
+pub struct AdamWOp {
+    /// `amsgrad = 0`: streams `X, M, V`.
+    pub plain: OptimizerOp<AdamW, 3>,
+    /// `amsgrad = 1`: streams `X, M, V, Vmax`.
+    pub amsgrad: OptimizerOp<AdamW, 4>,
+}
+
+/// The op as registered in `com.trainops`.
+pub static ADAMW: AdamWOp = AdamWOp {
+    plain: OptimizerOp {
+        signature: optimizer_signature(c"AdamW"),
+        layout: Layout { op: OP, groups: &["X", "G", "M", "V"], gradient: 1, rewrites: &[0, 2, 3], ..Layout::ONNX },
+        attrs: read_attrs,
+    },
+    amsgrad: OptimizerOp {
+        signature: optimizer_signature(c"AdamW"),
+        layout: Layout {
+            op: OP,
+            groups: &["X", "G", "M", "V", "Vmax"],
+            gradient: 1,
+            rewrites: &[0, 2, 3, 4],
+            ..Layout::ONNX
+        },
+        attrs: read_attrs,
+    },
+};
+
+/// A 0/1 int attribute (absent: 0).
+fn flag(name: &'static str, v: Option<i64>) -> Result<bool> {
+    match v {
+        None | Some(0) => Ok(false),
+        Some(1) => Ok(true),
+        Some(v) => Err(Error::Attribute { op: OP, name, what: format!("expected 0 or 1, got {v}") }),
+    }
+}
+
+/// A float attribute with torch's default, read as written, checked against torch's range.
+fn float(info: &KernelInfo<'_>, name: &'static str, default: f64, below_one: bool) -> Result<f64> {
+    let v = info.f32_opt(name)?.map_or(default, as_written);
+    let fits = if below_one { (0.0..1.0).contains(&v) } else { v >= 0.0 };
+    if fits {
+        return Ok(v);
+    }
+    let want = if below_one { "a value in [0, 1)" } else { "a value >= 0" };
+    Err(Error::Attribute { op: OP, name, what: format!("expected {want} (as torch.optim.AdamW), got {v}") })
+}
+
+/// AdamW's attributes, with torch's defaults and checks; a wrong-typed or out-of-range one
+/// is an error.
+pub fn read_attrs(info: &KernelInfo<'_>) -> Result<AdamWAttrs> {
+    let d = AdamWAttrs::default();
+    Ok(AdamWAttrs {
+        beta1: float(info, "beta1", d.beta1, true)?,
+        beta2: float(info, "beta2", d.beta2, true)?,
+        epsilon: float(info, "epsilon", d.epsilon, false)?,
+        weight_decay: float(info, "weight_decay", d.weight_decay, false)?,
+        maximize: flag("maximize", info.i64_opt("maximize")?)?,
+    })
+}
+
+impl OpSpec for AdamWOp {
+    fn signature(&self) -> &Signature {
+        self.plain.signature()
+    }
+
+    fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
+        if flag("amsgrad", info.i64_opt("amsgrad")?)? {
+            self.amsgrad.create(info)
+        } else {
+            self.plain.create(info)
+        }
+    }
+
+    fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
+        if flag("amsgrad", ctx.attr_i64(c"amsgrad"))? {
+            self.amsgrad.infer(ctx)
+        } else {
+            self.plain.infer(ctx)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::optim::layout::testing::{check_counts, check_names, Expect};
+
+    #[test]
+    fn names_and_counts_follow_the_variadic_layout() {
+        let plain = Expect {
+            inputs: &["R", "T", "X_1", "X_2", "G_1", "G_2", "M_1", "M_2", "V_1", "V_2"],
+            outputs: &["X_1_new", "X_2_new", "M_1_new", "M_2_new", "V_1_new", "V_2_new"],
+            good: &[(6, 1), (10, 2)],
+            bad: &[0, 2, 5, 7, 9],
+            arity_message: "AdamW: expected 2 + 4n inputs (R, T, then X_1..X_n, G_1..G_n, M_1..M_n, V_1..V_n",
+            outputs_wrong: (4, "expected 3n = 6 outputs (X_new, M_new, V_new for each of n = 2 tensors), got 4"),
+        };
+        check_names(&ADAMW.plain.layout, &plain);
+        check_counts(&ADAMW.plain.layout, &plain);
+        let amsgrad = Expect {
+            inputs: &["R", "T", "X_1", "X_2", "G_1", "G_2", "M_1", "M_2", "V_1", "V_2", "Vmax_1", "Vmax_2"],
+            outputs: &["X_1_new", "X_2_new", "M_1_new", "M_2_new", "V_1_new", "V_2_new", "Vmax_1_new", "Vmax_2_new"],
+            good: &[(7, 1), (12, 2)],
+            bad: &[0, 2, 6, 8, 10],
+            arity_message:
+                "AdamW: expected 2 + 5n inputs (R, T, then X_1..X_n, G_1..G_n, M_1..M_n, V_1..V_n, Vmax_1..Vmax_n",
+            outputs_wrong: (
+                6,
+                "expected 4n = 8 outputs (X_new, M_new, V_new, Vmax_new for each of n = 2 tensors), got 6",
+            ),
+        };
+        check_names(&ADAMW.amsgrad.layout, &amsgrad);
+        check_counts(&ADAMW.amsgrad.layout, &amsgrad);
+    }
+
+    #[test]
+    fn flags_are_zero_or_one() {
+        assert!(!flag("amsgrad", None).unwrap());
+        assert!(flag("amsgrad", Some(1)).unwrap());
+        let msg = flag("maximize", Some(2)).unwrap_err().to_string();
+        assert_eq!(msg, "AdamW: attribute 'maximize': expected 0 or 1, got 2");
+    }
+}
