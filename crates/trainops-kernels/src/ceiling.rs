@@ -156,6 +156,73 @@ mod x86_2 {
     );
 }
 
+/// The yardstick of the 8-bit optimizers (`optim::quantized`): their traffic with the least
+/// arithmetic. Per element `x += g` (f32 read and written, G read) and both moments' codes
+/// `+= 1` (one byte each, read and written); per block both scales `+= 1`: 16 bytes per
+/// parameter (and 16 per 256 for the scales) with float32 G. Run in the 8-bit kernels'
+/// tasks (whole blocks of [`CHUNK`](crate::parallel::CHUNK)), with the loops compiled for
+/// `level` as theirs are.
+///
+/// # Panics
+/// When `level` is not available on this CPU.
+pub fn ceiling_8bit<G: Element<C = f32>>(
+    level: Level,
+    params: Vec<crate::optim::quantized::Param8bit<'_, G>>,
+    par: &dyn crate::Parallelism,
+) {
+    use crate::parallel::{run_chunked, CHUNK, SERIAL_BELOW};
+    use crate::simd::Isa;
+    let isa = level.isa().unwrap_or_else(|| panic!("kernel level {level:?} is not available on this CPU"));
+    run_chunked(params, par, CHUNK, SERIAL_BELOW, |p| match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX2.
+        Isa::Avx2(t) => unsafe { ceiling_8bit_avx2(t, p) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX-512F.
+        Isa::Avx512(t) => unsafe { ceiling_8bit_avx512(t, p) },
+        _ => ceiling_8bit_loops(p),
+    });
+}
+
+/// [`ceiling_8bit`]'s loops, compiled with AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+fn ceiling_8bit_avx2<G: Element<C = f32>>(_: crate::simd::Avx2, p: crate::optim::quantized::Param8bit<'_, G>) {
+    ceiling_8bit_loops(p);
+}
+
+/// [`ceiling_8bit`]'s loops, compiled with AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn ceiling_8bit_avx512<G: Element<C = f32>>(_: crate::simd::Avx512, p: crate::optim::quantized::Param8bit<'_, G>) {
+    ceiling_8bit_loops(p);
+}
+
+/// `x += g`, codes `+= 1`, scales `+= 1`, each stream in place or from its source.
+#[inline(always)]
+fn ceiling_8bit_loops<G: Element<C = f32>>(p: crate::optim::quantized::Param8bit<'_, G>) {
+    use crate::stream::Access;
+    let crate::optim::quantized::Param8bit { mut x, g, mut m, mut v } = p;
+    match x.access() {
+        Access::InPlace(x) => x.iter_mut().zip(g).for_each(|(x, g)| *x += g.load()),
+        Access::Split(src, dst) => {
+            dst.iter_mut().zip(src).zip(g).for_each(|((d, s), g)| *d = s + g.load());
+        }
+    }
+    for codes in [&mut m.codes, &mut v.codes] {
+        match codes.access() {
+            Access::InPlace(c) => c.iter_mut().for_each(|c| *c = c.wrapping_add(1)),
+            Access::Split(src, dst) => dst.iter_mut().zip(src).for_each(|(d, s)| *d = s.wrapping_add(1)),
+        }
+    }
+    for scales in [&mut m.absmax, &mut v.absmax] {
+        match scales.access() {
+            Access::InPlace(a) => a.iter_mut().for_each(|a| *a += 1.0),
+            Access::Split(src, dst) => dst.iter_mut().zip(src).for_each(|(d, s)| *d = s + 1.0),
+        }
+    }
+}
+
 /// The write-only yardstick of random-number fills: `out` zeroed with non-temporal 64-byte
 /// stores (AVX-512F; normal stores where it is absent or a line is partial), in the pieces
 /// [`crate::parallel::run_chunked`] makes, on `par`. Nothing can write memory faster.
@@ -284,6 +351,27 @@ mod tests {
             stream_fill(&mut buf[offset..offset + 2 * CHUNK + 21], &RayonPool(None));
             assert!(buf[offset..offset + 2 * CHUNK + 21].iter().all(|&w| w == 0));
             assert!(buf[..offset].iter().chain(&buf[offset + 2 * CHUNK + 21..]).all(|&w| w == 7));
+        }
+    }
+
+    #[test]
+    fn the_8bit_ceiling_adds_one_everywhere_at_every_level() {
+        use crate::optim::quantized::{blocks, Param8bit, Quantized};
+        let n = 3 * CHUNK + 300;
+        for level in crate::simd::available_levels() {
+            let (mut x, g) = (vec![1.0f32; n], vec![0.5f32; n]);
+            let (mut mq, mut vq) = (vec![7u8; n], vec![255u8; n]);
+            let (mut ma, mut va) = (vec![2.0f32; blocks(n)], vec![3.0f32; blocks(n)]);
+            let p = Param8bit::new(
+                InOut::in_place(&mut x),
+                &g,
+                Quantized { codes: InOut::in_place(&mut mq), absmax: InOut::in_place(&mut ma) },
+                Quantized { codes: InOut::in_place(&mut vq), absmax: InOut::in_place(&mut va) },
+            )
+            .unwrap();
+            ceiling_8bit(level, vec![p], &RayonPool(None));
+            assert!(x.iter().all(|&e| e == 1.5) && mq.iter().all(|&c| c == 8) && vq.iter().all(|&c| c == 0));
+            assert!(ma.iter().all(|&a| a == 3.0) && va.iter().all(|&a| a == 4.0), "{level:?}");
         }
     }
 

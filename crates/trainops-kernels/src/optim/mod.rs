@@ -23,6 +23,7 @@ pub mod adamw;
 #[cfg(test)]
 pub(crate) mod harness;
 pub mod momentum;
+pub mod quantized;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 

@@ -10,6 +10,8 @@ use core::ops::Range;
 pub enum DType {
     /// float (1)
     Float,
+    /// uint8 (2)
+    Uint8,
     /// int32 (6)
     Int32,
     /// int64 (7)
@@ -33,6 +35,7 @@ impl DType {
     pub fn from_raw(v: i32) -> Self {
         match v {
             1 => Self::Float,
+            2 => Self::Uint8,
             6 => Self::Int32,
             7 => Self::Int64,
             9 => Self::Bool,
@@ -48,6 +51,7 @@ impl DType {
     pub fn raw(self) -> i32 {
         match self {
             Self::Float => 1,
+            Self::Uint8 => 2,
             Self::Int32 => 6,
             Self::Int64 => 7,
             Self::Bool => 9,
@@ -98,6 +102,7 @@ impl DType {
         use ort_sys::ONNXTensorElementDataType::*;
         match self {
             Self::Float => ONNX_TENSOR_ELEMENT_DATA_TYPE_FLOAT,
+            Self::Uint8 => ONNX_TENSOR_ELEMENT_DATA_TYPE_UINT8,
             Self::Int32 => ONNX_TENSOR_ELEMENT_DATA_TYPE_INT32,
             Self::Int64 => ONNX_TENSOR_ELEMENT_DATA_TYPE_INT64,
             Self::Bool => ONNX_TENSOR_ELEMENT_DATA_TYPE_BOOL,
@@ -117,6 +122,9 @@ pub trait TensorElem: Copy + Send + Sync + 'static {
 }
 impl TensorElem for f32 {
     const DTYPE: DType = DType::Float;
+}
+impl TensorElem for u8 {
+    const DTYPE: DType = DType::Uint8;
 }
 impl TensorElem for f64 {
     const DTYPE: DType = DType::Double;
@@ -216,7 +224,7 @@ impl Tensor {
 /// Size in bytes of one element, for the types trainops reads or writes.
 pub fn elem_size(d: DType) -> usize {
     match d {
-        DType::Bool => 1,
+        DType::Bool | DType::Uint8 => 1,
         DType::Float16 | DType::BFloat16 => 2,
         DType::Float | DType::Int32 | DType::Uint32 => 4,
         DType::Int64 | DType::Double => 8,
@@ -237,6 +245,8 @@ pub unsafe fn snapshot(t: &Tensor) -> Option<Box<dyn std::any::Any>> {
         DType::Double => Box::new(unsafe { t.slice::<f64>() }.to_vec()),
         // SAFETY: as above.
         DType::Float16 => Box::new(unsafe { t.slice::<half::f16>() }.to_vec()),
+        // SAFETY: as above.
+        DType::Uint8 => Box::new(unsafe { t.slice::<u8>() }.to_vec()),
         // SAFETY: as above.
         DType::BFloat16 => Box::new(unsafe { t.slice::<half::bf16>() }.to_vec()),
         _ => return None,

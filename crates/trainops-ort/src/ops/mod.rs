@@ -33,6 +33,8 @@ pub fn catalogue() -> Vec<Domain> {
                 &loss_scale::mixed_precision_adam::MixedPrecisionAdam,
                 &loss_scale::dynamic_loss_scale::DynamicLossScale,
                 &loss_scale::all_finite::AllFinite,
+                &optim::quantized::ADAM_8BIT,
+                &optim::quantized::ADAMW_8BIT,
             ]
             .into_iter()
             // PhiloxUniform and PhiloxNormal, once per output type (see `distributions`).

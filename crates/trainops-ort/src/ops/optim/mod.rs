@@ -15,6 +15,7 @@ pub mod call;
 pub mod device;
 pub mod layout;
 pub mod momentum;
+pub mod quantized;
 
 use half::{bf16, f16};
 use trainops_kernels::optim::Optimizer;
