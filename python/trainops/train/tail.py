@@ -15,6 +15,7 @@ from onnx import TensorProto, helper
 
 from ..autodiff.backward import toposort
 from ..onnx_defs import TRAINING_DOMAIN, TRAINOPS_DOMAIN
+from ..optim import initial_state
 from .clip import clip_grad_norm
 from .spec import PREFIX as _P
 from .spec import StateEntry, StepOptions
@@ -69,8 +70,9 @@ def update_tail(options: StepOptions, grads: list[str], values: dict, ptypes: di
         nodes += c.nodes
         grads, norm = c.grads, c.norm
         outs.append(helper.make_tensor_value_info(norm, c.norm_type, [1]))
+    initial = {p: initial_state(opt, values[p]) for p in ps}
     opt_states = [StateEntry(f"{_P}/{s}/{p}", f"{_P}/new/{s}/{p}", "optimizer",
-                             np.zeros_like(values[p]), param=p, slot=s)
+                             initial[p][s], param=p, slot=s)
                   for s in opt.state for p in ps]
     state_in = [e.input for e in opt_states]
     state_out = [e.output for e in opt_states]
