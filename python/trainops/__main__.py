@@ -1,6 +1,8 @@
 """Command line: ``python -m trainops <command>``.
 
 Commands:
+  artifacts     write training artifacts (training/eval/inference models, checkpoint, manifest)
+                that stock onnxruntime with the library loaded trains from, in any language
   bench         throughput benchmarks against peers (trainops.bench), e.g. bench philox
   conformance   run onnx's training-domain backend test cases through onnxruntime
   demo          train a small CNN entirely in onnxruntime with trainops.Trainer (--distributed: on
@@ -42,6 +44,25 @@ def _cmd_conformance(args: argparse.Namespace) -> int:
     return 1 if any(r.status == "fail" for r in rows) else 0
 
 
+def _cmd_artifacts(args: argparse.Namespace) -> int:
+    from . import optim
+    from .train import Trainer
+
+    kind = {"adam": optim.Adam, "adagrad": optim.Adagrad, "momentum": optim.Momentum}
+    opt = kind[args.optimizer]() if args.lr is None else kind[args.optimizer](lr=args.lr)
+    try:
+        trainer = Trainer(args.model, args.loss, opt, params=args.params, policy=args.policy,
+                          threads=1, seed=args.seed)
+        manifest = trainer.save_artifacts(args.output)
+    except (OSError, ValueError, TypeError, NotImplementedError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{args.output}: {', '.join(manifest['models'].values())}, "
+          f"{manifest['checkpoint']}, manifest.json ({len(manifest['states'])} states, "
+          f"custom ops {', '.join(manifest['custom_ops']) or 'none'}; seed {trainer.seed})")
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from . import bench
 
@@ -71,6 +92,24 @@ def build_parser() -> argparse.ArgumentParser:
                                                  "ONNX Runtime")
     sub = parser.add_subparsers(dest="command", metavar="command")
     sub.required = True
+
+    p = sub.add_parser("artifacts", help="write training artifacts for stock onnxruntime",
+                       description="Write the training artifacts of MODEL (docs/artifacts.md): "
+                                   "training.onnx, eval.onnx, inference.onnx, "
+                                   "checkpoint.safetensors and manifest.json.")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("--loss", required=True, help="the model tensor minimised (a float scalar)")
+    p.add_argument("--optimizer", choices=("adam", "adagrad", "momentum"), default="adam")
+    p.add_argument("--lr", type=float, help="learning rate (default: the optimizer's)")
+    p.add_argument("--params", nargs="+", metavar="NAME",
+                   help="initializers to train (default: every float initializer but "
+                        "Dropout ratios)")
+    p.add_argument("--policy", choices=("float32", "float64", "mixed_float16"),
+                   default="float32")
+    p.add_argument("--seed", type=int,
+                   help="64-bit seed of the random nodes (default: a fresh one, printed)")
+    p.add_argument("-o", "--output", required=True, metavar="DIR")
+    p.set_defaults(func=_cmd_artifacts)
 
     p = sub.add_parser("bench", add_help=False,
                        help="throughput benchmarks against peers, e.g. bench philox "

@@ -12,13 +12,26 @@ applies from the first step.
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import ClassVar
 
 from .onnx_defs import TRAINING_DOMAIN, TRAINOPS_DOMAIN
 
-__all__ = ["Adam", "AdamW", "Adagrad", "Momentum", "Optimizer", "STATE_DTYPES", "from_dict",
-           "initial_state"]
+__all__ = ["Adam", "AdamW", "Adagrad", "Momentum", "Optimizer", "STATE_DTYPES", "check_lr",
+           "from_dict", "initial_state"]
+
+
+def check_lr(lr, where: str) -> float:
+    """``lr`` as a float: TypeError if it is no real number, ValueError (PyTorch's words,
+    "Invalid learning rate: -1") if it is negative, NaN or infinite."""
+    if isinstance(lr, (bool, str, bytes)) or not hasattr(lr, "__float__"):
+        raise TypeError(f"{where}: the learning rate must be a real number, got "
+                        f"{type(lr).__name__} {lr!r}")
+    if not (math.isfinite(float(lr)) and float(lr) >= 0):
+        raise ValueError(f"Invalid learning rate: {lr} ({where}: expected a finite number "
+                         ">= 0)")
+    return float(lr)
 
 
 class Optimizer:
@@ -29,6 +42,11 @@ class Optimizer:
     domain: ClassVar[str] = TRAINING_DOMAIN  # the node's domain
     state: tuple[str, ...] = ()  # per-parameter state tensors, in the node's input order
     lr: float
+
+    def __post_init__(self) -> None:
+        # Dataclass subclasses call this after their __init__: a bad lr fails here (and a
+        # numpy scalar becomes a float, so to_dict() stays JSON).
+        self.lr = check_lr(self.lr, type(self).__name__)
 
     def attributes(self) -> dict:
         """The node's attributes, by their ONNX names."""
@@ -61,6 +79,7 @@ class Adam(Optimizer):
     state_dtype: str = "float32"
 
     def __post_init__(self):
+        super().__post_init__()
         _check_state_dtype(self)
 
     @property
@@ -129,6 +148,7 @@ class AdamW(Optimizer):
     domain = TRAINOPS_DOMAIN
 
     def __post_init__(self):
+        super().__post_init__()
         betas = tuple(float(b) for b in self.betas)
         if len(betas) != 2:
             raise ValueError(f"AdamW: betas must be two floats, got {self.betas!r}")

@@ -27,6 +27,9 @@ from .loss_scale import (all_finite_model, dynamic_loss_scale_model, mixed_preci
                          mixed_precision_adam_model, mixed_precision_adam_names)
 
 __all__ = [
+    "adamw_feeds",
+    "adamw_groups",
+    "adamw_model",
     "TRAINING_DOMAIN",
     "IR_VERSION",
     "ONNX_OPSET",

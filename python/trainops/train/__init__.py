@@ -4,12 +4,16 @@
   the step graph's description, its state table, ``to_manifest()``);
 - :mod:`.graph`: :func:`build_step_graph`, the one-session step graph builder (a pure
   function), with :mod:`.backward` (forward + backward, shared with the data-parallel
-  builder), :mod:`.fp16` (the float16 rewrite) and :mod:`.rng` (Philox states);
+  builder), :mod:`.fp16` (the float16 rewrite), :mod:`.rng` (Philox states) and
+  :mod:`.barrier` (every in-place write after every other node);
 - :mod:`.runtime`: :class:`StepRuntime`, the session and the in-place bindings of a
   StepGraph;
 - :mod:`.dist_graph`, :mod:`.dist_runtime`: data-parallel training on MPI (a gradient
   model and an optimizer model around the collectives of :mod:`trainops.distributed`);
-- :mod:`.checkpoint`: ``.npz`` checkpoints;
+- :mod:`.checkpoint`: safetensors checkpoints (``write``/``read`` usable without a
+  Trainer; old ``.npz`` ones still read);
+- :mod:`.artifacts`: training artifacts (training/eval/inference models, checkpoint,
+  ``manifest.json``) that stock ONNX Runtime trains from in any language;
 - :mod:`.trainer`: :class:`Trainer`, the façade.
 
 Modules import only those listed before them (``spec`` first, ``trainer`` last).

@@ -13,7 +13,10 @@
   buffers and the count (:mod:`.accumulate_runtime`).
 
 So no optimizer work happens on the other calls, the parameters and the optimizer state
-change only on the k-th, and ``T`` counts updates. For a loss that is a mean over the
+change only on the k-th, and ``T`` counts updates. The update model is all or nothing by
+construction (every node it has feeds the optimizer); the micro-batch model is not yet
+ordered as :mod:`.barrier` orders the one-model step (a failing node may leave a buffer
+added to). For a loss that is a mean over the
 batch, k micro-batches of B equal one batch of kB (up to float32 summation order).
 """
 
@@ -84,7 +87,7 @@ def build_accumulating(model: onnx.ModelProto, options: StepOptions, bw: Backwar
     ag = helper.make_graph([], "trainops_apply", [], [])
     acc_in = [helper.make_tensor_value_info(e.input, t, list(e.initial.shape))
               for e, t in zip(accs, grad_types)]
-    apply = assemble(ag, apply_nodes + tail.nodes, tail.states, tail.inputs + acc_in, [],
+    apply = assemble(ag, apply_nodes + tail.nodes + tail.writers, tail.states, tail.inputs + acc_in, [],
                      tail.outputs, model, tail.domains)
     return StepGraph(
         model=micro, options=options, data_inputs=bw.data_inputs, loss_output=loss_out,

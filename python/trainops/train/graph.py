@@ -18,6 +18,7 @@ from onnx import TensorProto, helper
 from ..onnx_defs import TRAINOPS_DOMAIN
 from .accumulate import build_accumulating
 from .backward import forward_backward, resolve_params
+from .barrier import order_updates, pending_name
 from .spec import PREFIX as _P
 from .spec import StepGraph, StepOptions
 from .tail import assemble, optimizer_domain, update_tail
@@ -47,6 +48,19 @@ def build_step_graph(model: onnx.ModelProto, options: StepOptions) -> StepGraph:
         loss_out = f"{_P}/loss_float32"
         nodes.append(helper.make_node("Cast", [loss], [loss_out], to=TensorProto.FLOAT))
     tail = update_tail(options, bw.grads, bw.values, bw.ptypes, bw.copies)
+    # All or nothing (.barrier): the Philox ops write fresh tensors, every in-place write
+    # runs after every other node, nodes nothing needs are dropped.
+    pending = {e.output: pending_name(e.output) for e in bw.rng}
+    for n in nodes:
+        for i, o in enumerate(n.output):
+            if o in pending:
+                n.output[i] = pending[o]
+    for v in g.value_info:
+        if v.name in pending:
+            v.name = pending[v.name]
+    nodes = order_updates(nodes + tail.nodes, tail.writers, [loss_out] + list(pending.values()),
+                          f"{_P}/T", [(pending[e.output], e.output, e.initial.shape)
+                                      for e in bw.rng], bw.opset)
     vi = {v.name: v for v in bw.inferred.value_info}
     loss_vi = vi[loss_out] if loss_out in vi else helper.make_empty_tensor_value_info(loss_out)
     if not loss_vi.type.HasField("tensor_type"):
@@ -56,8 +70,7 @@ def build_step_graph(model: onnx.ModelProto, options: StepOptions) -> StepGraph:
     domains = dict(tail.domains)
     if bw.rng:
         domains.setdefault(TRAINOPS_DOMAIN, 1)
-    m = assemble(g, nodes + tail.nodes, states, tail.inputs, [loss_vi], tail.outputs, model,
-                 domains)
+    m = assemble(g, nodes, states, tail.inputs, [loss_vi], tail.outputs, model, domains)
     extra = [o.name for o in tail.outputs]
     return StepGraph(
         model=m, options=options, data_inputs=bw.data_inputs, loss_output=loss_out,

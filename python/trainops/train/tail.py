@@ -31,12 +31,15 @@ def optimizer_domain(optimizer) -> str:
 
 @dataclass
 class Tail:
-    """The update: ``nodes``; ``states`` (params, optimizer, loss scale, float16 copies,
+    """The update: ``nodes`` (the clipping), ``writers`` (the nodes writing state in place:
+    the optimizer node first, then ``DynamicLossScale``); ``states`` (params, optimizer,
+    loss scale, float16 copies,
     in ``KINDS`` order); ``inputs`` (lr, T: value infos); ``outputs`` (extra outputs:
     value infos: the finite flag, the gradient norm); ``finite``/``norm``: their names or
     None; ``lr_type``; ``domains`` the nodes need."""
 
     nodes: list
+    writers: list
     states: list[StateEntry]
     inputs: list
     outputs: list
@@ -62,7 +65,7 @@ def update_tail(options: StepOptions, grads: list[str], values: dict, ptypes: di
         grad_types = [TensorProto.FLOAT16 if mixed else ptypes[p] for p in ps]
     r_name, t_name = f"{_P}/lr", f"{_P}/T"
     new = {p: f"{_P}/new/{p}" for p in ps}
-    nodes, outs, domains = [], [], {}
+    nodes, writers, outs, domains = [], [], [], {}
     norm = finite = None
     if options.clip_grad_norm is not None:
         c = clip_grad_norm(grads, grad_types, options.clip_grad_norm,
@@ -90,19 +93,19 @@ def update_tail(options: StepOptions, grads: list[str], values: dict, ptypes: di
             StateEntry(f"{_P}/good_steps", f"{_P}/new/good_steps", "loss_scale",
                        np.array([0], np.int64), slot="good_steps")]
         finite = f"{_P}/finite"
-        nodes.append(helper.make_node(
+        writers.append(helper.make_node(
             "MixedPrecisionAdam", [r_name, t_name, f"{_P}/loss_scale"] + ps + grads + state_in,
             [finite] + [new[p] for p in ps] + state_out + [e.output for e in copy_states],
             domain=TRAINOPS_DOMAIN, name=f"{_P}/mixed_precision_adam",
             copy_dtype=TensorProto.FLOAT16, **opt.attributes()))
-        nodes.append(helper.make_node(
+        writers.append(helper.make_node(
             "DynamicLossScale", [f"{_P}/loss_scale", f"{_P}/good_steps", finite],
             [f"{_P}/new/loss_scale", f"{_P}/new/good_steps"], domain=TRAINOPS_DOMAIN,
             name=f"{_P}/dynamic_loss_scale"))
         outs.insert(0, helper.make_tensor_value_info(finite, TensorProto.BOOL, []))
         domains[TRAINOPS_DOMAIN] = 1
     else:
-        nodes.append(helper.make_node(
+        writers.append(helper.make_node(
             opt.op_type, [r_name, t_name] + ps + grads + state_in,
             [new[p] for p in ps] + state_out, domain=optimizer_domain(opt),
             name=f"{_P}/{opt.op_type.lower()}", **opt.attributes()))
@@ -111,7 +114,7 @@ def update_tail(options: StepOptions, grads: list[str], values: dict, ptypes: di
         and not mixed else TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info(r_name, r_type, [1]),
               helper.make_tensor_value_info(t_name, TensorProto.INT64, [1])]
-    return Tail(nodes, params_states + opt_states + scale_states + copy_states, inputs, outs,
+    return Tail(nodes, writers, params_states + opt_states + scale_states + copy_states, inputs, outs,
                 finite, norm, r_type, domains)
 
 

@@ -23,6 +23,7 @@ The work is done by: :mod:`.graph` (the step graph, :class:`~.spec.StepGraph`),
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from typing import Any, Mapping, Sequence
@@ -34,15 +35,31 @@ from onnx import numpy_helper
 
 from .. import optim as _optim
 from ..random import _seed_bits
+from . import artifacts as _artifacts
 from . import checkpoint as _checkpoint
-from .backward import data_inputs
-from .graph import build_step_graph
 from . import update_options as _schedules
 from .accumulate_runtime import AccumulatingRuntime
+from .backward import data_inputs
+from .graph import build_step_graph
 from .runtime import StepRuntime
 from .spec import StepGraph, StepOptions, check_policy, check_update_options
 
 __all__ = ["Trainer"]
+
+
+def _check_optimizer(optimizer) -> _optim.Optimizer:
+    """``optimizer`` (None: ``Adam()``), checked: TypeError saying what was expected."""
+    if optimizer is None:
+        return _optim.Adam()
+    if isinstance(optimizer, type) and issubclass(optimizer, _optim.Optimizer):
+        raise TypeError(f"Trainer: optimizer is the class {optimizer.__name__}, not an "
+                        f"optimizer: instantiate it, e.g. optim.{optimizer.__name__}() or "
+                        f"optim.{optimizer.__name__}(lr=...)")
+    if not isinstance(optimizer, _optim.Optimizer):
+        raise TypeError("Trainer: optimizer must be a trainops.optim optimizer instance "
+                        f"(e.g. trainops.optim.Adam(lr=1e-3)), got {type(optimizer).__name__} "
+                        f"{optimizer!r}")
+    return optimizer
 
 
 class Trainer:
@@ -102,15 +119,20 @@ class Trainer:
                  threads: int | None = None, seed: int | None = None, comm=None,
                  shard_optimizer: bool = False, collective_timeout: float | None = None,
                  *, clip_grad_norm: float | None = None, accumulate: int = 1,
-                 schedule=None, _state=None):
-        if isinstance(model, bytes):
-            model = onnx.load_from_string(model)
-        elif isinstance(model, (str, os.PathLike)):
+                 schedule=None, _step_graph: StepGraph | None = None):
+        if isinstance(model, (str, os.PathLike)):
             model = onnx.load(os.fspath(model))
         self._model = onnx.ModelProto()
-        self._model.CopyFrom(model)
+        if isinstance(model, bytes):
+            self._model.ParseFromString(model)
+        else:
+            self._model.CopyFrom(model)
+        # The bytes a checkpoint stores, and their hash that identifies the model.
+        self._model_bytes = model if isinstance(model, bytes) else \
+            self._model.SerializeToString()
+        self.model_sha256 = hashlib.sha256(self._model_bytes).hexdigest()
         self.loss_name = loss
-        self.optimizer = optimizer if optimizer is not None else _optim.Adam()
+        self.optimizer = _check_optimizer(optimizer)
         self.policy = check_policy(policy, self.optimizer)
         self.clip_grad_norm, self.accumulate = check_update_options(clip_grad_norm, accumulate)
         self.schedule = _schedules.bind(schedule, self.optimizer)
@@ -151,7 +173,8 @@ class Trainer:
         self.input_names = data_inputs(self._model)
         self.step_graph: StepGraph | None = None
         if self._dist is None:
-            self.step_graph = build_step_graph(self._model, options)
+            # _step_graph: a step graph read back (from_artifacts), not built again.
+            self.step_graph = _step_graph or build_step_graph(self._model, options)
             self.param_names = self.step_graph.param_names
             self.training_model = self.step_graph.model
             self.runtime = (StepRuntime if self.step_graph.apply_model is None
@@ -181,10 +204,14 @@ class Trainer:
         self.T = 1
         self.lr = float(self.optimizer.lr)
         self.skipped = 0
-        if _state is not None:
-            self.T, self.lr, self.skipped = _checkpoint.restore(self._arrays, _state)
         if self.schedule is not None:
             self.lr = _schedules.lr_at(self.schedule, self.T)
+
+    def _states(self) -> dict[str, np.ndarray]:
+        """Every state buffer (what a checkpoint holds), by its input name."""
+        if self.step_graph is not None:
+            return {e.input: self._arrays[e.input] for e in self.step_graph.states}
+        return dict(self._arrays)  # the distributed runtime's arrays are all states
 
     # -- training ----------------------------------------------------------------------
     @property
@@ -197,7 +224,7 @@ class Trainer:
         if self.schedule is not None:
             raise ValueError("learning_rate: this trainer's schedule sets it before every "
                              "update (Trainer(schedule=None) to set it by hand)")
-        self.lr = float(value)
+        self.lr = _optim.check_lr(value, "Trainer.learning_rate")
 
     @property
     def last_grad_norm(self) -> float | None:
@@ -206,7 +233,7 @@ class Trainer:
         as torch's ``clip_grad_norm_`` returns); None before the first update or without
         ``clip_grad_norm``."""
         name = self.step_graph.norm_output if self.step_graph is not None else None
-        if name is None or self.T == 1:
+        if name is None or not getattr(self, "_updated", False):
             return None
         return float(self._arrays[name][0])
 
@@ -220,10 +247,15 @@ class Trainer:
         """One training step on ``feeds`` (every data input of the model): forward, loss,
         backward and the optimizer update, in one ``run_with_iobinding``. Returns the loss
         before the update. Under ``mixed_float16`` a step whose gradients are not finite
-        is skipped (the weights stay) and ``skipped`` counts it. With ``accumulate=k`` only
-        every k-th call updates (the others add the micro-batch's gradients); each call
-        returns its micro-batch's loss. With ``schedule`` the update's learning rate is
+        is skipped (the weights and moments stay, ``T`` does not advance, the loss scale
+        halves) and ``skipped`` counts it. With ``accumulate=k`` only every k-th call
+        updates (the others add the micro-batch's gradients); each call returns its
+        micro-batch's loss. With ``schedule`` the update's learning rate is
         ``schedule(T - 1)``.
+
+        All or nothing (without ``comm`` and ``accumulate``): if the step fails (an error
+        from any node), no state has changed (weights, optimizer state, ``T``, loss scale,
+        Philox states).
 
         With ``comm``: ``feeds`` is this rank's shard of the batch; every rank must call
         ``step`` the same number of times; the gradients are averaged over the ranks
@@ -235,10 +267,12 @@ class Trainer:
             self.lr = _schedules.lr_at(self.schedule, self.T)
         loss = self.runtime.run(feeds, self.lr, self.T)
         if not getattr(self.runtime, "updated", True):
-            return loss
-        self.T += 1
+            return loss  # a micro-batch added to the accumulation buffers: no update
+        self._updated = True  # an update ran (or was skipped): last_grad_norm is its
         if self._dist is None and not self.runtime.finite:
-            self.skipped += 1
+            self.skipped += 1  # not an update: T stays (as PyTorch's GradScaler and Keras)
+        else:
+            self.T += 1
         return loss
 
     def memory(self) -> dict[str, int]:
@@ -273,13 +307,7 @@ class Trainer:
         no trainops op, so plain onnxruntime runs it. Its Dropout nodes are plain ONNX
         ``Dropout`` in inference mode (as PyTorch's ``model.eval()``): any
         ``training_mode`` input is removed, so they pass their input through."""
-        m = onnx.ModelProto()
-        m.CopyFrom(self._model)
-        for n in m.graph.node:
-            if n.op_type == "Dropout" and n.domain in ("", "ai.onnx") and len(n.input) > 2:
-                ins = list(n.input[:2])
-                del n.input[:]
-                n.input.extend(ins)
+        m = _artifacts.inference_mode(self._model)
         params = self.parameters()
         for init in m.graph.initializer:
             if init.name in params:
@@ -288,9 +316,11 @@ class Trainer:
 
     # -- checkpoints ---------------------------------------------------------------------
     def save(self, path) -> None:
-        """A checkpoint (``.npz``): the model, the weights, the optimizer state, the update
-        count, the learning rate, the loss scale, the seed and the Philox states of the
-        random nodes. :meth:`load` resumes from it, bit for bit.
+        """A checkpoint (safetensors, ``docs/artifacts.md``): every state (the weights, the
+        optimizer state, the loss scale, the Philox states of the random nodes) by its
+        input name, the model's bytes, and as metadata the update count, the learning
+        rate, the seed, the skipped count and the configuration. :meth:`load` resumes from
+        it, bit for bit. Atomic: a failed save leaves the previous file at ``path`` intact.
 
         With ``comm`` (not sharded) every rank holds the whole state: rank 0 writing the
         file is enough, and a one-process Trainer can resume from it (the Philox states
@@ -301,11 +331,61 @@ class Trainer:
 
     @classmethod
     def load(cls, path, threads: int | None = None, schedule=None) -> "Trainer":
-        """The trainer saved at ``path`` (:meth:`save`), ready to continue. ``schedule``:
-        needed when the saved trainer's schedule was a Python function (which a
-        checkpoint cannot hold), else it replaces the saved one."""
-        model, config, state = _checkpoint.read(path)
-        return cls(model, config["loss"], _optim.from_dict(config["optimizer"]),
-                   params=config["params"], policy=config["policy"], threads=threads,
-                   seed=config.get("seed"), _state=state,
-                   **_schedules.load_options(config, schedule, path))
+        """The trainer saved at ``path`` (:meth:`save`; an old ``.npz`` checkpoint too),
+        ready to continue. :class:`~trainops.train.checkpoint.CheckpointError` listing
+        every problem when the file is no valid checkpoint or its states do not fit the
+        trainer its model and configuration build (missing, extra, other dtype or shape).
+        ``schedule``: needed when the saved trainer's schedule was a Python function
+        (which a checkpoint cannot hold), else it replaces the saved one."""
+        tensors, metadata = _checkpoint.read(path)
+        if _checkpoint.MODEL_KEY not in tensors:
+            raise _checkpoint.CheckpointError(
+                f"checkpoint {os.fspath(path)!r} has no model (tensor "
+                f"{_checkpoint.MODEL_KEY!r}): load it into a Trainer of its model with "
+                "trainer.load_state(path)")
+        import json
+
+        config = json.loads(metadata["config"])
+        try:
+            optimizer = _optim.from_dict(config["optimizer"])
+            trainer = cls(tensors[_checkpoint.MODEL_KEY].tobytes(), config["loss"],
+                          optimizer, params=config["params"], policy=config["policy"],
+                          threads=threads,
+                          seed=int(metadata["seed"]) if metadata["seed"] else None,
+                          **_schedules.load_options(config, schedule, path))
+        except (KeyError, TypeError) as exc:
+            raise _checkpoint.CheckpointError(
+                f"checkpoint {os.fspath(path)!r}: its config cannot build a trainer "
+                f"({exc!r})") from None
+        _checkpoint.restore(trainer, tensors, metadata, path)
+        return trainer
+
+    def load_state(self, path) -> None:
+        """Continue from the checkpoint at ``path`` in this trainer (the same model,
+        configuration and, with random nodes, seed). Every entry is validated first; any
+        mismatch raises ONE :class:`~trainops.train.checkpoint.CheckpointError` listing
+        them all, and the trainer is left exactly as it was."""
+        tensors, metadata = _checkpoint.read(path)
+        _checkpoint.restore(self, tensors, metadata, path)
+
+    # -- training artifacts ----------------------------------------------------------------
+    def save_artifacts(self, directory) -> dict:
+        """Write the training artifacts into ``directory`` (``docs/artifacts.md``):
+        ``training.onnx`` (one step), ``eval.onnx`` (forward and loss, no update),
+        ``inference.onnx`` (:meth:`export`), ``checkpoint.safetensors`` (every state) and
+        ``manifest.json``. Stock ONNX Runtime with the trainops library loaded trains from
+        them in any language; :meth:`from_artifacts` resumes here. Returns the manifest.
+        Not with ``accumulate`` > 1 (two models) yet; a ``schedule`` is not part of them
+        (the loop feeds ``lr``)."""
+        if self.accumulate > 1:
+            raise NotImplementedError("save_artifacts with accumulate > 1 (a micro-batch "
+                                      "model and an update model) is not supported yet")
+        return _artifacts.save(self, directory)
+
+    @classmethod
+    def from_artifacts(cls, directory, threads: int | None = None) -> "Trainer":
+        """The trainer whose artifacts (:meth:`save_artifacts`, or a checkpoint another
+        language wrote into the folder) are in ``directory``, ready to continue bit for bit:
+        the step graph from ``manifest.json`` and ``training.onnx``, the states from
+        ``checkpoint.safetensors`` (validated as :meth:`load` does)."""
+        return _artifacts.load(cls, directory, threads)

@@ -11,7 +11,7 @@ import warnings
 
 from .. import schedules as _schedules
 
-__all__ = ["bind", "config_of", "load_options", "lr_at"]
+__all__ = ["bind", "config_of", "load_options", "lr_at", "schedule_config"]
 
 
 def bind(schedule, optimizer):
@@ -42,17 +42,31 @@ def lr_at(schedule, t: int) -> float:
 
 
 def config_of(trainer) -> dict:
-    """The checkpoint config entries ``clip_grad_norm``, ``accumulate`` and ``schedule``
-    (:func:`trainops.schedules.to_config`). A schedule that is a Python function cannot be
-    saved: a UserWarning says so (the checkpoint records its repr, and
-    :meth:`Trainer.load` then asks for ``schedule=``)."""
+    """The checkpoint config entries a resumed trainer must share: ``clip_grad_norm`` when
+    set and ``accumulate`` when above 1 (absent at their defaults, so the config of a plain
+    trainer, and older checkpoints, stay as they were)."""
+    out = {}
+    if trainer.clip_grad_norm is not None:
+        out["clip_grad_norm"] = trainer.clip_grad_norm
+    if trainer.accumulate > 1:
+        out["accumulate"] = trainer.accumulate
+    return out
+
+
+def schedule_config(trainer) -> dict:
+    """The checkpoint config entry ``schedule`` when there is one
+    (:func:`trainops.schedules.to_config`; not
+    compared on load: ``Trainer.load(path, schedule=...)`` may replace it). A schedule that
+    is a Python function cannot be saved: a UserWarning says so (the checkpoint records its
+    repr, and :meth:`Trainer.load` then asks for ``schedule=``)."""
     config = _schedules.to_config(trainer.schedule)
-    if config is not None and config["type"] == "callable":
+    if config is None:
+        return {}
+    if config["type"] == "callable":
         warnings.warn(f"Trainer.save: the schedule {config['repr']} is a Python function and "
                       "is NOT saved in the checkpoint; pass it again as "
-                      "Trainer.load(path, schedule=...)", UserWarning, stacklevel=3)
-    return {"clip_grad_norm": trainer.clip_grad_norm, "accumulate": trainer.accumulate,
-            "schedule": config}
+                      "Trainer.load(path, schedule=...)", UserWarning, stacklevel=4)
+    return {"schedule": config}
 
 
 def load_options(config: dict, schedule, path) -> dict:

@@ -42,8 +42,7 @@ use crate::simd::{detected, Isa, Level};
 use crate::stream::Access;
 use crate::{Element, InOut, KernelError, Parallelism};
 
-/// Elements per quantisation block (one scale each).
-pub const BLOCK: usize = 256;
+pub use self::reference::BLOCK;
 
 const _: () = assert!(CHUNK.is_multiple_of(BLOCK));
 

@@ -5,9 +5,11 @@
 //! shares no code with the fast path but the element conversions.
 
 use super::adamw::AdamWAttrs;
-use super::BLOCK;
 use crate::optim::adam::AdamAttrs;
 use crate::Element;
+
+/// Elements per quantisation block (one scale each).
+pub const BLOCK: usize = 256;
 
 /// bitsandbytes' `create_dynamic_map(signed, max_exponent_bits = 7, total_bits = 8)`: 256
 /// sorted float32 values in `[-1, 1]` (signed) or `[0, 1]` (unsigned).

@@ -1,0 +1,121 @@
+"""All or nothing: the step graph's in-place state updates run after everything else
+(:func:`order_updates`).
+
+ONNX Runtime orders nodes by data dependencies only. A node that writes a state in place
+(the optimizer node, ``DynamicLossScale``, a Philox op's state) may run before a node it
+does not depend on; if that node then fails, the step is half-applied (weights and moments
+updated, ``T`` not). So:
+
+1. nodes that neither the loss nor an update needs are pruned (they would only fail);
+2. the update count the writers read is ``T + 0``, the 0 computed from one element of the
+   last output of every node the writers do not already depend on (a data dependency:
+   ONNX Runtime's constant folding cannot remove it, unlike a ``Shape`` of a static shape);
+   ``T + 0`` is ``T`` exactly, so the update's arithmetic is unchanged;
+3. each Philox op writes its new state to a fresh tensor (``<state output>/pending``); the
+   aliased state output is a ``Reshape`` of it that depends on the optimizer's output, so
+   the state buffer changes only once every other node has run.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import onnx
+from onnx import TensorProto, helper
+
+from ..autodiff.graph import node_inputs as _all_inputs
+from .spec import PREFIX as _P
+
+__all__ = ["order_updates", "pending_name"]
+
+
+def pending_name(state_output: str) -> str:
+    """The fresh tensor a Philox op writes its new state to (not aliased)."""
+    return f"{state_output}/pending"
+
+
+def _ancestors(nodes: Sequence[onnx.NodeProto], names) -> set[int]:
+    """Indices of the nodes that ``names`` (tensor names) depend on."""
+    producer = {o: k for k, n in enumerate(nodes) for o in n.output if o}
+    seen: set[int] = set()
+    stack = [producer[x] for x in names if x in producer]
+    while stack:
+        k = stack.pop()
+        if k in seen:
+            continue
+        seen.add(k)
+        stack.extend(producer[x] for x in _all_inputs(nodes[k]) if x in producer)
+    return seen
+
+
+def _zero_of(values: Sequence[str], name: str, opset: int) -> list[onnx.NodeProto]:
+    """Nodes computing ``name``, an int64 scalar 0 that depends on the data of every tensor
+    in ``values`` (any type and shape, empty included), reading one element of each."""
+    p = f"{name}/"
+    nodes = [helper.make_node("Constant", [], [p + "flat"], value=helper.make_tensor(
+                 p + "flat", TensorProto.INT64, [1], [-1])),
+             helper.make_node("Constant", [], [p + "zero"], value=helper.make_tensor(
+                 p + "zero", TensorProto.INT64, [], [0]))]
+    if opset >= 10:
+        nodes += [helper.make_node("Constant", [], [p + k], value=helper.make_tensor(
+            p + k, TensorProto.INT64, [1], [v])) for k, v in (("start", 0), ("end", 1))]
+    ones = []
+    for k, v in enumerate(values):
+        q = f"{p}{k}/"
+        slice_ = (helper.make_node("Slice", [q + "flat", p + "start", p + "end"], [q + "first"])
+                  if opset >= 10 else
+                  helper.make_node("Slice", [q + "flat"], [q + "first"], starts=[0], ends=[1],
+                                   axes=[0]))
+        nodes += [helper.make_node("Reshape", [v, p + "flat"], [q + "flat"]), slice_,
+                  helper.make_node("Cast", [q + "first"], [q + "bool"], to=TensorProto.BOOL),
+                  helper.make_node("Cast", [q + "bool"], [q + "int"], to=TensorProto.INT64)]
+        ones.append(q + "int")
+    nodes += [helper.make_node("Concat", ones, [p + "all"], axis=0),
+              helper.make_node("ReduceSum", [p + "all"], [p + "count"], keepdims=0),
+              helper.make_node("Mul", [p + "count", p + "zero"], [name])]
+    return nodes
+
+
+def order_updates(nodes: list[onnx.NodeProto], writers: list[onnx.NodeProto],
+                  required: Sequence[str], t_name: str,
+                  rng: Sequence[tuple[str, str, Sequence[int]]],
+                  opset: int) -> list[onnx.NodeProto]:
+    """``nodes`` (the forward, backward and Philox nodes, each Philox op writing
+    :func:`pending_name` of its state output) and the state ``writers`` (the optimizer node
+    first; each reads ``t_name``) as one node list where every write comes last:
+
+    - nodes that none of ``required`` (the loss output, the pending Philox states) and no
+      writer input depends on are dropped;
+    - the writers read ``T`` through a ``T + 0`` that depends on every kept node they do
+      not already depend on;
+    - ``rng``: (pending, state output, shape) of each Philox state: the state output is
+      written from the pending tensor once the first writer has run."""
+    writer_inputs = [x for w in writers for x in _all_inputs(w) if x != t_name]
+    kept = _ancestors(nodes, list(required) + writer_inputs)
+    nodes = [n for k, n in enumerate(nodes) if k in kept]
+    direct = _ancestors(nodes, writer_inputs)
+    rest = [n for k, n in enumerate(nodes) if k not in direct]
+    consumed = {x for n in rest for x in _all_inputs(n)}
+    sinks = [next(o for o in n.output if o) for n in rest
+             if not any(o in consumed for o in n.output if o)]
+    out = list(nodes)
+    if sinks:
+        zero, t_after = f"{_P}/barrier/zero", f"{_P}/barrier/T"
+        out += _zero_of(sinks, zero, opset)
+        out.append(helper.make_node("Add", [t_name, zero], [t_after], name=f"{_P}/barrier"))
+        for w in writers:
+            for i, x in enumerate(w.input):
+                if x == t_name:
+                    w.input[i] = t_after
+    out += writers
+    if rng:
+        after = f"{_P}/after_update/zero"
+        out += _zero_of([next(o for o in writers[0].output if o)], after, opset)
+        for pending, state, shape in rng:
+            s = f"{state}/shape"
+            out += [helper.make_node("Constant", [], [s + "/static"], value=helper.make_tensor(
+                        s + "/static", TensorProto.INT64, [len(shape)], list(shape))),
+                    helper.make_node("Add", [s + "/static", after], [s]),
+                    helper.make_node("Reshape", [pending, s], [state],
+                                     name=f"{state}/after_update")]
+    return out
