@@ -1,6 +1,8 @@
 """Optimizers for :class:`trainops.Trainer`: ONNX's training operators with their ONNX
 attribute names (``ai.onnx.preview.training::Adam``, ``Adagrad``, ``Momentum``), and
-PyTorch's AdamW with PyTorch's names (``com.trainops::AdamW``).
+PyTorch's AdamW with PyTorch's names (``com.trainops::AdamW``); ``Adam`` and ``AdamW`` keep
+their moments in 8 bits with ``state_dtype="int8"`` (``com.trainops::Adam8bit`` /
+``AdamW8bit``, :mod:`trainops.quantized`).
 
 The learning rate ``lr`` is the node's ``R`` input, fed on every step, so it can change
 between steps (``trainer.learning_rate = ...``). The update count ``T`` is 1 on the first
@@ -16,7 +18,8 @@ from typing import ClassVar
 
 from .onnx_defs import TRAINING_DOMAIN, TRAINOPS_DOMAIN
 
-__all__ = ["Adam", "AdamW", "Adagrad", "Momentum", "Optimizer", "check_lr", "from_dict"]
+__all__ = ["Adam", "AdamW", "Adagrad", "Momentum", "Optimizer", "STATE_DTYPES", "check_lr",
+           "check_optimizer", "from_dict", "initial_state"]
 
 
 def check_lr(lr, where: str) -> float:
@@ -51,7 +54,7 @@ class Optimizer:
 
     def to_dict(self) -> dict:
         """A JSON-ready description; :func:`from_dict` makes the optimizer back."""
-        return {"type": self.op_type, **asdict(self)}
+        return {"type": type(self).__name__, **asdict(self)}
 
 
 @dataclass
@@ -61,7 +64,11 @@ class Adam(Optimizer):
     ONNX's formula, not PyTorch's: ``epsilon`` is added to ``sqrt(H)`` before the bias
     correction (which is folded into the rate), ``norm_coefficient`` adds an L2 term to the
     gradient, and ``norm_coefficient_post`` multiplies the whole updated weight after the
-    step. For ``torch.optim.Adam``/``AdamW``'s arithmetic use :class:`AdamW`."""
+    step. For ``torch.optim.Adam``/``AdamW``'s arithmetic use :class:`AdamW`.
+
+    ``state_dtype="int8"``: the moments in 8 bits (``com.trainops::Adam8bit``: the same
+    formula on blockwise-quantised moments, state ``M_q, M_absmax, V_q, V_absmax``: 2.03
+    bytes per parameter instead of 8; float32 parameters; not with ``mixed_float16``)."""
 
     lr: float = 1e-3
     alpha: float = 0.9
@@ -69,8 +76,27 @@ class Adam(Optimizer):
     epsilon: float = 1e-6
     norm_coefficient: float = 0.0
     norm_coefficient_post: float = 0.0
-    op_type = "Adam"
-    state = ("V", "H")
+    state_dtype: str = "float32"
+
+    def __post_init__(self):
+        super().__post_init__()
+        _check_state_dtype(self)
+
+    @property
+    def op_type(self) -> str:  # type: ignore[override]
+        return "Adam8bit" if self.state_dtype == "int8" else "Adam"
+
+    @property
+    def domain(self) -> str:  # type: ignore[override]
+        return TRAINOPS_DOMAIN if self.state_dtype == "int8" else TRAINING_DOMAIN
+
+    @property
+    def state(self) -> tuple[str, ...]:  # type: ignore[override]
+        return _STATE_8BIT if self.state_dtype == "int8" else ("V", "H")
+
+    def attributes(self) -> dict:
+        """The node's attributes (ONNX Adam's five, for ``Adam8bit`` too)."""
+        return _attributes(self, super().attributes())
 
 
 @dataclass
@@ -106,7 +132,11 @@ class AdamW(Optimizer):
     """PyTorch's ``torch.optim.AdamW`` (``com.trainops::AdamW``), with PyTorch's argument
     names and defaults and its arithmetic (README, AdamW): ``M`` and ``V`` (first and
     second moments) per parameter, and ``Vmax`` with ``amsgrad``. ``T`` is torch's step.
-    ``AdamW(weight_decay=0)`` is ``torch.optim.Adam``'s update."""
+    ``AdamW(weight_decay=0)`` is ``torch.optim.Adam``'s update.
+
+    ``state_dtype="int8"``: the moments in 8 bits (``com.trainops::AdamW8bit``, torchao's
+    ``AdamW8bit``: state ``M_q, M_absmax, V_q, V_absmax``, 2.03 bytes per parameter instead
+    of 8; float32 parameters; no ``amsgrad``)."""
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
@@ -114,7 +144,7 @@ class AdamW(Optimizer):
     weight_decay: float = 1e-2
     amsgrad: bool = False
     maximize: bool = False
-    op_type = "AdamW"
+    state_dtype: str = "float32"
     domain = TRAINOPS_DOMAIN
 
     def __post_init__(self):
@@ -123,17 +153,25 @@ class AdamW(Optimizer):
         if len(betas) != 2:
             raise ValueError(f"AdamW: betas must be two floats, got {self.betas!r}")
         self.betas = betas
+        _check_state_dtype(self)
+
+    @property
+    def op_type(self) -> str:  # type: ignore[override]
+        return "AdamW8bit" if self.state_dtype == "int8" else "AdamW"
 
     @property
     def state(self) -> tuple[str, ...]:  # type: ignore[override]
+        if self.state_dtype == "int8":
+            return _STATE_8BIT
         return ("M", "V", "Vmax") if self.amsgrad else ("M", "V")
 
     def attributes(self) -> dict:
         """The node's attributes by their ONNX names (``beta1``, ``beta2``, ``epsilon``,
         ``weight_decay``, ``amsgrad``, ``maximize``)."""
-        return {"beta1": self.betas[0], "beta2": self.betas[1], "epsilon": float(self.eps),
-                "weight_decay": float(self.weight_decay), "amsgrad": int(bool(self.amsgrad)),
-                "maximize": int(bool(self.maximize))}
+        return _attributes(self, {
+            "beta1": self.betas[0], "beta2": self.betas[1], "epsilon": float(self.eps),
+            "weight_decay": float(self.weight_decay), "amsgrad": int(bool(self.amsgrad)),
+            "maximize": int(bool(self.maximize))})
 
     def to_dict(self) -> dict:
         d = super().to_dict()
@@ -141,8 +179,66 @@ class AdamW(Optimizer):
         return d
 
 
+# --- optimizer state in 8 bits (state_dtype="int8"): com.trainops::Adam8bit / AdamW8bit ---
+
+STATE_DTYPES = ("float32", "int8")
+# The 8-bit ops' state per parameter (trainops.quantized.STATE's names): uint8 codes shaped
+# like the parameter and float32 scales, one per 256 elements, for each moment.
+_STATE_8BIT = ("M_q", "M_absmax", "V_q", "V_absmax")
+
+
+def _check_state_dtype(opt) -> None:
+    name = type(opt).__name__
+    if opt.state_dtype not in STATE_DTYPES:
+        raise ValueError(f"{name}: state_dtype {opt.state_dtype!r}: expected 'float32' or "
+                         "'int8'")
+    if opt.state_dtype == "int8" and getattr(opt, "amsgrad", False):
+        raise ValueError(f"{name}: amsgrad has no 8-bit op: use state_dtype='float32'")
+
+
+def _attributes(opt, attrs: dict) -> dict:
+    attrs = {k: v for k, v in attrs.items() if k != "state_dtype"}
+    if opt.state_dtype == "int8":
+        attrs.pop("amsgrad", None)
+    return attrs
+
+
+def initial_state(opt: Optimizer, value) -> dict:
+    """The optimizer state of one parameter ``value`` (numpy) before the first step, by
+    state name: zeros like it, or under ``state_dtype="int8"`` the 8-bit ops' zero state
+    (:func:`trainops.quantized.zero_state`; float32 parameters only)."""
+    import numpy as np
+
+    if getattr(opt, "state_dtype", "float32") != "int8":
+        return {s: np.zeros_like(value) for s in opt.state}
+    from .quantized import zero_state
+
+    if value.dtype != np.float32:
+        raise ValueError(f"{type(opt).__name__}(state_dtype='int8'): the 8-bit ops take "
+                         f"float32 parameters, got {value.dtype}")
+    return zero_state(value.shape)
+
+
 def from_dict(d: dict) -> Optimizer:
     """The optimizer :meth:`Optimizer.to_dict` described."""
     d = dict(d)
     cls = {"Adam": Adam, "AdamW": AdamW, "Adagrad": Adagrad, "Momentum": Momentum}[d.pop("type")]
     return cls(**d)
+
+
+from . import schedules  # noqa: E402  (trainops.optim.schedules: learning-rate schedules)
+
+
+def check_optimizer(optimizer) -> "Optimizer":
+    """``optimizer`` (None: ``Adam()``), checked: TypeError saying what was expected."""
+    if optimizer is None:
+        return Adam()
+    if isinstance(optimizer, type) and issubclass(optimizer, Optimizer):
+        raise TypeError(f"Trainer: optimizer is the class {optimizer.__name__}, not an "
+                        f"optimizer: instantiate it, e.g. optim.{optimizer.__name__}() or "
+                        f"optim.{optimizer.__name__}(lr=...)")
+    if not isinstance(optimizer, Optimizer):
+        raise TypeError("Trainer: optimizer must be a trainops.optim optimizer instance "
+                        f"(e.g. trainops.optim.Adam(lr=1e-3)), got {type(optimizer).__name__} "
+                        f"{optimizer!r}")
+    return optimizer

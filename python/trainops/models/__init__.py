@@ -20,7 +20,8 @@ optimizers and ``Philox``) and :mod:`.loss_scale` (``MixedPrecisionAdam``,
 from __future__ import annotations
 
 from .core import (IR_VERSION, ONNX_OPSET, TRAINING_DOMAIN, TRAINOPS_DOMAIN, Shape, adagrad_feeds,
-                   adagrad_model, adam_feeds, adamw_feeds, adamw_groups, adamw_model, adam_model, adam_names, momentum_feeds, momentum_model,
+                   adagrad_model, adam_feeds, adam_model, adam_names, adamw_feeds, adamw_groups,
+                   adamw_model, momentum_feeds, momentum_model,
                    node_model, philox_model, session, session_options, tensor_type)
 from .loss_scale import (all_finite_model, dynamic_loss_scale_model, mixed_precision_adam_feeds,
                          mixed_precision_adam_model, mixed_precision_adam_names)
@@ -44,6 +45,9 @@ __all__ = [
     "adagrad_feeds",
     "momentum_model",
     "momentum_feeds",
+    "adamw_groups",
+    "adamw_model",
+    "adamw_feeds",
     "TRAINOPS_DOMAIN",
     "mixed_precision_adam_names",
     "mixed_precision_adam_model",

@@ -28,8 +28,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
+from . import update_options
+
 __all__ = ["CheckpointError", "FORMAT", "FORMAT_VERSION", "MODEL_KEY", "check_metadata",
-           "mismatches", "read", "restore", "save", "state_of", "write"]
+           "load_trainer", "mismatches", "read", "restore", "save", "state_of", "write"]
 
 FORMAT = "trainops-checkpoint"
 FORMAT_VERSION = "1"
@@ -251,9 +253,12 @@ def _read_npz(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
 # --- a Trainer's checkpoint --------------------------------------------------------------
 
 def config_of(trainer) -> dict:
-    """The configuration a checkpoint records: loss, optimizer (its dict), params, policy."""
+    """The configuration a checkpoint records and a resumed trainer must share: loss,
+    optimizer (its dict), params, policy, and the update options
+    (:func:`.update_options.config_of`)."""
     return {"loss": trainer.loss_name, "optimizer": trainer.optimizer.to_dict(),
-            "params": list(trainer.param_names), "policy": trainer.policy}
+            "params": list(trainer.param_names), "policy": trainer.policy,
+            **update_options.config_of(trainer)}
 
 
 def state_of(trainer) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -269,7 +274,9 @@ def state_of(trainer) -> tuple[dict[str, np.ndarray], dict[str, str]]:
                 "learning_rate": repr(float(trainer.lr)),
                 "loss_scale": "" if scale is None else repr(scale),
                 "seed": str(trainer.seed), "skipped": str(trainer.skipped),
-                "config": json.dumps(config_of(trainer), sort_keys=True),
+                "config": json.dumps({**config_of(trainer),
+                                      **update_options.schedule_config(trainer)},
+                                     sort_keys=True),
                 "model_sha256": trainer.model_sha256}
     return tensors, metadata
 
@@ -344,3 +351,29 @@ def restore(trainer, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, s
     trainer.T = int(metadata["step"])
     trainer.lr = float(metadata["learning_rate"])
     trainer.skipped = int(metadata["skipped"])
+
+
+def load_trainer(cls, path, threads=None, schedule=None):
+    """The ``cls`` (Trainer) saved at ``path``: :meth:`trainops.Trainer.load`'s body."""
+    from .. import optim as _optim
+
+    tensors, metadata = read(path)
+    if MODEL_KEY not in tensors:
+        raise CheckpointError(
+            f"checkpoint {os.fspath(path)!r} has no model (tensor "
+            f"{MODEL_KEY!r}): load it into a Trainer of its model with "
+            "trainer.load_state(path)")
+    config = json.loads(metadata["config"])
+    try:
+        optimizer = _optim.from_dict(config["optimizer"])
+        trainer = cls(tensors[MODEL_KEY].tobytes(), config["loss"],
+                      optimizer, params=config["params"], policy=config["policy"],
+                      threads=threads,
+                      seed=int(metadata["seed"]) if metadata["seed"] else None,
+                      **update_options.load_options(config, schedule, path))
+    except (KeyError, TypeError) as exc:
+        raise CheckpointError(
+            f"checkpoint {os.fspath(path)!r}: its config cannot build a trainer "
+            f"({exc!r})") from None
+    restore(trainer, tensors, metadata, path)
+    return trainer

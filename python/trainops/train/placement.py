@@ -26,7 +26,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-__all__ = ["NO_CUSTOM_OPS", "Placement", "TrainingModel", "resolve"]
+__all__ = ["NO_CUSTOM_OPS", "Placement", "TrainingModel", "portable_graph", "resolve"]
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -212,3 +212,13 @@ class TrainingModel:
 
     def __repr__(self) -> str:
         return f"TrainingModel({len(self._model.graph.node)} nodes; call it for the ModelProto)"
+
+
+def portable_graph(graph, key_seed: int):
+    """``graph`` with its model rewritten to standard ONNX ops (inputs, outputs and state
+    names unchanged, so the runtime binds it as before)."""
+    import dataclasses
+
+    from ..portable import rewrite
+
+    return dataclasses.replace(graph, model=rewrite(graph.model, dropout_seed=key_seed))

@@ -20,13 +20,14 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["KINDS", "PREFIX", "StateEntry", "StepGraph", "StepOptions", "check_policy"]
+__all__ = ["KINDS", "PREFIX", "StateEntry", "StepGraph", "StepOptions", "check_policy",
+           "check_update_options"]
 
 PREFIX = "trainops"  # prefix of the names the builders add to a model
 
 # State kinds, in the order the single-process builder lists them (the runtime's buffer
 # order, hence the order of a checkpoint's values).
-KINDS = ("param", "optimizer", "loss_scale", "fp16_copy", "rng")
+KINDS = ("param", "optimizer", "loss_scale", "fp16_copy", "rng", "grad_accum")
 
 POLICIES = ("float32", "float64", "mixed_float16")
 
@@ -44,6 +45,25 @@ def check_policy(policy: str, optimizer) -> str:
     return policy
 
 
+def check_update_options(clip_grad_norm, accumulate) -> tuple[float | None, int]:
+    """``(clip_grad_norm, accumulate)`` checked: ValueError unless ``clip_grad_norm`` is
+    None or a finite number > 0 and ``accumulate`` an integer >= 1."""
+    import math
+    import numbers
+
+    if clip_grad_norm is not None:
+        if isinstance(clip_grad_norm, bool) or not isinstance(clip_grad_norm, numbers.Real) \
+                or not math.isfinite(clip_grad_norm) or clip_grad_norm <= 0:
+            raise ValueError(f"clip_grad_norm {clip_grad_norm!r}: expected None or a finite "
+                             "number > 0 (the max_norm of torch's clip_grad_norm_)")
+        clip_grad_norm = float(clip_grad_norm)
+    if isinstance(accumulate, bool) or not isinstance(accumulate, numbers.Integral) \
+            or accumulate < 1:
+        raise ValueError(f"accumulate {accumulate!r}: expected an integer >= 1 (the "
+                         "micro-batches per update)")
+    return clip_grad_norm, int(accumulate)
+
+
 @dataclass
 class StepOptions:
     """What a step graph is built from, besides the model.
@@ -55,7 +75,11 @@ class StepOptions:
       (:func:`trainops.train.graph.default_params`);
     - ``policy``: ``"float32"``, ``"float64"`` or ``"mixed_float16"``;
     - ``key_seed``: the 64-bit seed that keys the Philox nodes (a Trainer's ``seed``, or
-      with ``comm`` :func:`trainops.distributed.rank_seed` of it and the rank).
+      with ``comm`` :func:`trainops.distributed.rank_seed` of it and the rank);
+    - ``clip_grad_norm``: None, or the ``max_norm`` of PyTorch's ``clip_grad_norm_`` applied
+      to the gradients inside the graph before the update (:mod:`.clip`);
+    - ``accumulate``: update every ``accumulate`` micro-batches on their mean gradient
+      (:mod:`.accumulate`); 1: every step.
     """
 
     loss: str
@@ -63,9 +87,13 @@ class StepOptions:
     params: Sequence[str] | None = None
     policy: str = "float32"
     key_seed: int = 0
+    clip_grad_norm: float | None = None
+    accumulate: int = 1
 
     def __post_init__(self) -> None:
         self.policy = check_policy(self.policy, self.optimizer)
+        self.clip_grad_norm, self.accumulate = check_update_options(self.clip_grad_norm,
+                                                                    self.accumulate)
         if self.params is not None:
             self.params = list(self.params)
 
@@ -75,9 +103,11 @@ class StepOptions:
         return self.policy == "mixed_float16"
 
     def to_manifest(self) -> dict:
-        """JSON-ready: loss, optimizer (``to_dict()``), params, policy, key_seed."""
+        """JSON-ready: loss, optimizer (``to_dict()``), params, policy, key_seed,
+        clip_grad_norm, accumulate."""
         return {"loss": self.loss, "optimizer": self.optimizer.to_dict(),
-                "params": self.params, "policy": self.policy, "key_seed": self.key_seed}
+                "params": self.params, "policy": self.policy, "key_seed": self.key_seed,
+                "clip_grad_norm": self.clip_grad_norm, "accumulate": self.accumulate}
 
 
 @dataclass
@@ -86,9 +116,11 @@ class StateEntry:
     new value), bound to one buffer starting at ``initial``.
 
     ``kind``: one of ``KINDS`` (``"param"``, ``"optimizer"``, ``"loss_scale"``,
-    ``"fp16_copy"``, ``"rng"``); ``param``: the parameter it belongs to (optimizer state,
-    float16 copy), else None; ``slot``: its name within the kind (the optimizer's state
-    name ``"V"``/``"H"``; ``"scale"``/``"good_steps"`` for the loss scale), else None."""
+    ``"fp16_copy"``, ``"rng"``, ``"grad_accum"``: a gradient accumulation buffer, zero
+    between updates, or the micro-batch count, slot ``"count"``); ``param``: the parameter
+    it belongs to (optimizer state, float16 copy, accumulation buffer), else None;
+    ``slot``: its name within the kind (the optimizer's state name ``"V"``/``"H"``;
+    ``"scale"``/``"good_steps"`` for the loss scale), else None."""
 
     input: str
     output: str
@@ -127,7 +159,12 @@ class StepGraph:
     - ``states``: every in-place state, in ``KINDS`` order;
     - ``extra_outputs``: other outputs bound to buffers (``finite_output`` among them);
     - ``finite_output``: the flag "this step's gradients were finite" (mixed_float16), or
-      None; a step where it is false was skipped.
+      None; a step where it is false was skipped;
+    - ``norm_output``: the gradients' total 2-norm before clipping (float32 ``[1]``) with
+      ``clip_grad_norm``, else None (among the extra outputs);
+    - ``apply_model``: with ``accumulate`` > 1, ``model`` only adds each micro-batch's
+      gradients into the ``grad_accum`` buffers and this second model (no data inputs)
+      updates from them; its outputs ``finite_output`` and ``norm_output``. Else None.
     """
 
     model: Any
@@ -140,6 +177,8 @@ class StepGraph:
     states: list[StateEntry]
     extra_outputs: list[str] = field(default_factory=list)
     finite_output: str | None = None
+    norm_output: str | None = None
+    apply_model: Any = None
 
     @property
     def param_names(self) -> list[str]:
@@ -157,24 +196,31 @@ class StepGraph:
 
     def to_manifest(self) -> dict:
         """JSON-ready description of everything but the model and the values: options,
-        data inputs, loss/lr/step names, lr dtype, the states table, extra outputs."""
+        data inputs, loss/lr/step names, lr dtype, the states table, extra outputs,
+        whether there is an apply model."""
         return {"options": self.options.to_manifest(), "data_inputs": list(self.data_inputs),
                 "loss_output": self.loss_output, "lr_input": self.lr_input,
                 "lr_dtype": np.dtype(self.lr_dtype).name, "step_input": self.step_input,
                 "states": [e.to_manifest() for e in self.states],
                 "extra_outputs": list(self.extra_outputs),
-                "finite_output": self.finite_output}
+                "finite_output": self.finite_output, "norm_output": self.norm_output,
+                "apply_model": self.apply_model is not None}
 
     @classmethod
     def from_manifest(cls, model, manifest: Mapping[str, Any],
-                      values: Mapping[str, np.ndarray]) -> "StepGraph":
+                      values: Mapping[str, np.ndarray], apply_model=None) -> "StepGraph":
         """The step graph :meth:`to_manifest` described, over ``model`` (its training
-        model), with each state's value from ``values`` (by state input name)."""
+        model) and ``apply_model`` (needed when it had one), with each state's value from
+        ``values`` (by state input name)."""
         from .. import optim
 
         o = manifest["options"]
         options = StepOptions(o["loss"], optim.from_dict(o["optimizer"]), o["params"],
-                              o["policy"], o["key_seed"])
+                              o["policy"], o["key_seed"], o.get("clip_grad_norm"),
+                              o.get("accumulate", 1))
+        if manifest.get("apply_model") and apply_model is None:
+            raise ValueError("StepGraph.from_manifest: this step graph has an apply model "
+                             "(accumulate > 1): pass apply_model")
         missing = [d["input"] for d in manifest["states"] if d["input"] not in values]
         if missing:
             raise ValueError(f"StepGraph.from_manifest: no values for states {missing}")
@@ -182,4 +228,4 @@ class StepGraph:
         return cls(model, options, list(manifest["data_inputs"]), manifest["loss_output"],
                    manifest["lr_input"], np.dtype(manifest["lr_dtype"]).type,
                    manifest["step_input"], states, list(manifest["extra_outputs"]),
-                   manifest["finite_output"])
+                   manifest["finite_output"], manifest.get("norm_output"), apply_model)

@@ -37,39 +37,16 @@ from .. import optim as _optim
 from ..random import _seed_bits
 from . import artifacts as _artifacts
 from . import checkpoint as _checkpoint
+from . import update_options as _schedules
+from .accumulate_runtime import AccumulatingRuntime
 from .backward import data_inputs
 from .graph import build_step_graph
-from .placement import TrainingModel
+from .placement import TrainingModel, portable_graph
 from .placement import resolve as resolve_placement
 from .runtime import StepRuntime
-from .spec import StepGraph, StepOptions, check_policy
+from .spec import StepGraph, StepOptions, check_policy, check_update_options
 
 __all__ = ["Trainer"]
-
-
-def _check_optimizer(optimizer) -> _optim.Optimizer:
-    """``optimizer`` (None: ``Adam()``), checked: TypeError saying what was expected."""
-    if optimizer is None:
-        return _optim.Adam()
-    if isinstance(optimizer, type) and issubclass(optimizer, _optim.Optimizer):
-        raise TypeError(f"Trainer: optimizer is the class {optimizer.__name__}, not an "
-                        f"optimizer: instantiate it, e.g. optim.{optimizer.__name__}() or "
-                        f"optim.{optimizer.__name__}(lr=...)")
-    if not isinstance(optimizer, _optim.Optimizer):
-        raise TypeError("Trainer: optimizer must be a trainops.optim optimizer instance "
-                        f"(e.g. trainops.optim.Adam(lr=1e-3)), got {type(optimizer).__name__} "
-                        f"{optimizer!r}")
-    return optimizer
-
-
-def _portable(graph: StepGraph, key_seed: int) -> StepGraph:
-    """``graph`` with its model rewritten to standard ONNX ops (inputs, outputs and state
-    names unchanged, so the runtime binds it as before)."""
-    import dataclasses
-
-    from ..portable import rewrite
-
-    return dataclasses.replace(graph, model=rewrite(graph.model, dropout_seed=key_seed))
 
 
 class Trainer:
@@ -107,7 +84,19 @@ class Trainer:
       steps in place. The same seed gives bit-identical runs for any thread count. Without
       ``seed`` a fresh one is drawn from the OS (as PyTorch does), kept as ``seed``; with
       ``comm``, rank 0's. With ``comm``, rank ``r`` keys its nodes with
-      ``trainops.distributed.rank_seed(seed, r)`` instead of ``seed`` (rank 0: ``seed``).
+      ``trainops.distributed.rank_seed(seed, r)`` instead of ``seed`` (rank 0: ``seed``);
+    - ``clip_grad_norm``: ``max_norm`` of PyTorch's ``clip_grad_norm_`` (total 2-norm over
+      every parameter's gradient, coefficient ``min(max_norm / (norm + 1e-6), 1)``),
+      applied inside the step graph before the update (:mod:`trainops.train.clip`); the
+      total norm before clipping is ``last_grad_norm``. Under ``mixed_float16`` it is the
+      norm of the unscaled gradients, and the clipped ones go to the optimizer as float32;
+    - ``accumulate``: ``k`` >= 1: :meth:`step` adds each micro-batch's gradients into
+      accumulation buffers (``grad_accum`` state) and updates on every k-th call, with
+      their mean (:mod:`trainops.train.accumulate`): k micro-batches of B train as one
+      batch of kB with a mean loss. ``T`` counts updates;
+    - ``schedule``: a learning-rate schedule (:mod:`trainops.optim.schedules`, or any
+      callable ``step -> lr``): each update uses ``schedule(T - 1)`` (``T - 1`` updates
+      made so far); a schedule without ``lr`` takes the optimizer's;
     - ``device``: ``"cpu"`` (the default), ``"cuda"`` (onnxruntime-gpu's
       ``CUDAExecutionProvider`` then the CPU, with trainops' CUDA kernels: ``TRAINOPS_CUDA=1``)
       or ``"auto"`` (the CPU for now: CUDA becomes its choice once trainops' CUDA kernels are
@@ -129,8 +118,9 @@ class Trainer:
                  params: Sequence[str] | None = None, policy: str = "float32",
                  threads: int | None = None, seed: int | None = None, comm=None,
                  shard_optimizer: bool = False, collective_timeout: float | None = None,
-                 *, providers=None, portable: bool | None = None, device: str | None = None,
-                 _step_graph: StepGraph | None = None):
+                 *, clip_grad_norm: float | None = None, accumulate: int = 1,
+                 schedule=None, providers=None, portable: bool | None = None,
+                 device: str | None = None, _step_graph: StepGraph | None = None):
         if isinstance(model, (str, os.PathLike)):
             model = onnx.load(os.fspath(model))
         self._model = onnx.ModelProto()
@@ -143,8 +133,10 @@ class Trainer:
             self._model.SerializeToString()
         self.model_sha256 = hashlib.sha256(self._model_bytes).hexdigest()
         self.loss_name = loss
-        self.optimizer = _check_optimizer(optimizer)
+        self.optimizer = _optim.check_optimizer(optimizer)
         self.policy = check_policy(policy, self.optimizer)
+        self.clip_grad_norm, self.accumulate = check_update_options(clip_grad_norm, accumulate)
+        self.schedule = _schedules.bind(schedule, self.optimizer)
         if seed is not None:
             _seed_bits(seed)  # TypeError / ValueError for a seed that is not a 64-bit int
         self.shard_optimizer = bool(shard_optimizer)
@@ -160,6 +152,9 @@ class Trainer:
                 raise NotImplementedError("comm= with policy 'mixed_float16' is not "
                                           "supported yet (the finite check and the loss "
                                           "scale would need to agree across ranks)")
+            if self.clip_grad_norm is not None or self.accumulate > 1:
+                raise NotImplementedError("comm= with clip_grad_norm or accumulate is not "
+                                          "supported yet")
             self._dist = Collectives(comm, collective_timeout)
             if threads is None:
                 threads = max(1, (os.cpu_count() or 1) // self._dist.local_size())
@@ -178,17 +173,24 @@ class Trainer:
             from ..distributed import rank_seed
 
             key_seed = rank_seed(self.seed, self._dist.rank)
-        options = StepOptions(loss, self.optimizer, params, self.policy, key_seed)
+        options = StepOptions(loss, self.optimizer, params, self.policy, key_seed,
+                              self.clip_grad_norm, self.accumulate)
         self.input_names = data_inputs(self._model)
         self.step_graph: StepGraph | None = None
         if self._dist is None:
             # _step_graph: a step graph read back (from_artifacts), not built again.
             self.step_graph = _step_graph or build_step_graph(self._model, options)
             if self.placement.portable and _step_graph is None:
-                self.step_graph = _portable(self.step_graph, key_seed)
+                self.step_graph = portable_graph(self.step_graph, key_seed)
             self.param_names = self.step_graph.param_names
             self.training_model = TrainingModel(self.step_graph.model)
-            self.runtime = StepRuntime(self.step_graph, threads, placement=self.placement)
+            if self.step_graph.apply_model is None:
+                self.runtime = StepRuntime(self.step_graph, threads, placement=self.placement)
+            elif self.placement.is_cpu:
+                self.runtime = AccumulatingRuntime(self.step_graph, threads)
+            else:
+                raise NotImplementedError("accumulate > 1 trains on the CPU only for now: "
+                                          "leave providers, portable and device unset")
             self._rng = [(e.input, e.output, e.initial) for e in self.step_graph.of_kind("rng")]
             opt_states = self.step_graph.of_kind("optimizer")
             self.state_names = {s: [e.input for e in opt_states if e.slot == s]
@@ -214,6 +216,8 @@ class Trainer:
         self.T = 1
         self.lr = float(self.optimizer.lr)
         self.skipped = 0
+        if self.schedule is not None:
+            self.lr = _schedules.lr_at(self.schedule, self.T)
 
     def _states(self) -> dict[str, np.ndarray]:
         """Every state buffer (what a checkpoint holds), by its input name."""
@@ -229,7 +233,21 @@ class Trainer:
 
     @learning_rate.setter
     def learning_rate(self, value: float) -> None:
+        if self.schedule is not None:
+            raise ValueError("learning_rate: this trainer's schedule sets it before every "
+                             "update (Trainer(schedule=None) to set it by hand)")
         self.lr = _optim.check_lr(value, "Trainer.learning_rate")
+
+    @property
+    def last_grad_norm(self) -> float | None:
+        """With ``clip_grad_norm``: the total 2-norm of the last update's gradients before
+        clipping (unscaled under ``mixed_float16``; inf or NaN for non-finite gradients,
+        as torch's ``clip_grad_norm_`` returns); None before the first update or without
+        ``clip_grad_norm``."""
+        name = self.step_graph.norm_output if self.step_graph is not None else None
+        if name is None or not getattr(self, "_updated", False):
+            return None
+        return float(self._arrays[name][0])
 
     @property
     def loss_scale(self) -> float | None:
@@ -242,10 +260,14 @@ class Trainer:
         backward and the optimizer update, in one ``run_with_iobinding``. Returns the loss
         before the update. Under ``mixed_float16`` a step whose gradients are not finite
         is skipped (the weights and moments stay, ``T`` does not advance, the loss scale
-        halves) and ``skipped`` counts it.
+        halves) and ``skipped`` counts it. With ``accumulate=k`` only every k-th call
+        updates (the others add the micro-batch's gradients); each call returns its
+        micro-batch's loss. With ``schedule`` the update's learning rate is
+        ``schedule(T - 1)``.
 
-        All or nothing (without ``comm``): if the step fails (an error from any node), no
-        state has changed (weights, optimizer state, ``T``, loss scale, Philox states).
+        All or nothing (without ``comm`` and ``accumulate``): if the step fails (an error
+        from any node), no state has changed (weights, optimizer state, ``T``, loss scale,
+        Philox states).
 
         With ``comm``: ``feeds`` is this rank's shard of the batch; every rank must call
         ``step`` the same number of times; the gradients are averaged over the ranks
@@ -253,7 +275,12 @@ class Trainer:
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise ValueError(f"step: feeds lack model inputs {missing}")
+        if self.schedule is not None:
+            self.lr = _schedules.lr_at(self.schedule, self.T)
         loss = self.runtime.run(feeds, self.lr, self.T)
+        if not getattr(self.runtime, "updated", True):
+            return loss  # a micro-batch added to the accumulation buffers: no update
+        self._updated = True  # an update ran (or was skipped): last_grad_norm is its
         if self._dist is None and not self.runtime.finite:
             self.skipped += 1  # not an update: T stays (as PyTorch's GradScaler and Keras)
         else:
@@ -270,7 +297,11 @@ class Trainer:
         params = sum(self._arrays[p].nbytes for p in self.param_names)
         state = sum(self._arrays[n].nbytes for s in self.optimizer.state
                     for n in self.state_names[s])
-        return {"parameters": params, "gradients": params, "optimizer_state": state}
+        out = {"parameters": params, "gradients": params, "optimizer_state": state}
+        if self.accumulate > 1:
+            out["accumulation"] = sum(self._arrays[e.input].nbytes
+                                      for e in self.step_graph.of_kind("grad_accum"))
+        return out
 
     # -- results -------------------------------------------------------------------------
     def parameters(self) -> dict[str, np.ndarray]:
@@ -311,32 +342,14 @@ class Trainer:
         _checkpoint.save(self, path)
 
     @classmethod
-    def load(cls, path, threads: int | None = None) -> "Trainer":
+    def load(cls, path, threads: int | None = None, schedule=None) -> "Trainer":
         """The trainer saved at ``path`` (:meth:`save`; an old ``.npz`` checkpoint too),
         ready to continue. :class:`~trainops.train.checkpoint.CheckpointError` listing
         every problem when the file is no valid checkpoint or its states do not fit the
-        trainer its model and configuration build (missing, extra, other dtype or shape)."""
-        tensors, metadata = _checkpoint.read(path)
-        if _checkpoint.MODEL_KEY not in tensors:
-            raise _checkpoint.CheckpointError(
-                f"checkpoint {os.fspath(path)!r} has no model (tensor "
-                f"{_checkpoint.MODEL_KEY!r}): load it into a Trainer of its model with "
-                "trainer.load_state(path)")
-        import json
-
-        config = json.loads(metadata["config"])
-        try:
-            optimizer = _optim.from_dict(config["optimizer"])
-            trainer = cls(tensors[_checkpoint.MODEL_KEY].tobytes(), config["loss"],
-                          optimizer, params=config["params"], policy=config["policy"],
-                          threads=threads,
-                          seed=int(metadata["seed"]) if metadata["seed"] else None)
-        except (KeyError, TypeError) as exc:
-            raise _checkpoint.CheckpointError(
-                f"checkpoint {os.fspath(path)!r}: its config cannot build a trainer "
-                f"({exc!r})") from None
-        _checkpoint.restore(trainer, tensors, metadata, path)
-        return trainer
+        trainer its model and configuration build (missing, extra, other dtype or shape).
+        ``schedule``: needed when the saved trainer's schedule was a Python function
+        (which a checkpoint cannot hold), else it replaces the saved one."""
+        return _checkpoint.load_trainer(cls, path, threads, schedule)
 
     def load_state(self, path) -> None:
         """Continue from the checkpoint at ``path`` in this trainer (the same model,
@@ -352,7 +365,12 @@ class Trainer:
         ``training.onnx`` (one step), ``eval.onnx`` (forward and loss, no update),
         ``inference.onnx`` (:meth:`export`), ``checkpoint.safetensors`` (every state) and
         ``manifest.json``. Stock ONNX Runtime with the trainops library loaded trains from
-        them in any language; :meth:`from_artifacts` resumes here. Returns the manifest."""
+        them in any language; :meth:`from_artifacts` resumes here. Returns the manifest.
+        Not with ``accumulate`` > 1 (two models) yet; a ``schedule`` is not part of them
+        (the loop feeds ``lr``)."""
+        if self.accumulate > 1:
+            raise NotImplementedError("save_artifacts with accumulate > 1 (a micro-batch "
+                                      "model and an update model) is not supported yet")
         return _artifacts.save(self, directory)
 
     @classmethod
