@@ -20,15 +20,19 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["KINDS", "PREFIX", "StateEntry", "StepGraph", "StepOptions", "check_policy"]
+__all__ = ["BATCHNORM_MODES", "KINDS", "PREFIX", "StateEntry", "StepGraph", "StepOptions", "check_policy"]
 
 PREFIX = "trainops"  # prefix of the names the builders add to a model
 
 # State kinds, in the order the single-process builder lists them (the runtime's buffer
 # order, hence the order of a checkpoint's values).
-KINDS = ("param", "optimizer", "loss_scale", "fp16_copy", "rng")
+KINDS = ("param", "optimizer", "loss_scale", "fp16_copy", "rng", "bn_stat")
 
 POLICIES = ("float32", "float64", "mixed_float16")
+
+# How a Trainer treats BatchNormalization: "train" (batch statistics, running statistics
+# updated as state, as PyTorch's model.train()) or "frozen" (the inference form).
+BATCHNORM_MODES = ("train", "frozen")
 
 
 def check_policy(policy: str, optimizer) -> str:
@@ -55,7 +59,9 @@ class StepOptions:
       (:func:`trainops.train.graph.default_params`);
     - ``policy``: ``"float32"``, ``"float64"`` or ``"mixed_float16"``;
     - ``key_seed``: the 64-bit seed that keys the Philox nodes (a Trainer's ``seed``, or
-      with ``comm`` :func:`trainops.distributed.rank_seed` of it and the rank).
+      with ``comm`` :func:`trainops.distributed.rank_seed` of it and the rank);
+    - ``batchnorm``: ``"train"`` (batch statistics; the running statistics are ``bn_stat``
+      states updated each step) or ``"frozen"`` (the inference form).
     """
 
     loss: str
@@ -63,9 +69,12 @@ class StepOptions:
     params: Sequence[str] | None = None
     policy: str = "float32"
     key_seed: int = 0
+    batchnorm: str = "train"
 
     def __post_init__(self) -> None:
         self.policy = check_policy(self.policy, self.optimizer)
+        if self.batchnorm not in BATCHNORM_MODES:
+            raise ValueError(f"batchnorm {self.batchnorm!r}: expected 'train' or 'frozen'")
         if self.params is not None:
             self.params = list(self.params)
 
@@ -75,9 +84,11 @@ class StepOptions:
         return self.policy == "mixed_float16"
 
     def to_manifest(self) -> dict:
-        """JSON-ready: loss, optimizer (``to_dict()``), params, policy, key_seed."""
+        """JSON-ready: loss, optimizer (``to_dict()``), params, policy, key_seed,
+        batchnorm."""
         return {"loss": self.loss, "optimizer": self.optimizer.to_dict(),
-                "params": self.params, "policy": self.policy, "key_seed": self.key_seed}
+                "params": self.params, "policy": self.policy, "key_seed": self.key_seed,
+                "batchnorm": self.batchnorm}
 
 
 @dataclass
@@ -86,9 +97,11 @@ class StateEntry:
     new value), bound to one buffer starting at ``initial``.
 
     ``kind``: one of ``KINDS`` (``"param"``, ``"optimizer"``, ``"loss_scale"``,
-    ``"fp16_copy"``, ``"rng"``); ``param``: the parameter it belongs to (optimizer state,
-    float16 copy), else None; ``slot``: its name within the kind (the optimizer's state
-    name ``"V"``/``"H"``; ``"scale"``/``"good_steps"`` for the loss scale), else None."""
+    ``"fp16_copy"``, ``"rng"``, ``"bn_stat"``: a BatchNormalization's running statistic,
+    its input the model's initializer); ``param``: the parameter it belongs to (optimizer
+    state, float16 copy), else None; ``slot``: its name within the kind (the optimizer's
+    state name ``"V"``/``"H"``; ``"scale"``/``"good_steps"`` for the loss scale;
+    ``"mean"``/``"var"`` for a running statistic), else None."""
 
     input: str
     output: str
@@ -174,7 +187,7 @@ class StepGraph:
 
         o = manifest["options"]
         options = StepOptions(o["loss"], optim.from_dict(o["optimizer"]), o["params"],
-                              o["policy"], o["key_seed"])
+                              o["policy"], o["key_seed"], o.get("batchnorm", "train"))
         missing = [d["input"] for d in manifest["states"] if d["input"] not in values]
         if missing:
             raise ValueError(f"StepGraph.from_manifest: no values for states {missing}")
