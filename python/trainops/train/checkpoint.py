@@ -20,7 +20,8 @@ def save(trainer, path) -> None:
     if trainer.shard_optimizer:
         raise NotImplementedError("save() of a shard_optimizer trainer: each rank holds "
                                   "1/N of the optimizer state; not implemented yet")
-    config = {"loss": trainer.loss_name, "optimizer": trainer.optimizer.to_dict(),
+    config = {"loss": trainer.loss_config, "batchnorm": trainer.batchnorm,
+              "optimizer": trainer.optimizer.to_dict(),
               "params": trainer.param_names, "policy": trainer.policy, "T": trainer.T,
               "lr": trainer.lr, "skipped": trainer.skipped, "seed": trainer.seed}
     arrays = {f"value:{k}": v for k, v in trainer._arrays.items()}

@@ -38,7 +38,7 @@ def build_step_graph(model: onnx.ModelProto, options: StepOptions) -> StepGraph:
     ``loss_float32`` and the flag ``finite``."""
     params = resolve_params(model, options.loss, options.params)
     options = StepOptions(options.loss, options.optimizer, params, options.policy,
-                          options.key_seed)
+                          options.key_seed, options.batchnorm)
     bw = forward_backward(model, options)
     g, nodes, grads, values, ptypes = bw.graph, bw.nodes, bw.grads, bw.values, bw.ptypes
     mixed, opt, ps, loss = options.mixed, options.optimizer, params, options.loss
@@ -98,7 +98,7 @@ def build_step_graph(model: onnx.ModelProto, options: StepOptions) -> StepGraph:
     del g.node[:]
     g.node.extend(toposort(nodes, available))
     # Outputs: the loss, every state's new value (its input's type), the extra outputs.
-    aliased = copy_states + scale_states + params_states + opt_states + bw.rng
+    aliased = copy_states + scale_states + params_states + opt_states + bw.rng + bw.bn
     vi = {v.name: v for v in bw.inferred.value_info}
     types = {i.name: i.type for i in g.input}
     g.output.append(vi[loss_out] if loss_out in vi
@@ -125,5 +125,6 @@ def build_step_graph(model: onnx.ModelProto, options: StepOptions) -> StepGraph:
     return StepGraph(
         model=m, options=options, data_inputs=bw.data_inputs, loss_output=loss_out,
         lr_input=r_name, lr_dtype=np.float64 if r_type == TensorProto.DOUBLE else np.float32,
-        step_input=t_name, states=params_states + opt_states + scale_states + copy_states + bw.rng,
+        step_input=t_name,
+        states=params_states + opt_states + scale_states + copy_states + bw.rng + bw.bn,
         extra_outputs=list(outs), finite_output=outs[0] if outs else None)

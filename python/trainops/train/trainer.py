@@ -23,6 +23,7 @@ The work is done by: :mod:`.graph` (the step graph, :class:`~.spec.StepGraph`),
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 from typing import Any, Mapping, Sequence
@@ -32,23 +33,46 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from .. import losses as _losses
 from .. import optim as _optim
+from ..autodiff import coverage as _coverage
 from ..random import _seed_bits
 from . import checkpoint as _checkpoint
-from .backward import data_inputs
+from .backward import data_inputs, resolve_params
+from .batchnorm import inference_batchnorm
 from .graph import build_step_graph
+from .importer import import_model
 from .runtime import StepRuntime
-from .spec import StepGraph, StepOptions, check_policy
+from .spec import BATCHNORM_MODES, StepGraph, StepOptions, check_policy
 
 __all__ = ["Trainer"]
 
+log = logging.getLogger("trainops")
+
 
 class Trainer:
-    """Trains ``model`` (an ``onnx.ModelProto`` or path) whose scalar float output
-    ``loss`` is minimised, in ONNX Runtime.
+    """Trains ``model`` (an ``onnx.ModelProto``, bytes or a path; external data is loaded
+    beside a path), minimising ``loss`` in ONNX Runtime.
 
-    - ``params``: the initializers to train (default: every float initializer but those
-      that only serve as a Dropout's ratio);
+    The model is taken as exported (:func:`trainops.train.importer.import_model`): any
+    opset from 7 on (upgraded where the gradient rules need it, said in one log line),
+    initializers listed as inputs, nodes in any order, shape chains of the classic torch
+    exporter. Every op type between the parameters and the loss must have a gradient rule:
+    a GradientError lists all that do not (``python -m trainops coverage`` shows it).
+
+    - ``loss``: the name of a scalar float tensor of the model, or a
+      :mod:`trainops.losses` loss (``losses.cross_entropy("logits")``): its nodes and its
+      data input (``labels`` / ``target``) are added to the training graph, not to
+      :meth:`export`'s model;
+    - ``params``: the initializers to train (default: the float initializers that are
+      weights of an op, :mod:`trainops.train.params`; the choice is ``param_names``,
+      logged once);
+    - ``batchnorm``: ``"train"`` (default, as PyTorch's ``model.train()``): every
+      BatchNormalization normalises with the batch statistics and updates its running
+      mean and variance in place each step (with its momentum, the unbiased batch
+      variance as PyTorch does); they are state (``running_stats()``, checkpoints,
+      :meth:`export`), never parameters. ``"frozen"``: the inference form, the running
+      statistics fixed (fine-tuning);
     - ``optimizer``: :class:`trainops.optim.Adam` (default ``Adam()``), ``Adagrad`` or
       ``Momentum``;
     - ``policy``: ``"float32"`` (or ``"float64"`` for a float64 model), or
@@ -83,18 +107,24 @@ class Trainer:
     Every other graph input is data, fed to :meth:`step`.
     """
 
-    def __init__(self, model, loss: str, optimizer: _optim.Optimizer | None = None,
+    def __init__(self, model, loss: str | _losses.Loss, optimizer: _optim.Optimizer | None = None,
                  params: Sequence[str] | None = None, policy: str = "float32",
                  threads: int | None = None, seed: int | None = None, comm=None,
                  shard_optimizer: bool = False, collective_timeout: float | None = None,
-                 *, _state=None):
-        if isinstance(model, bytes):
-            model = onnx.load_from_string(model)
-        elif isinstance(model, (str, os.PathLike)):
-            model = onnx.load(os.fspath(model))
-        self._model = onnx.ModelProto()
-        self._model.CopyFrom(model)
-        self.loss_name = loss
+                 *, batchnorm: str = "train", _state=None):
+        if batchnorm not in BATCHNORM_MODES:
+            raise ValueError(f"batchnorm {batchnorm!r}: expected 'train' or 'frozen'")
+        self.batchnorm = batchnorm
+        self._model = import_model(model, batchnorm)
+        self.loss = loss
+        if isinstance(loss, _losses.Loss):
+            train_model = loss.attach(self._model)
+            self.loss_name = loss.name
+        elif isinstance(loss, str):
+            train_model, self.loss_name = self._model, loss
+        else:
+            raise TypeError(f"loss: expected a tensor name or a trainops.losses loss, got "
+                            f"{type(loss).__name__}")
         self.optimizer = optimizer if optimizer is not None else _optim.Adam()
         self.policy = check_policy(policy, self.optimizer)
         if seed is not None:
@@ -126,11 +156,19 @@ class Trainer:
             from ..distributed import rank_seed
 
             key_seed = rank_seed(self.seed, self._dist.rank)
-        options = StepOptions(loss, self.optimizer, params, self.policy, key_seed)
-        self.input_names = data_inputs(self._model)
+        chosen = resolve_params(train_model, self.loss_name, params)
+        if params is None:
+            size = sum(int(np.prod(i.dims)) for i in train_model.graph.initializer
+                       if i.name in set(chosen))
+            log.info("training %d parameters (%d values) chosen by default: %s%s", len(chosen),
+                     size, ", ".join(chosen[:8]), ", ..." if len(chosen) > 8 else "")
+        _coverage.check(train_model, self.loss_name, chosen, batchnorm == "train")
+        options = StepOptions(self.loss_name, self.optimizer, chosen, self.policy, key_seed,
+                              batchnorm)
+        self.input_names = data_inputs(train_model)
         self.step_graph: StepGraph | None = None
         if self._dist is None:
-            self.step_graph = build_step_graph(self._model, options)
+            self.step_graph = build_step_graph(train_model, options)
             self.param_names = self.step_graph.param_names
             self.training_model = self.step_graph.model
             self.runtime = StepRuntime(self.step_graph, threads)
@@ -138,12 +176,14 @@ class Trainer:
             opt_states = self.step_graph.of_kind("optimizer")
             self.state_names = {s: [e.input for e in opt_states if e.slot == s]
                                 for s in self.optimizer.state}
+            self._bn = [e.input for e in self.step_graph.of_kind("bn_stat")]
         else:
             from .dist_graph import build_distributed
             from .dist_runtime import DistributedRuntime
 
-            graphs = build_distributed(self._model, options, self._dist.size,
+            graphs = build_distributed(train_model, options, self._dist.size,
                                        self.shard_optimizer)
+            self._bn = [e.input for e in graphs.bn]
             self.param_names = list(graphs.options.params)
             self.gradient_model = graphs.gradient_model
             self.optimizer_model = graphs.optimizer_model
@@ -219,19 +259,33 @@ class Trainer:
         return {n: self._arrays[n].copy() for s in self.optimizer.state
                 for n in self.state_names[s]}
 
+    def running_stats(self) -> dict[str, np.ndarray]:
+        """The BatchNormalization running means and variances (copies) by initializer
+        name: updated each step under ``batchnorm="train"``, else empty."""
+        return {n: self._arrays[n].copy() for n in self._bn}
+
+    @property
+    def loss_config(self):
+        """The loss as a checkpoint stores it: a tensor name or a loss' ``to_dict()``."""
+        return self.loss.to_dict() if isinstance(self.loss, _losses.Loss) else self.loss
+
     def export(self) -> onnx.ModelProto:
-        """The original model (inference graph, loss included) with the trained weights:
-        no trainops op, so plain onnxruntime runs it. Its Dropout nodes are plain ONNX
-        ``Dropout`` in inference mode (as PyTorch's ``model.eval()``): any
-        ``training_mode`` input is removed, so they pass their input through."""
+        """The model as imported (inference graph, a :mod:`trainops.losses` loss left out)
+        with the trained weights and running statistics: no trainops op, so plain
+        onnxruntime runs it. Its Dropout nodes are plain ONNX ``Dropout`` in inference
+        mode (as PyTorch's ``model.eval()``): any ``training_mode`` input is removed, so
+        they pass their input through; its BatchNormalization nodes are in the inference
+        form, with the running statistics."""
         m = onnx.ModelProto()
         m.CopyFrom(self._model)
+        inference_batchnorm(m)
         for n in m.graph.node:
             if n.op_type == "Dropout" and n.domain in ("", "ai.onnx") and len(n.input) > 2:
                 ins = list(n.input[:2])
                 del n.input[:]
                 n.input.extend(ins)
         params = self.parameters()
+        params.update(self.running_stats())
         for init in m.graph.initializer:
             if init.name in params:
                 init.CopyFrom(numpy_helper.from_array(params[init.name], init.name))
@@ -254,6 +308,9 @@ class Trainer:
     def load(cls, path, threads: int | None = None) -> "Trainer":
         """The trainer saved at ``path`` (:meth:`save`), ready to continue."""
         model, config, state = _checkpoint.read(path)
-        return cls(model, config["loss"], _optim.from_dict(config["optimizer"]),
+        loss = config["loss"]
+        loss = _losses.from_dict(loss) if isinstance(loss, dict) else loss
+        return cls(model, loss, _optim.from_dict(config["optimizer"]),
                    params=config["params"], policy=config["policy"], threads=threads,
-                   seed=config.get("seed"), _state=state)
+                   seed=config.get("seed"), batchnorm=config.get("batchnorm", "train"),
+                   _state=state)

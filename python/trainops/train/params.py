@@ -1,0 +1,77 @@
+"""Which initializers a Trainer trains by default (:func:`default_params`).
+
+The rule: a float initializer is a parameter when an op reads it as a WEIGHT:
+
+- at a weight position of a layer op (:data:`WEIGHT_INPUTS`): Conv/ConvTranspose W and
+  B, Gemm's A/B/C, MatMul's operands, the scale and bias of BatchNormalization,
+  InstanceNormalization, LayerNormalization and GroupNormalization, Gather's data (an
+  embedding table), RNN/GRU/LSTM W, R, B (and LSTM's peepholes P), PRelu's slope, Einsum's
+  operands;
+- as an operand of elementwise Add/Sub/Mul/Div when it has more than one element (a bias,
+  a per-channel scale, a positional embedding); a 0-d or one-element operand is a setting
+  (an epsilon, ``sqrt(d_k)``, GELU's 0.5), not a weight;
+- through a view of it that one of those reads (Identity, Cast, Transpose, Reshape,
+  Squeeze, Unsqueeze, Flatten, Expand of the initializer: how exporters write ``W.T``).
+
+Never a parameter: integer and bool initializers, anything read only as a shape, axes,
+pads, ratio, scale factor, exponent or clip bound, and the BatchNormalization running
+statistics (state: :mod:`.batchnorm`). ``Trainer(params=[...])`` trains any float
+initializers instead.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto
+
+__all__ = ["ELEMENTWISE", "VIEWS", "WEIGHT_INPUTS", "default_params"]
+
+FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+# op type -> the input positions that are weights (None: every input).
+WEIGHT_INPUTS: dict[str, tuple[int, ...] | None] = {
+    "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (0, 1, 2), "MatMul": (0, 1),
+    "Einsum": None, "BatchNormalization": (1, 2), "InstanceNormalization": (1, 2),
+    "LayerNormalization": (1, 2), "GroupNormalization": (1, 2), "Gather": (0,),
+    "RNN": (1, 2, 3), "GRU": (1, 2, 3), "LSTM": (1, 2, 3, 7), "PRelu": (1,),
+}
+ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
+# Ops that pass a weight on unchanged in value (input 0): the initializer behind them is
+# the weight.
+VIEWS = frozenset({"Identity", "Cast", "Transpose", "Reshape", "Squeeze", "Unsqueeze",
+                   "Flatten", "Expand"})
+
+
+def _size(init: onnx.TensorProto) -> int:
+    n = 1
+    for d in init.dims:
+        n *= int(d)
+    return n
+
+
+def default_params(model: onnx.ModelProto) -> list[str]:
+    """The float initializers of ``model``'s main graph that are weights (the module's
+    rule), in initializer order."""
+    g = model.graph
+    inits = {i.name: i for i in g.initializer if i.data_type in FLOATS}
+    # Each view's output stands for the initializer it views.
+    origin: dict[str, str] = {}
+    for n in g.node:
+        if n.op_type in VIEWS and n.domain in ("", "ai.onnx") and n.input and n.output:
+            src = origin.get(n.input[0], n.input[0])
+            if src in inits:
+                origin[n.output[0]] = src
+    weights: set[str] = set()
+    for n in g.node:
+        if n.domain not in ("", "ai.onnx"):
+            continue
+        slots = WEIGHT_INPUTS.get(n.op_type, ())
+        for k, name in enumerate(n.input):
+            src = origin.get(name, name)
+            if not name or src not in inits:
+                continue
+            if (slots is None or k in slots) and n.op_type in WEIGHT_INPUTS:
+                weights.add(src)
+            elif n.op_type in ELEMENTWISE and _size(inits[src]) > 1:
+                weights.add(src)
+    return [name for name in inits if name in weights]
