@@ -13,7 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..autodiff import GradientError, build_backward, infer
 from ..autodiff.backward import default_opset, toposort
-from ..autodiff.graph import Builder
+from ..autodiff.graph import Builder, skeleton
 from .batchnorm import training_batchnorm
 from .fp16 import to_fp16_graph
 from .params import default_params
@@ -127,12 +127,10 @@ def forward_backward(model: onnx.ModelProto, options: StepOptions) -> Backward:
             values[init.name] = numpy_helper.to_array(init)
             ptypes[init.name] = init.data_type
 
-    g = onnx.GraphProto()
-    g.CopyFrom(src.graph)
+    g = skeleton(src, limit=-1)[0].graph  # a copy without any initializer ...
     g.name = (src.graph.name or "model") + "_training"
-    keep = [i for i in g.initializer if i.name not in values]
-    del g.initializer[:]
-    g.initializer.extend(keep)
+    del g.input[len(src.graph.input):]
+    g.initializer.extend(i for i in src.graph.initializer if i.name not in values)  # ... but these
     del g.output[:]
     copies = {}
     if mixed and bn:

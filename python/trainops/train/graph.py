@@ -46,7 +46,7 @@ def build_step_graph(model: onnx.ModelProto, options: StepOptions) -> StepGraph:
     r_name, t_name = f"{_P}/lr", f"{_P}/T"
     new = {p: f"{_P}/new/{p}" for p in ps}
     opt_states = [StateEntry(f"{_P}/{s}/{p}", f"{_P}/new/{s}/{p}", "optimizer",
-                             np.zeros_like(values[p]), param=p, slot=s)
+                             np.zeros(values[p].shape, values[p].dtype), param=p, slot=s)
                   for s in opt.state for p in ps]
     state_in = [e.input for e in opt_states]
     state_out = [e.output for e in opt_states]

@@ -30,6 +30,7 @@ from onnx import helper
 from ..autodiff import GradientError, toposort
 from ..autodiff.backward import default_opset
 from ..autodiff.coverage import opset_needs
+from ..autodiff.graph import skeleton
 from .batchnorm import unshare_running_stats
 from .fold import fold_shape_constants
 
@@ -91,13 +92,19 @@ def upgrade(m: onnx.ModelProto, train_batchnorm: bool, name: str) -> onnx.ModelP
         return m
     from onnx import version_converter
 
+    light, big = skeleton(m)
     try:
-        out = version_converter.convert_version(m, target)
+        out = version_converter.convert_version(light, target)
     except Exception as exc:  # noqa: BLE001 - the converter's errors are of many types
         raise GradientError(f"{name} imports opset {opset}; training needs opset {target} "
                             f"({', '.join(w for w, v in needs.items() if v > opset)}) and "
                             f"onnx's version converter failed: {exc}. Export the model with "
                             f"opset_version={target} or later") from exc
+    names = {i.name for i in big}
+    keep = [i for i in out.graph.input if i.name not in names]
+    del out.graph.input[:]
+    out.graph.input.extend(keep)
+    out.graph.initializer.extend(big)
     # The converter may write its own (newest) IR version: keep the oldest that fits, which
     # older onnxruntimes read.
     out.ir_version = max(m.ir_version, helper.find_min_ir_version_for(
