@@ -98,10 +98,10 @@ def path_nodes(graph: onnx.GraphProto, loss: str, params: Sequence[str],
     for n in graph.node:
         if id(n) not in ancestors or not any(i in needs for i in n.input):
             continue
-        out.append(n)
-        for o in n.output:
-            if o and (types.get(o) is None or types[o] in FLOAT_TYPES):
-                needs.add(o)
+        floats = [o for o in n.output if o and (types.get(o) is None or types[o] in FLOAT_TYPES)]
+        if floats:  # a node with integer outputs only (Shape, ArgMax) passes no gradient
+            out.append(n)
+            needs.update(floats)
     return out
 
 

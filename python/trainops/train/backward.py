@@ -50,6 +50,17 @@ def resolve_params(model: onnx.ModelProto, loss: str, params) -> list[str]:
     return params
 
 
+def _sorted(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` (without large initializers' data) with its nodes in
+    topological order, for inference: the rewrites append nodes, keeping positions."""
+    m, _ = skeleton(model)
+    names = {i.name for i in m.graph.input} | {i.name for i in m.graph.initializer}
+    nodes = toposort(list(m.graph.node), names)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    return m
+
+
 def data_inputs(model: onnx.ModelProto) -> list[str]:
     """The model's inputs that are not initializers: the data fed on every step."""
     inits = {i.name for i in model.graph.initializer}
@@ -120,7 +131,7 @@ def forward_backward(model: onnx.ModelProto, options: StepOptions) -> Backward:
     src = training_source(model)
     opset = default_opset(src)
     bn = training_batchnorm(src, options.batchnorm, opset, params)
-    inferred = infer(src).graph
+    inferred = infer(_sorted(src)).graph
     ptypes, values = {}, {}
     for init in src.graph.initializer:
         if init.name in params:

@@ -130,37 +130,46 @@ def training_batchnorm(model: onnx.ModelProto, mode: str, opset: int,
         mean, var = ins[3], ins[4]
         old_outs = list(n.output) + [""] * (3 - len(n.output))
         momentum = float(attr(n, "momentum", 0.9))
-        biased = f"{_P}/bn/{k}/biased_var"
-        del n.output[:]
-        n.output.extend([old_outs[0], f"{_P}/new/{mean}", biased])
-        _set_training_mode(n, True)
-        dt = numpy_helper.to_array(inits[var]).dtype
+        p = f"{_P}/bn/{k}"
+        value = numpy_helper.to_array(inits[var])
+        dt = value.dtype
 
-        def const(name, value, dtype):
+        def const(name, v):
             g.node.append(helper.make_node("Constant", [], [name], name=name + "/node",
-                                           value=numpy_helper.from_array(
-                                               np.asarray(value, dtype), name)))
+                                           value=numpy_helper.from_array(np.asarray(v), name)))
             return name
 
-        p = f"{_P}/bn/{k}"
-        # new = biased + (biased - momentum * var) / (n - 1): momentum * var +
-        # (1 - momentum) * n / (n - 1) * batch_var, PyTorch's unbiased update.
+        # The node gets a zero running variance, its variance output then is
+        # (1 - momentum) * biased_batch_var, and the update below reads the old variance
+        # itself. Why: onnxruntime may compute the variance output in place over input 4's
+        # buffer (even over an initializer's, across runs), and may place the update's
+        # intermediates in the state's bound buffer. The zero is var - var, computed each
+        # run (0 whether it reads the old value or the update's first intermediate); its
+        # node comes after the BatchNormalization in the list, so that no node moves (the
+        # Philox keys are node positions): the builders sort the graph.
+        g.node.append(helper.make_node("Sub", [var, var], [f"{p}/zero"], name=f"{p}/zero"))
+        n.input[4] = f"{p}/zero"
+        del n.output[:]
+        n.output.extend([old_outs[0], f"{_P}/new/{mean}", f"{p}/batch_var"])
+        _set_training_mode(n, True)
+        # new = momentum * var + (1 - momentum) * n / (n - 1) * batch_var: PyTorch's update
+        # with the unbiased batch variance (n: elements per channel).
         extra = [
             helper.make_node("Size", [ins[0]], [f"{p}/size"]),
-            helper.make_node("Size", [var], [f"{p}/channels"]),
-            helper.make_node("Div", [f"{p}/size", f"{p}/channels"], [f"{p}/n"]),
-            helper.make_node("Sub", [f"{p}/n", const(f"{p}/one", 1, np.int64)], [f"{p}/n-1"]),
-            helper.make_node("Cast", [f"{p}/n-1"], [f"{p}/n-1/float"],
+            helper.make_node("Div", [f"{p}/size", const(f"{p}/channels",
+                                                       np.int64(value.size))], [f"{p}/n"]),
+            helper.make_node("Cast", [f"{p}/n"], [f"{p}/n/float"],
                              to=helper.np_dtype_to_tensor_dtype(dt)),
-            helper.make_node("Mul", [var, const(f"{p}/momentum", momentum, dt)],
+            helper.make_node("Sub", [f"{p}/n/float", const(f"{p}/one", dt.type(1))],
+                             [f"{p}/n-1"]),
+            helper.make_node("Div", [f"{p}/n/float", f"{p}/n-1"], [f"{p}/bessel"]),
+            helper.make_node("Mul", [f"{p}/batch_var", f"{p}/bessel"], [f"{p}/added"]),
+            helper.make_node("Mul", [var, const(f"{p}/momentum", dt.type(momentum))],
                              [f"{p}/kept"]),
-            helper.make_node("Sub", [biased, f"{p}/kept"], [f"{p}/added"]),
-            helper.make_node("Div", [f"{p}/added", f"{p}/n-1/float"], [f"{p}/correction"]),
-            helper.make_node("Add", [biased, f"{p}/correction"], [f"{_P}/new/{var}"]),
+            helper.make_node("Add", [f"{p}/kept", f"{p}/added"], [f"{_P}/new/{var}"]),
         ]
         for e in extra:
-            if not e.name:
-                e.name = f"{p}/{e.op_type}/{e.output[0].rsplit('/', 1)[-1]}"
+            e.name = f"{p}/{e.op_type}/{e.output[0].rsplit('/', 1)[-1]}"
         g.node.extend(extra)
         for old, new in ((old_outs[1], f"{_P}/new/{mean}"), (old_outs[2], f"{_P}/new/{var}")):
             if old in read:  # another node reads the node's own outputs: keep them
