@@ -162,7 +162,9 @@ class Trainer:
                        if i.name in set(chosen))
             log.info("training %d parameters (%d values) chosen by default: %s%s", len(chosen),
                      size, ", ".join(chosen[:8]), ", ..." if len(chosen) > 8 else "")
-        _coverage.check(train_model, self.loss_name, chosen, batchnorm == "train")
+        # Every op type between the parameters and the loss, each with its rule
+        # (GradientError listing all that have none).
+        self.coverage = _coverage.check(train_model, self.loss_name, chosen, batchnorm == "train")
         options = StepOptions(self.loss_name, self.optimizer, chosen, self.policy, key_seed,
                               batchnorm)
         self.input_names = data_inputs(train_model)
