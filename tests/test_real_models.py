@@ -90,7 +90,16 @@ def _compare(tr, p, ref_losses, ref_params, got_losses, rtol=2e-5, atol=2e-6):
 STEPS, LR = 3, 0.01
 
 
-@pytest.mark.parametrize("op", ["GRU", "LSTM"])
+ORT = tuple(int(v) for v in ort.__version__.split(".")[:2])
+# onnxruntime 1.17.3: with its basic graph optimizations on, two identical runs of the LSTM
+# training graph give different gradients (the first is right; ORT_DISABLE_ALL makes them
+# agree): state kept across runs in an optimized-away constant. Seen only there.
+OLD_LSTM = pytest.mark.xfail(ORT < (1, 18), strict=False,
+                             reason="onnxruntime 1.17's optimized LSTM training graph "
+                                    "changes between identical runs")
+
+
+@pytest.mark.parametrize("op", ["GRU", pytest.param("LSTM", marks=OLD_LSTM)])
 def test_rnn_classifier_as_torch_exports_it(library_path, op):
     """Batch-first GRU/LSTM with the Shape/Expand chain for the initial state, a Gemm head
     and losses.cross_entropy: 3 Adam steps against numpy BPTT (float64)."""
