@@ -106,15 +106,21 @@ def test_default_params_are_the_weights_of_ops():
          helper.make_node("Gather", ["emb", "ids"], ["e"]),         # an embedding table
          helper.make_node("BatchNormalization", ["x4", "s", "beta", "rm", "rv"], ["bn"]),
          helper.make_node("Dropout", ["a4", "ratio"], ["d"]),
-         helper.make_node("Pow", ["d", "two"], ["p"])],             # an exponent
+         helper.make_node("Pow", ["d", "two"], ["p"]),              # an exponent
+         # torch's RNN weights in ONNX's gate order, constants not folded
+         helper.make_node("Slice", ["raw", "zero1", "one1"], ["r0"]),
+         helper.make_node("Concat", ["r0", "raw"], ["rc"], axis=0),
+         helper.make_node("MatMul", ["x", "rc"], ["q"])],
         "g", [helper.make_tensor_value_info(n, F32, None) for n in ("x", "x4")]
         + [helper.make_tensor_value_info("ids", TensorProto.INT64, None)], [],
         [numpy_helper.from_array(np.ones(s, np.float32), n) for n, s in
          [("Wt", (5, 3)), ("eps", ()), ("bias", (5,)), ("emb", (7, 2)), ("s", (2,)),
-          ("beta", (2,)), ("rm", (2,)), ("rv", (2,)), ("ratio", ()), ("two", (2,))]]
-        + [numpy_helper.from_array(np.array([-1], np.int64), "shape")])
+          ("beta", (2,)), ("rm", (2,)), ("rv", (2,)), ("ratio", ()), ("two", (2,)),
+          ("raw", (2, 3))]]
+        + [numpy_helper.from_array(np.array(v, np.int64), k) for k, v in
+           [("shape", [-1]), ("zero1", [0]), ("one1", [1])]])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
-    assert default_params(m) == ["Wt", "bias", "emb", "s", "beta"]
+    assert default_params(m) == ["Wt", "bias", "emb", "s", "beta", "raw"]
 
 
 def test_losses_nll_and_mse_against_numpy(library_path):

@@ -11,7 +11,9 @@ The rule: a float initializer is a parameter when an op reads it as a WEIGHT:
   a per-channel scale, a positional embedding); a 0-d or one-element operand is a setting
   (an epsilon, ``sqrt(d_k)``, GELU's 0.5), not a weight;
 - through a view of it that one of those reads (Identity, Cast, Transpose, Reshape,
-  Squeeze, Unsqueeze, Flatten, Expand of the initializer: how exporters write ``W.T``).
+  Squeeze, Unsqueeze, Flatten, Expand, Slice, Split of the initializer, or a Concat of
+  such: how exporters write ``W.T``, and torch's RNN weights in ONNX's gate order when
+  constants are not folded).
 
 Never a parameter: integer and bool initializers, anything read only as a shape, axes,
 pads, ratio, scale factor, exponent or clip bound, and the BatchNormalization running
@@ -36,10 +38,10 @@ WEIGHT_INPUTS: dict[str, tuple[int, ...] | None] = {
     "RNN": (1, 2, 3), "GRU": (1, 2, 3), "LSTM": (1, 2, 3, 7), "PRelu": (1,),
 }
 ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
-# Ops that pass a weight on unchanged in value (input 0): the initializer behind them is
-# the weight.
+# Ops that pass a weight's values on, rearranged (input 0; Concat: every input): the
+# initializers behind them are the weights.
 VIEWS = frozenset({"Identity", "Cast", "Transpose", "Reshape", "Squeeze", "Unsqueeze",
-                   "Flatten", "Expand"})
+                   "Flatten", "Expand", "Slice", "Split", "Concat"})
 
 
 def _size(init: onnx.TensorProto) -> int:
@@ -54,24 +56,28 @@ def default_params(model: onnx.ModelProto) -> list[str]:
     rule), in initializer order."""
     g = model.graph
     inits = {i.name: i for i in g.initializer if i.data_type in FLOATS}
-    # Each view's output stands for the initializer it views.
-    origin: dict[str, str] = {}
+    # Each view's output stands for the initializers it views.
+    origin: dict[str, set[str]] = {name: {name} for name in inits}
     for n in g.node:
-        if n.op_type in VIEWS and n.domain in ("", "ai.onnx") and n.input and n.output:
-            src = origin.get(n.input[0], n.input[0])
-            if src in inits:
-                origin[n.output[0]] = src
+        if n.domain not in ("", "ai.onnx") or n.op_type not in VIEWS:
+            continue
+        srcs = n.input if n.op_type == "Concat" else n.input[:1]
+        found = set().union(*(origin.get(i, set()) for i in srcs if i))
+        if found:
+            for o in n.output:
+                if o:
+                    origin[o] = found
     weights: set[str] = set()
     for n in g.node:
         if n.domain not in ("", "ai.onnx"):
             continue
         slots = WEIGHT_INPUTS.get(n.op_type, ())
         for k, name in enumerate(n.input):
-            src = origin.get(name, name)
-            if not name or src not in inits:
+            srcs = origin.get(name, set()) if name else set()
+            if not srcs:
                 continue
-            if (slots is None or k in slots) and n.op_type in WEIGHT_INPUTS:
-                weights.add(src)
-            elif n.op_type in ELEMENTWISE and _size(inits[src]) > 1:
-                weights.add(src)
+            if n.op_type in WEIGHT_INPUTS and (slots is None or k in slots):
+                weights |= srcs
+            elif n.op_type in ELEMENTWISE:
+                weights |= {src for src in srcs if _size(inits[src]) > 1}
     return [name for name in inits if name in weights]
