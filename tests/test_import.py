@@ -37,7 +37,8 @@ def mlp(opset=17, shuffle=False, inputs_too=False):
     inputs = [helper.make_tensor_value_info("x", F32, [4, 3])]
     if inputs_too:
         inputs += [helper.make_tensor_value_info(k, F32, list(v.shape)) for k, v in w.items()]
-    g = helper.make_graph(nodes, "mlp", inputs, [helper.make_tensor_value_info("logits", F32, [4, 2])],
+    g = helper.make_graph(nodes, "mlp", inputs,
+                          [helper.make_tensor_value_info("logits", F32, [4, 2])],
                           [numpy_helper.from_array(v, k) for k, v in w.items()])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
     m.ir_version = 3 if inputs_too else IR_VERSION
@@ -90,7 +91,8 @@ def test_external_data_is_loaded_from_the_path(library_path, tmp_path):
 def test_shape_chains_are_folded_so_ranks_are_known():
     """The classic exporter's chains: onnx's inference alone loses the ranks."""
     model, *_ = ex.encoder_block()
-    lost = {v.name for v in infer(model).graph.value_info if not v.type.tensor_type.HasField("shape")}
+    lost = {v.name for v in infer(model).graph.value_info
+            if not v.type.tensor_type.HasField("shape")}
     assert "qkv" in lost and "q" in lost
     vi = {v.name: v for v in infer(import_model(model)).graph.value_info}
     assert [d.dim_value for d in vi["qkv"].type.tensor_type.shape.dim] == [3, 3, 2, 4]

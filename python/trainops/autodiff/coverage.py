@@ -157,8 +157,11 @@ def check(model: onnx.ModelProto, loss: str, params: Sequence[str],
     rows = coverage(model, loss, params, train_batchnorm)
     missing = [r for r in rows if not r.rule]
     if missing:
-        parts = [f"{r.domain + '::' if r.domain else ''}{r.op_type}: {r.why} ("
-                 f"{', '.join(r.nodes[:3])}{f' and {len(r.nodes) - 3} more' if len(r.nodes) > 3 else ''})"
+        def nodes(r: OpCoverage) -> str:
+            more = f" and {len(r.nodes) - 3} more" if len(r.nodes) > 3 else ""
+            return ", ".join(r.nodes[:3]) + more
+
+        parts = [f"{r.domain + '::' if r.domain else ''}{r.op_type}: {r.why} ({nodes(r)})"
                  for r in missing]
         raise GradientError(f"{len(missing)} op type(s) between the parameters and the loss "
                             f"{loss!r} have no gradient rule: " + "; ".join(parts))
