@@ -8,6 +8,7 @@ does not load is a failure, not a skip.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -30,6 +31,21 @@ def _find_library() -> tuple[str | None, str]:
         return get_library_path(), ""
     except FileNotFoundError as exc:
         return None, str(exc)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: minutes-long (VGG-19's 144M parameters); runs "
+                                       "only with TRAINOPS_SLOW_TESTS=1 (CI sets it for one "
+                                       "of its runs)")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("TRAINOPS_SLOW_TESTS") == "1":
+        return
+    skip = pytest.mark.skip(reason="slow: set TRAINOPS_SLOW_TESTS=1 to run it")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
 
 
 def pytest_report_header(config):

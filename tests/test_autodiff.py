@@ -267,6 +267,15 @@ def test_batch_norm_inference():
           ["x", "s", "b", "m", "v"])
 
 
+@pytest.mark.parametrize("shape", [(4, 3, 2, 2), (5, 3)])
+def test_batch_norm_training_mode(shape):
+    # Batch statistics (the running ones are inputs with no gradient): finite differences
+    # of onnxruntime's own training-mode BatchNormalization.
+    ins = {"x": r(*shape), "s": r(3), "b": r(3), "m": r(3), "v": r(3, lo=0.5)}
+    check([node("BatchNormalization", ["x", "s", "b", "m", "v"], ["y", "rm", "rv"],
+                epsilon=1e-3, training_mode=1)], ins, ["x", "s", "b"])
+
+
 @pytest.mark.parametrize("axis", [-1, 1])
 def test_layer_norm(axis):
     norm = (4,) if axis == -1 else (3, 4)
@@ -448,11 +457,10 @@ def test_expanded_model_imports_no_training_domain():
 
 
 def test_rule_errors_name_the_node():
-    m = _gradient_model([node("BatchNormalization", ["x", "s", "b", "m", "v"], name="bn",
-                              training_mode=1)],
-                        {k: np.zeros(s, np.float32) for k, s in
-                         [("x", (2, 3)), ("s", 3), ("b", 3), ("m", 3), ("v", 3)]}, ["x"])
-    with pytest.raises(GradientError, match=r"BatchNormalization node 'bn': training_mode=1"):
+    m = _gradient_model([node("MaxPool", ["x"], name="pool", kernel_shape=[2],
+                              storage_order=1)],
+                        {"x": np.zeros((1, 1, 4), np.float32)}, ["x"])
+    with pytest.raises(GradientError, match=r"MaxPool node 'pool': storage_order=1"):
         expand_gradients(m)
 
 

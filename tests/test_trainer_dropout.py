@@ -6,6 +6,8 @@ thread counts, seeds and checkpoints; export() in plain onnxruntime."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -18,6 +20,7 @@ from test_trainer import H, N, data, mlp_model, numpy_loss_and_grads
 from trainops import optim
 from trainops.autodiff import GradientError
 from trainops import Trainer
+from trainops.train.backward import training_source
 
 RATIO = 0.3
 SCALE = float(np.float32(1) / (np.float32(1) - np.float32(RATIO)))  # PhiloxDropout's float32
@@ -169,7 +172,7 @@ def test_mixed_float16_draws_the_same_masks(library_path):
     assert c.step(data()) == lb
 
 
-def test_bad_seeds_and_old_dropout_are_clear_errors(library_path):
+def test_bad_seeds_are_errors_and_old_dropout_is_upgraded(library_path, caplog):
     with pytest.raises(TypeError, match="seed must be an int"):
         trainer("1")
     with pytest.raises(ValueError, match="64 bits"):
@@ -177,8 +180,15 @@ def test_bad_seeds_and_old_dropout_are_clear_errors(library_path):
     old = dropout_mlp(opset=11)
     old.graph.node[-1].CopyFrom(helper.make_node("ReduceMean", ["logits"], ["loss"], keepdims=0))
     del old.graph.node[3].input[1:]
+    # The graph builder cannot train Dropout-11 ...
     with pytest.raises(GradientError, match="Dropout before opset 12"):
-        trainer(1, model=old)
+        training_source(old)
+    # ... so the Trainer upgrades the model first, and says so once.
+    with caplog.at_level(logging.INFO, logger="trainops"):
+        t = trainer(1, model=old)
+    assert caplog.text.count("upgraded the model from opset 11 to 13") == 1
+    assert len(t._rng) == 1  # its Dropout draws masks
+    assert np.isfinite(t.step(data()))
 
 
 

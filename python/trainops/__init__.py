@@ -44,7 +44,7 @@ _LAZY = {
     "configure": "device",
 }
 # Submodules that read as attributes without an explicit import (``trainops.optim.Adam``).
-_LAZY_MODULES = ("optim", "autodiff", "distributed", "random", "device")
+_LAZY_MODULES = ("optim", "autodiff", "distributed", "random", "device", "losses")
 
 __all__ = ["get_library_path", "LIBRARY_NAME", *_LAZY, *_LAZY_MODULES]
 

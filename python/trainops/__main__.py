@@ -5,6 +5,8 @@ Commands:
                 that stock onnxruntime with the library loaded trains from, in any language
   bench         throughput benchmarks against peers (trainops.bench), e.g. bench philox
   conformance   run onnx's training-domain backend test cases through onnxruntime
+  coverage      list the op types between a model's parameters and its loss, with or
+                without a gradient rule (exit 1 if any has none)
   demo          train a small CNN entirely in onnxruntime with trainops.Trainer (--distributed: on
                 MPI; --mixed: the mixed_float16 optimizer demo, numpy gradients)
   library       print the path of the custom-op library
@@ -61,6 +63,35 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
           f"{manifest['checkpoint']}, manifest.json ({len(manifest['states'])} states, "
           f"custom ops {', '.join(manifest['custom_ops']) or 'none'}; seed {trainer.seed})")
     return 0
+
+
+def _cmd_coverage(args: argparse.Namespace) -> int:
+    from . import losses
+    from .autodiff import coverage
+    from .train.importer import import_model
+    from .train.params import default_params
+
+    try:
+        model = import_model(args.model, args.batchnorm, name=args.model)
+    except (OSError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    loss = args.loss or (model.graph.output[0].name if model.graph.output else None)
+    kinds = {"cross_entropy": losses.cross_entropy, "nll": losses.nll, "mse": losses.mse}
+    if loss in kinds:  # attach that loss to the first output
+        spec = kinds[loss]()
+        model, loss = spec.attach(model), spec.name
+    tensors = {o for n in model.graph.node for o in n.output}
+    if loss not in tensors:
+        print(f"error: {loss!r} is not a node output of the model", file=sys.stderr)
+        return 2
+    params = default_params(model)
+    rows = coverage.coverage(model, loss, params, args.batchnorm == "train")
+    print(f"{args.model}: {len(params)} parameters, loss {loss!r}")
+    print(coverage.format_table(rows))
+    missing = [r for r in rows if not r.rule]
+    print(f"{len(rows) - len(missing)} of {len(rows)} op types have a gradient rule")
+    return 1 if missing else 0
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -129,6 +160,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--library", metavar="PATH",
                    help="custom-op library (default: trainops.get_library_path())")
     p.set_defaults(func=_cmd_conformance)
+
+    p = sub.add_parser("coverage",
+                       help="list the op types between the parameters and the loss, with or "
+                            "without a gradient rule",
+                       description="List every op type on the path from a model's default "
+                                   "parameters to its loss with 'rule' or 'NO RULE: why'; "
+                                   "exit 1 if any has none.")
+    p.add_argument("model", metavar="MODEL.onnx")
+    p.add_argument("--loss", metavar="NAME",
+                   help="the loss tensor, or cross_entropy / nll / mse to attach that loss "
+                        "to the first output (default: the first output)")
+    p.add_argument("--batchnorm", choices=("train", "frozen"), default="train")
+    p.set_defaults(func=_cmd_coverage)
 
     p = sub.add_parser("demo", add_help=False,
                        help="train a logistic regression with Adam steps in onnxruntime "

@@ -11,7 +11,7 @@ from onnx import helper
 from ..onnx_defs import TRAINING_DOMAIN
 from . import control
 from .graph import (FLOAT_TYPES, Builder, GradientError, attr, captures, defined_in, describe,
-                    node_inputs)
+                    node_inputs, skeleton)
 from .hygiene import cast_types, check_float, reinfer, toposort, undefined
 from .rules import RULES, Ctx
 
@@ -27,11 +27,14 @@ def default_opset(model: onnx.ModelProto) -> int:
 
 
 def infer(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with onnx's inferred shapes and types in ``value_info``."""
+    """The model with onnx's inferred shapes and types in ``value_info``; its
+    initializers over 1024 elements are graph inputs of their type and shape, without
+    their data (:func:`~.graph.skeleton`)."""
+    light, _ = skeleton(model)
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        return onnx.shape_inference.infer_shapes(light, data_prop=True)
     except Exception:  # noqa: BLE001 - inference is a help, not a requirement
-        return model
+        return light
 
 
 def build_backward(graph: onnx.GraphProto, opset: int, y: str, xs: Sequence[str],

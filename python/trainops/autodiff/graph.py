@@ -297,6 +297,39 @@ def type_name(elem_type: int | None) -> str:
         return f"element type {elem_type}"
 
 
+def skeleton(model: onnx.ModelProto, limit: int = 1024) -> tuple[onnx.ModelProto, list]:
+    """A copy of ``model`` without the data of its initializers over ``limit`` elements
+    (each becomes a graph input of its type and shape), and those initializers. Shape
+    inference and the version converter serialize the whole model: on the skeleton they
+    do not copy the weights (576 MB for VGG-19) back and forth."""
+    def copy_fields(dst, src, skip):
+        for fd, val in src.ListFields():
+            if fd.name == skip:
+                continue
+            repeated = getattr(fd, "is_repeated", None)  # protobuf >= 5.28; label before
+            if repeated is None:
+                repeated = fd.label == fd.LABEL_REPEATED
+            if repeated:
+                getattr(dst, fd.name).extend(val)
+            elif fd.message_type is not None:
+                getattr(dst, fd.name).CopyFrom(val)
+            else:
+                setattr(dst, fd.name, val)
+
+    m = onnx.ModelProto()
+    copy_fields(m, model, "graph")
+    copy_fields(m.graph, model.graph, "initializer")
+    big = []
+    for init in model.graph.initializer:
+        if int(np.prod(init.dims)) > limit:
+            big.append(init)
+            m.graph.input.append(helper.make_tensor_value_info(init.name, init.data_type,
+                                                               list(init.dims)))
+        else:
+            m.graph.initializer.append(init)
+    return m, big
+
+
 def describe(node: onnx.NodeProto) -> str:
     name = node.name or "(unnamed)"
     dom = f"{node.domain}::" if node.domain not in ("", "ai.onnx") else ""

@@ -755,11 +755,10 @@ def global_average_pool(c: Ctx):
 @rule("BatchNormalization")
 def batch_norm(c: Ctx):
     b = c.b
-    if int(c.attr("training_mode", 0)):
-        raise c.fail("training_mode=1 is not supported: the gradient covers the inference "
-                     "form (running statistics)")
     if any(g is not None for g in c.gys[1:]):
         raise c.fail("only the first output has a gradient")
+    if int(c.attr("training_mode", 0)):
+        return _batch_norm_training(c)
     X, scale, bias, mean, var = (c.x(i) for i in range(5))
     eps = float(c.attr("epsilon", 1e-5))
     r = c.rank(X)
@@ -782,6 +781,33 @@ def batch_norm(c: Ctx):
         s = b.reduce("ReduceSum", b.op("Mul", [gy, xc]), axes, 0)
         inv3 = b.op("Mul", [inv, b.op("Mul", [inv, inv])])
         out[4] = b.op("Mul", [b.op("Mul", [s, scale]), b.op("Mul", [inv3, b.scalar(-0.5, var)])])
+    return out
+
+
+def _batch_norm_training(c: Ctx):
+    """training_mode=1: Y = scale * xhat + bias with the batch statistics (biased
+    variance) over every axis but 1; the running statistics get no gradient."""
+    b = c.b
+    X, scale = c.x(0), c.x(1)
+    eps = float(c.attr("epsilon", 1e-5))
+    r = c.rank(X)
+    axes = [0] + list(range(2, r))
+    chan = lambda t: b.op("Reshape", [t, b.ints([-1] + [1] * (r - 2))])  # noqa: E731
+    xc = b.op("Sub", [X, b.reduce("ReduceMean", X, axes, 1)])
+    var = b.reduce("ReduceMean", b.op("Mul", [xc, xc]), axes, 1)
+    rstd = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [var, b.scalar(eps, X)])])])
+    xhat = b.op("Mul", [xc, rstd])
+    gy = c.gy
+    out = [None] * len(c.node.input)
+    if c.need(0):  # scale * rstd * (gy - mean(gy) - xhat * mean(gy * xhat))
+        m1 = b.reduce("ReduceMean", gy, axes, 1)
+        m2 = b.reduce("ReduceMean", b.op("Mul", [gy, xhat]), axes, 1)
+        d = b.op("Sub", [b.op("Sub", [gy, m1]), b.op("Mul", [xhat, m2])])
+        out[0] = b.op("Mul", [d, b.op("Mul", [chan(scale), rstd])])
+    if c.need(1):
+        out[1] = b.reduce("ReduceSum", b.op("Mul", [gy, xhat]), axes, 0)
+    if c.need(2):
+        out[2] = b.reduce("ReduceSum", gy, axes, 0)
     return out
 
 

@@ -4,8 +4,12 @@
   the step graph's description, its state table, ``to_manifest()``);
 - :mod:`.graph`: :func:`build_step_graph`, the one-session step graph builder (a pure
   function), with :mod:`.backward` (forward + backward, shared with the data-parallel
-  builder), :mod:`.fp16` (the float16 rewrite), :mod:`.rng` (Philox states) and
-  :mod:`.barrier` (every in-place write after every other node);
+  builder), :mod:`.fp16` (the float16 rewrite), :mod:`.rng` (Philox states) ,
+  :mod:`.barrier` (every in-place write after every other node), :mod:`.batchnorm`
+  (BatchNorm in training mode, its running statistics as state) and :mod:`.params` (the
+  default parameters);
+- :mod:`.fold`, :mod:`.importer`, :mod:`.prepare`: models as exported, made trainable, the
+  loss attached (the Trainer's first step);
 - :mod:`.runtime`: :class:`StepRuntime`, the session and the in-place bindings of a
   StepGraph;
 - :mod:`.dist_graph`, :mod:`.dist_runtime`: data-parallel training on MPI (a gradient

@@ -24,10 +24,11 @@ import onnx
 from onnx import TensorProto, helper
 
 from . import checkpoint as _checkpoint
+from .batchnorm import inference_batchnorm
 from .spec import StepGraph
 
 __all__ = ["CHECKPOINT", "FORMAT", "FORMAT_VERSION", "MANIFEST", "MODELS", "custom_ops",
-           "eval_model", "inference_mode", "load", "manifest", "read_manifest", "save"]
+           "eval_model", "eval_state", "inference_mode", "load", "manifest", "read_manifest", "save"]
 
 FORMAT = "trainops-artifacts"
 FORMAT_VERSION = 1
@@ -59,15 +60,23 @@ def _value_info(vi: onnx.ValueInfoProto) -> dict:
 
 def inference_mode(model: onnx.ModelProto) -> onnx.ModelProto:
     """A copy of ``model`` with every ONNX Dropout in inference mode (its ``training_mode``
-    input removed, as PyTorch's ``model.eval()``: it passes its input through)."""
+    input removed, as PyTorch's ``model.eval()``: it passes its input through) and every
+    BatchNormalization in the inference form (:func:`.batchnorm.inference_batchnorm`)."""
     m = onnx.ModelProto()
     m.CopyFrom(model)
+    inference_batchnorm(m)
     for n in m.graph.node:
         if n.op_type == "Dropout" and n.domain in ("", "ai.onnx") and len(n.input) > 2:
             ins = list(n.input[:2])
             del n.input[:]
             n.input.extend(ins)
     return m
+
+
+def eval_state(graph) -> list[str]:
+    """The states ``eval.onnx`` reads as inputs: the parameters, then the BatchNormalization
+    running statistics (``bn_stat``; eval normalises with them, as ``model.eval()``)."""
+    return graph.param_names + [e.input for e in graph.of_kind("bn_stat")]
 
 
 def eval_model(model: onnx.ModelProto, params, loss: str) -> onnx.ModelProto:
@@ -137,7 +146,7 @@ def manifest(graph: StepGraph, source: onnx.ModelProto, models: dict, outputs: d
                 "shape": list(outputs[name].shape)}
 
     loss = out(graph.loss_output)
-    eval_inputs = list(graph.data_inputs) + graph.param_names
+    eval_inputs = list(graph.data_inputs) + eval_state(graph)
     return {
         "format": FORMAT, "format_version": FORMAT_VERSION, "producer": _producer(),
         "min_onnxruntime": MIN_ONNXRUNTIME, "custom_op_library": CUSTOM_OP_LIBRARY,
@@ -184,7 +193,7 @@ def save(trainer, directory) -> dict:
     os.makedirs(directory, exist_ok=True)
     graph = trainer.step_graph
     models = {"training": graph.model,
-              "eval": eval_model(trainer._model, graph.param_names, graph.options.loss),
+              "eval": eval_model(trainer._train_model, eval_state(graph), graph.options.loss),
               "inference": trainer.export()}
     for key, m in models.items():
         _write_bytes(os.path.join(directory, MODELS[key]), m.SerializeToString())

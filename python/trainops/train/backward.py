@@ -13,8 +13,10 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..autodiff import GradientError, build_backward, infer
 from ..autodiff.backward import default_opset, toposort
-from ..autodiff.graph import Builder
+from ..autodiff.graph import Builder, skeleton
+from .batchnorm import training_batchnorm
 from .fp16 import to_fp16_graph
+from .params import default_params
 from .rng import philox_states
 from .spec import PREFIX as _P
 from .spec import StateEntry, StepOptions
@@ -26,18 +28,19 @@ FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16)
 
 
 def resolve_params(model: onnx.ModelProto, loss: str, params) -> list[str]:
-    """The parameters to train: ``params``, or every float initializer but those that
-    only serve as a Dropout's ratio (a setting, not a weight, as in PyTorch). ValueError
-    if ``loss`` is no tensor of the model, a param no float initializer, or none is left."""
+    """The parameters to train: ``params``, or the float initializers that are weights
+    (:func:`.params.default_params`: never a Dropout ratio, a shape, a 0-d constant or a
+    BatchNormalization running statistic). ValueError if ``loss`` is no tensor of the
+    model, a param no float initializer, or none is left."""
     g = model.graph
     if loss not in {o for n in g.node for o in n.output} | {i.name for i in g.input}:
         raise ValueError(f"loss {loss!r} is not a tensor of the model")
     float_inits = [i.name for i in g.initializer if i.data_type in FLOATS]
     if params is None:
-        ratios = {n.input[1] for n in g.node if n.op_type == "Dropout" and len(n.input) > 1}
-        other = {i for n in g.node for k, i in enumerate(n.input)
-                 if not (n.op_type == "Dropout" and k == 1)}
-        params = [p for p in float_inits if p not in ratios or p in other]
+        params = default_params(model)
+        if not params:
+            raise ValueError("the model has no float initializers that are weights of an "
+                             "op (trainops.train.params); name them with params=")
     params = list(params)
     missing = [p for p in params if p not in float_inits]
     if missing:
@@ -45,6 +48,17 @@ def resolve_params(model: onnx.ModelProto, loss: str, params) -> list[str]:
     if not params:
         raise ValueError("the model has no float initializers to train")
     return params
+
+
+def _sorted(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` (without large initializers' data) with its nodes in
+    topological order, for inference: the rewrites append nodes, keeping positions."""
+    m, _ = skeleton(model)
+    names = {i.name for i in m.graph.input} | {i.name for i in m.graph.initializer}
+    nodes = toposort(list(m.graph.node), names)
+    del m.graph.node[:]
+    m.graph.node.extend(nodes)
+    return m
 
 
 def data_inputs(model: onnx.ModelProto) -> list[str]:
@@ -91,7 +105,8 @@ class Backward:
     ``inferred``: the inferred graph (value types); ``ptypes``/``values``: each param's
     element type and initial value; ``copies``: param -> float16 copy (mixed_float16);
     ``loss_type``: the loss' element type; ``rng``: the Philox states; ``data_inputs``;
-    ``opset``: the default-domain opset of the model."""
+    ``opset``: the default-domain opset of the model; ``bn``: the BatchNormalization
+    running statistics (``bn_stat`` states, :mod:`.batchnorm`), already graph inputs."""
 
     graph: onnx.GraphProto
     nodes: list
@@ -104,6 +119,7 @@ class Backward:
     rng: list[StateEntry]
     data_inputs: list[str]
     opset: int
+    bn: list[StateEntry]
 
 
 def forward_backward(model: onnx.ModelProto, options: StepOptions) -> Backward:
@@ -114,21 +130,24 @@ def forward_backward(model: onnx.ModelProto, options: StepOptions) -> Backward:
     inputs = data_inputs(model)
     src = training_source(model)
     opset = default_opset(src)
-    inferred = infer(src).graph
+    bn = training_batchnorm(src, options.batchnorm, opset, params)
+    inferred = infer(_sorted(src)).graph
     ptypes, values = {}, {}
     for init in src.graph.initializer:
         if init.name in params:
             values[init.name] = numpy_helper.to_array(init)
             ptypes[init.name] = init.data_type
 
-    g = onnx.GraphProto()
-    g.CopyFrom(src.graph)
+    g = skeleton(src, limit=-1)[0].graph  # a copy without any initializer ...
     g.name = (src.graph.name or "model") + "_training"
-    keep = [i for i in g.initializer if i.name not in values]
-    del g.initializer[:]
-    g.initializer.extend(keep)
+    del g.input[len(src.graph.input):]
+    g.initializer.extend(i for i in src.graph.initializer if i.name not in values)  # ... but these
     del g.output[:]
     copies = {}
+    if mixed and bn:
+        raise NotImplementedError("policy 'mixed_float16' with BatchNormalization in "
+                                  "training mode is not supported yet: pass "
+                                  "batchnorm='frozen'")
     if mixed:
         for p in values:
             if ptypes[p] != TensorProto.FLOAT:
@@ -157,4 +176,4 @@ def forward_backward(model: onnx.ModelProto, options: StepOptions) -> Backward:
     b, grads = build_backward(inferred, opset, loss, wrt, seed=seed, builder=b)
     forward, rng = philox_states(src, g, inferred, options.key_seed)
     return Backward(g, forward + list(b.nodes), grads, inferred, ptypes, values, copies,
-                    loss_t, rng, inputs, opset)
+                    loss_t, rng, inputs, opset, bn)

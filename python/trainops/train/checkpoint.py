@@ -256,8 +256,11 @@ def config_of(trainer) -> dict:
     """The configuration a checkpoint records and a resumed trainer must share: loss,
     optimizer (its dict), params, policy, and the update options
     (:func:`.update_options.config_of`)."""
-    return {"loss": trainer.loss_name, "optimizer": trainer.optimizer.to_dict(),
-            "params": list(trainer.param_names), "policy": trainer.policy,
+    config = {"loss": trainer.loss_config, "optimizer": trainer.optimizer.to_dict(),
+              "params": list(trainer.param_names), "policy": trainer.policy}
+    if trainer.batchnorm != "train":  # written when not the default: older configs match
+        config["batchnorm"] = trainer.batchnorm
+    return {**config,
             **update_options.config_of(trainer)}
 
 
@@ -355,6 +358,7 @@ def restore(trainer, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, s
 
 def load_trainer(cls, path, threads=None, schedule=None):
     """The ``cls`` (Trainer) saved at ``path``: :meth:`trainops.Trainer.load`'s body."""
+    from .. import losses as _losses
     from .. import optim as _optim
 
     tensors, metadata = read(path)
@@ -366,10 +370,13 @@ def load_trainer(cls, path, threads=None, schedule=None):
     config = json.loads(metadata["config"])
     try:
         optimizer = _optim.from_dict(config["optimizer"])
-        trainer = cls(tensors[MODEL_KEY].tobytes(), config["loss"],
+        loss = config["loss"]
+        loss = _losses.from_dict(loss) if isinstance(loss, dict) else loss
+        trainer = cls(tensors[MODEL_KEY].tobytes(), loss,
                       optimizer, params=config["params"], policy=config["policy"],
                       threads=threads,
                       seed=int(metadata["seed"]) if metadata["seed"] else None,
+                      batchnorm=config.get("batchnorm", "train"),
                       **update_options.load_options(config, schedule, path))
     except (KeyError, TypeError) as exc:
         raise CheckpointError(

@@ -43,7 +43,8 @@ class DistributedGraphs:
     ``trainops/flat/grads``, ``trainops/flat/<S>``; outputs ``.../new``), ``options``
     (params resolved), ``data_inputs``, ``initial`` (param -> value), ``rng`` (Philox
     states, kind ``"rng"``), ``layout``, ``dtype`` (the parameters' numpy dtype, also
-    the learning rate's)."""
+    the learning rate's), ``bn`` (the BatchNormalization running statistics: each rank
+    keeps its own, updated from its shard of the batch; no SyncBatchNorm)."""
 
     gradient_model: onnx.ModelProto
     optimizer_model: onnx.ModelProto
@@ -54,6 +55,7 @@ class DistributedGraphs:
     rng: list[StateEntry]
     layout: Layout
     dtype: type
+    bn: list[StateEntry]
 
 
 def build_distributed(model: onnx.ModelProto, options: StepOptions, ranks: int,
@@ -62,7 +64,7 @@ def build_distributed(model: onnx.ModelProto, options: StepOptions, ranks: int,
     this rank's Philox key seed)."""
     params = resolve_params(model, options.loss, options.params)
     options = StepOptions(options.loss, options.optimizer, params, options.policy,
-                          options.key_seed)
+                          options.key_seed, options.batchnorm)
     bw = forward_backward(model, options)
     g, nodes, values, ps = bw.graph, bw.nodes, bw.values, params
     dtypes = {bw.ptypes[p] for p in ps}
@@ -98,6 +100,9 @@ def build_distributed(model: onnx.ModelProto, options: StepOptions, ranks: int,
         g.output.append(helper.make_tensor_value_info(name, ptype, list(values[p].shape)))
     for e in bw.rng:
         g.output.append(helper.make_tensor_value_info(e.output, TensorProto.UINT32, [6]))
+    for e in bw.bn:
+        g.output.append(helper.make_tensor_value_info(
+            e.output, helper.np_dtype_to_tensor_dtype(e.initial.dtype), list(e.initial.shape)))
     available = {i.name for i in g.input} | {i.name for i in g.initializer}
     del g.node[:]
     g.node.extend(toposort(nodes, available))
@@ -127,4 +132,5 @@ def build_distributed(model: onnx.ModelProto, options: StepOptions, ranks: int,
                            producer_name="trainops.Trainer")
     om.ir_version = model.ir_version
     return DistributedGraphs(gm, om, options, bw.data_inputs, grad_outputs, values, bw.rng,
-                             layout, np.float64 if ptype == TensorProto.DOUBLE else np.float32)
+                             layout, np.float64 if ptype == TensorProto.DOUBLE else np.float32,
+                             bw.bn)

@@ -95,7 +95,7 @@ class DistributedRuntime:
         lv = val(self.loss_buf)
         keep.append(lv)
         gb.bind_ortvalue_output(g.options.loss, lv)
-        for e in g.rng:  # this rank's Philox states, updated in place
+        for e in g.rng + g.bn:  # this rank's Philox states and BN statistics, in place
             self.arrays[e.input] = e.initial.copy()
             sv = val(self.arrays[e.input])
             keep.append(sv)

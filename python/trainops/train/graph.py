@@ -50,7 +50,8 @@ def build_step_graph(model: onnx.ModelProto, options: StepOptions) -> StepGraph:
     tail = update_tail(options, bw.grads, bw.values, bw.ptypes, bw.copies)
     # All or nothing (.barrier): the Philox ops write fresh tensors, every in-place write
     # runs after every other node, nodes nothing needs are dropped.
-    pending = {e.output: pending_name(e.output) for e in bw.rng}
+    written = bw.rng + bw.bn  # states the forward pass writes: Philox's, BN's statistics
+    pending = {e.output: pending_name(e.output) for e in written}
     for n in nodes:
         for i, o in enumerate(n.output):
             if o in pending:
@@ -60,13 +61,13 @@ def build_step_graph(model: onnx.ModelProto, options: StepOptions) -> StepGraph:
             v.name = pending[v.name]
     nodes = order_updates(nodes + tail.nodes, tail.writers, [loss_out] + list(pending.values()),
                           f"{_P}/T", [(pending[e.output], e.output, e.initial.shape)
-                                      for e in bw.rng], bw.opset)
+                                      for e in written], bw.opset)
     vi = {v.name: v for v in bw.inferred.value_info}
     loss_vi = vi[loss_out] if loss_out in vi else helper.make_empty_tensor_value_info(loss_out)
     if not loss_vi.type.HasField("tensor_type"):
         loss_vi.type.CopyFrom(helper.make_tensor_type_proto(
             TensorProto.FLOAT if mixed else bw.loss_type, None))
-    states = tail.states + bw.rng
+    states = tail.states + bw.rng + bw.bn
     domains = dict(tail.domains)
     if bw.rng:
         domains.setdefault(TRAINOPS_DOMAIN, 1)

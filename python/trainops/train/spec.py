@@ -20,16 +20,20 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-__all__ = ["KINDS", "PREFIX", "StateEntry", "StepGraph", "StepOptions", "check_policy",
-           "check_update_options"]
+__all__ = ["BATCHNORM_MODES", "KINDS", "PREFIX", "StateEntry", "StepGraph", "StepOptions",
+           "check_policy", "check_update_options"]
 
 PREFIX = "trainops"  # prefix of the names the builders add to a model
 
 # State kinds, in the order the single-process builder lists them (the runtime's buffer
 # order, hence the order of a checkpoint's values).
-KINDS = ("param", "optimizer", "loss_scale", "fp16_copy", "rng", "grad_accum")
+KINDS = ("param", "optimizer", "loss_scale", "fp16_copy", "rng", "grad_accum", "bn_stat")
 
 POLICIES = ("float32", "float64", "mixed_float16")
+
+# How a Trainer treats BatchNormalization: "train" (batch statistics, running statistics
+# updated as state, as PyTorch's model.train()) or "frozen" (the inference form).
+BATCHNORM_MODES = ("train", "frozen")
 
 
 def check_policy(policy: str, optimizer) -> str:
@@ -80,6 +84,8 @@ class StepOptions:
       to the gradients inside the graph before the update (:mod:`.clip`);
     - ``accumulate``: update every ``accumulate`` micro-batches on their mean gradient
       (:mod:`.accumulate`); 1: every step.
+    - ``batchnorm``: ``"train"`` (batch statistics; the running statistics are ``bn_stat``
+      states updated each step) or ``"frozen"`` (the inference form).
     """
 
     loss: str
@@ -89,11 +95,14 @@ class StepOptions:
     key_seed: int = 0
     clip_grad_norm: float | None = None
     accumulate: int = 1
+    batchnorm: str = "train"
 
     def __post_init__(self) -> None:
         self.policy = check_policy(self.policy, self.optimizer)
         self.clip_grad_norm, self.accumulate = check_update_options(self.clip_grad_norm,
                                                                     self.accumulate)
+        if self.batchnorm not in BATCHNORM_MODES:
+            raise ValueError(f"batchnorm {self.batchnorm!r}: expected 'train' or 'frozen'")
         if self.params is not None:
             self.params = list(self.params)
 
@@ -104,10 +113,11 @@ class StepOptions:
 
     def to_manifest(self) -> dict:
         """JSON-ready: loss, optimizer (``to_dict()``), params, policy, key_seed,
-        clip_grad_norm, accumulate."""
+        clip_grad_norm, accumulate, batchnorm."""
         return {"loss": self.loss, "optimizer": self.optimizer.to_dict(),
                 "params": self.params, "policy": self.policy, "key_seed": self.key_seed,
-                "clip_grad_norm": self.clip_grad_norm, "accumulate": self.accumulate}
+                "clip_grad_norm": self.clip_grad_norm, "accumulate": self.accumulate,
+                "batchnorm": self.batchnorm}
 
 
 @dataclass
@@ -116,7 +126,9 @@ class StateEntry:
     new value), bound to one buffer starting at ``initial``.
 
     ``kind``: one of ``KINDS`` (``"param"``, ``"optimizer"``, ``"loss_scale"``,
-    ``"fp16_copy"``, ``"rng"``, ``"grad_accum"``: a gradient accumulation buffer, zero
+    ``"fp16_copy"``, ``"rng"``, ``"bn_stat"``: a BatchNormalization's running statistic,
+    its input the model's initializer, slot ``"mean"``/``"var"``; ``"grad_accum"``: a
+    gradient accumulation buffer, zero
     between updates, or the micro-batch count, slot ``"count"``); ``param``: the parameter
     it belongs to (optimizer state, float16 copy, accumulation buffer), else None;
     ``slot``: its name within the kind (the optimizer's state name ``"V"``/``"H"``;
@@ -217,7 +229,7 @@ class StepGraph:
         o = manifest["options"]
         options = StepOptions(o["loss"], optim.from_dict(o["optimizer"]), o["params"],
                               o["policy"], o["key_seed"], o.get("clip_grad_norm"),
-                              o.get("accumulate", 1))
+                              o.get("accumulate", 1), o.get("batchnorm", "train"))
         if manifest.get("apply_model") and apply_model is None:
             raise ValueError("StepGraph.from_manifest: this step graph has an apply model "
                              "(accumulate > 1): pass apply_model")

@@ -31,30 +31,47 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 import onnx
-from onnx import numpy_helper
 
+from .. import losses as _losses
 from .. import optim as _optim
 from ..random import _seed_bits
-from . import artifacts as _artifacts
-from . import checkpoint as _checkpoint
 from . import update_options as _schedules
 from .accumulate_runtime import AccumulatingRuntime
 from .backward import data_inputs
 from .graph import build_step_graph
 from .placement import TrainingModel, portable_graph
 from .placement import resolve as resolve_placement
+from .prepare import choose_params, prepare
+from .results import TrainerResults
 from .runtime import StepRuntime
-from .spec import StepGraph, StepOptions, check_policy, check_update_options
+from .spec import BATCHNORM_MODES, StepGraph, StepOptions, check_policy, check_update_options
 
 __all__ = ["Trainer"]
 
 
-class Trainer:
-    """Trains ``model`` (an ``onnx.ModelProto`` or path) whose scalar float output
-    ``loss`` is minimised, in ONNX Runtime.
+class Trainer(TrainerResults):
+    """Trains ``model`` (an ``onnx.ModelProto``, bytes or a path; external data is loaded
+    beside a path), minimising ``loss`` in ONNX Runtime.
 
-    - ``params``: the initializers to train (default: every float initializer but those
-      that only serve as a Dropout's ratio);
+    The model is taken as exported (:func:`trainops.train.importer.import_model`): any
+    opset from 7 on (upgraded where the gradient rules need it, said in one log line),
+    initializers listed as inputs, nodes in any order, shape chains of the classic torch
+    exporter. Every op type between the parameters and the loss must have a gradient rule:
+    a GradientError lists all that do not (``python -m trainops coverage`` shows it).
+
+    - ``loss``: the name of a scalar float tensor of the model, or a
+      :mod:`trainops.losses` loss (``losses.cross_entropy("logits")``): its nodes and its
+      data input (``labels`` / ``target``) are added to the training graph, not to
+      :meth:`export`'s model;
+    - ``params``: the initializers to train (default: the float initializers that are
+      weights of an op, :mod:`trainops.train.params`; the choice is ``param_names``,
+      logged once);
+    - ``batchnorm``: ``"train"`` (default, as PyTorch's ``model.train()``): every
+      BatchNormalization normalises with the batch statistics and updates its running
+      mean and variance in place each step (with its momentum, the unbiased batch
+      variance as PyTorch does); they are state (``running_stats()``, checkpoints,
+      :meth:`export`), never parameters. ``"frozen"``: the inference form, the running
+      statistics fixed (fine-tuning);
     - ``optimizer``: :class:`trainops.optim.Adam` (default ``Adam()``), ``Adagrad`` or
       ``Momentum``;
     - ``policy``: ``"float32"`` (or ``"float64"`` for a float64 model), or
@@ -114,25 +131,26 @@ class Trainer:
     for the ``onnx.ModelProto`` itself (``trainer.training_model()``).
     """
 
-    def __init__(self, model, loss: str, optimizer: _optim.Optimizer | None = None,
+    def __init__(self, model, loss: str | _losses.Loss, optimizer: _optim.Optimizer | None = None,
                  params: Sequence[str] | None = None, policy: str = "float32",
                  threads: int | None = None, seed: int | None = None, comm=None,
                  shard_optimizer: bool = False, collective_timeout: float | None = None,
                  *, clip_grad_norm: float | None = None, accumulate: int = 1,
                  schedule=None, providers=None, portable: bool | None = None,
-                 device: str | None = None, _step_graph: StepGraph | None = None):
+                 device: str | None = None, batchnorm: str = "train",
+                 _step_graph: StepGraph | None = None):
+        if batchnorm not in BATCHNORM_MODES:
+            raise ValueError(f"batchnorm {batchnorm!r}: expected 'train' or 'frozen'")
+        self.batchnorm = batchnorm
         if isinstance(model, (str, os.PathLike)):
             model = onnx.load(os.fspath(model))
-        self._model = onnx.ModelProto()
-        if isinstance(model, bytes):
-            self._model.ParseFromString(model)
-        else:
-            self._model.CopyFrom(model)
         # The bytes a checkpoint stores, and their hash that identifies the model.
-        self._model_bytes = model if isinstance(model, bytes) else \
-            self._model.SerializeToString()
+        self._model_bytes = model if isinstance(model, bytes) else model.SerializeToString()
         self.model_sha256 = hashlib.sha256(self._model_bytes).hexdigest()
-        self.loss_name = loss
+        # As exported -> trainable (.importer); the loss attached (.prepare).
+        self.loss = loss
+        self._model, self._train_model, self.loss_name = prepare(self._model_bytes, loss,
+                                                                 batchnorm)
         self.optimizer = _optim.check_optimizer(optimizer)
         self.policy = check_policy(policy, self.optimizer)
         self.clip_grad_norm, self.accumulate = check_update_options(clip_grad_norm, accumulate)
@@ -173,13 +191,15 @@ class Trainer:
             from ..distributed import rank_seed
 
             key_seed = rank_seed(self.seed, self._dist.rank)
-        options = StepOptions(loss, self.optimizer, params, self.policy, key_seed,
-                              self.clip_grad_norm, self.accumulate)
-        self.input_names = data_inputs(self._model)
+        chosen, self.coverage = choose_params(self._train_model, self.loss_name, params,
+                                              batchnorm)
+        options = StepOptions(self.loss_name, self.optimizer, chosen, self.policy, key_seed,
+                              self.clip_grad_norm, self.accumulate, batchnorm)
+        self.input_names = data_inputs(self._train_model)
         self.step_graph: StepGraph | None = None
         if self._dist is None:
             # _step_graph: a step graph read back (from_artifacts), not built again.
-            self.step_graph = _step_graph or build_step_graph(self._model, options)
+            self.step_graph = _step_graph or build_step_graph(self._train_model, options)
             if self.placement.portable and _step_graph is None:
                 self.step_graph = portable_graph(self.step_graph, key_seed)
             self.param_names = self.step_graph.param_names
@@ -195,12 +215,14 @@ class Trainer:
             opt_states = self.step_graph.of_kind("optimizer")
             self.state_names = {s: [e.input for e in opt_states if e.slot == s]
                                 for s in self.optimizer.state}
+            self._bn = [e.input for e in self.step_graph.of_kind("bn_stat")]
         else:
             from .dist_graph import build_distributed
             from .dist_runtime import DistributedRuntime
 
-            graphs = build_distributed(self._model, options, self._dist.size,
+            graphs = build_distributed(self._train_model, options, self._dist.size,
                                        self.shard_optimizer)
+            self._bn = [e.input for e in graphs.bn]
             self.param_names = list(graphs.options.params)
             self.gradient_model = graphs.gradient_model
             self.optimizer_model = graphs.optimizer_model
@@ -302,81 +324,3 @@ class Trainer:
             out["accumulation"] = sum(self._arrays[e.input].nbytes
                                       for e in self.step_graph.of_kind("grad_accum"))
         return out
-
-    # -- results -------------------------------------------------------------------------
-    def parameters(self) -> dict[str, np.ndarray]:
-        """The current weights (copies), by initializer name."""
-        return {p: self._arrays[p].copy() for p in self.param_names}
-
-    def optimizer_state(self) -> dict[str, np.ndarray]:
-        """The optimizer state (copies) by name; under ``shard_optimizer``, this rank's
-        flat slice of each state tensor (``trainops/<V|H>/shard``)."""
-        return {n: self._arrays[n].copy() for s in self.optimizer.state
-                for n in self.state_names[s]}
-
-    def export(self) -> onnx.ModelProto:
-        """The original model (inference graph, loss included) with the trained weights:
-        no trainops op, so plain onnxruntime runs it. Its Dropout nodes are plain ONNX
-        ``Dropout`` in inference mode (as PyTorch's ``model.eval()``): any
-        ``training_mode`` input is removed, so they pass their input through."""
-        m = _artifacts.inference_mode(self._model)
-        params = self.parameters()
-        for init in m.graph.initializer:
-            if init.name in params:
-                init.CopyFrom(numpy_helper.from_array(params[init.name], init.name))
-        return m
-
-    # -- checkpoints ---------------------------------------------------------------------
-    def save(self, path) -> None:
-        """A checkpoint (safetensors, ``docs/artifacts.md``): every state (the weights, the
-        optimizer state, the loss scale, the Philox states of the random nodes) by its
-        input name, the model's bytes, and as metadata the update count, the learning
-        rate, the seed, the skipped count and the configuration. :meth:`load` resumes from
-        it, bit for bit. Atomic: a failed save leaves the previous file at ``path`` intact.
-
-        With ``comm`` (not sharded) every rank holds the whole state: rank 0 writing the
-        file is enough, and a one-process Trainer can resume from it (the Philox states
-        saved are the writing rank's own: a one-process run resumed from rank 0's file
-        continues rank 0's streams, as rank 0 and one process share them). Checkpoints of a
-        ``shard_optimizer`` trainer are not implemented yet."""
-        _checkpoint.save(self, path)
-
-    @classmethod
-    def load(cls, path, threads: int | None = None, schedule=None) -> "Trainer":
-        """The trainer saved at ``path`` (:meth:`save`; an old ``.npz`` checkpoint too),
-        ready to continue. :class:`~trainops.train.checkpoint.CheckpointError` listing
-        every problem when the file is no valid checkpoint or its states do not fit the
-        trainer its model and configuration build (missing, extra, other dtype or shape).
-        ``schedule``: needed when the saved trainer's schedule was a Python function
-        (which a checkpoint cannot hold), else it replaces the saved one."""
-        return _checkpoint.load_trainer(cls, path, threads, schedule)
-
-    def load_state(self, path) -> None:
-        """Continue from the checkpoint at ``path`` in this trainer (the same model,
-        configuration and, with random nodes, seed). Every entry is validated first; any
-        mismatch raises ONE :class:`~trainops.train.checkpoint.CheckpointError` listing
-        them all, and the trainer is left exactly as it was."""
-        tensors, metadata = _checkpoint.read(path)
-        _checkpoint.restore(self, tensors, metadata, path)
-
-    # -- training artifacts ----------------------------------------------------------------
-    def save_artifacts(self, directory) -> dict:
-        """Write the training artifacts into ``directory`` (``docs/artifacts.md``):
-        ``training.onnx`` (one step), ``eval.onnx`` (forward and loss, no update),
-        ``inference.onnx`` (:meth:`export`), ``checkpoint.safetensors`` (every state) and
-        ``manifest.json``. Stock ONNX Runtime with the trainops library loaded trains from
-        them in any language; :meth:`from_artifacts` resumes here. Returns the manifest.
-        Not with ``accumulate`` > 1 (two models) yet; a ``schedule`` is not part of them
-        (the loop feeds ``lr``)."""
-        if self.accumulate > 1:
-            raise NotImplementedError("save_artifacts with accumulate > 1 (a micro-batch "
-                                      "model and an update model) is not supported yet")
-        return _artifacts.save(self, directory)
-
-    @classmethod
-    def from_artifacts(cls, directory, threads: int | None = None) -> "Trainer":
-        """The trainer whose artifacts (:meth:`save_artifacts`, or a checkpoint another
-        language wrote into the folder) are in ``directory``, ready to continue bit for bit:
-        the step graph from ``manifest.json`` and ``training.onnx``, the states from
-        ``checkpoint.safetensors`` (validated as :meth:`load` does)."""
-        return _artifacts.load(cls, directory, threads)

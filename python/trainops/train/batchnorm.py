@@ -1,0 +1,185 @@
+"""BatchNormalization in a training graph, as PyTorch's ``model.train()`` does it.
+
+- :func:`training_batchnorm` rewrites every BatchNormalization of a model's main graph
+  (``batchnorm="train"``) to ``training_mode=1``: it normalises with the batch statistics
+  and outputs the updated running mean and variance, which become ``bn_stat`` states (their
+  input the model's running-statistic initializer, updated in place each step). ONNX's
+  running variance is ``momentum * var + (1 - momentum) * biased_batch_var``; PyTorch uses
+  the UNBIASED batch variance (``n / (n - 1)`` times it, ``n`` the elements per channel):
+  the update here is PyTorch's. With ``batchnorm="frozen"`` every BatchNormalization is
+  the inference form (running statistics, fixed: fine-tuning).
+- :func:`unshare_running_stats`: exporters deduplicate identical initializers, so fresh
+  BatchNorm layers of one width share one running mean; each node gets its own copy.
+- :func:`inference_batchnorm`: back to the inference form (:meth:`Trainer.export`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+import onnx
+from onnx import helper, numpy_helper
+
+from ..autodiff import GradientError
+from ..autodiff.graph import attr, describe
+from .spec import PREFIX as _P
+from .spec import StateEntry
+
+__all__ = ["batchnorm_nodes", "inference_batchnorm", "running_stats", "training_batchnorm",
+           "unshare_running_stats"]
+
+
+def batchnorm_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The default-domain BatchNormalization nodes of ``graph`` (main graph only)."""
+    return [n for n in graph.node
+            if n.op_type == "BatchNormalization" and n.domain in ("", "ai.onnx")]
+
+
+def running_stats(graph: onnx.GraphProto) -> set[str]:
+    """The names of the BatchNormalization nodes' running mean and variance inputs."""
+    return {n.input[k] for n in batchnorm_nodes(graph) for k in (3, 4) if len(n.input) > k}
+
+
+def unshare_running_stats(model: onnx.ModelProto) -> None:
+    """Give every BatchNormalization its own running-statistic initializers (in place): a
+    running statistic that another input also reads (another BatchNormalization, or a
+    zero bias the exporter merged with a zero running mean) is copied for this node, as
+    ``<name>/<k>``; the last reader keeps the original."""
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    readers: dict[str, int] = {}
+    for name in [i for n in g.node for i in n.input] + [o.name for o in g.output]:
+        readers[name] = readers.get(name, 0) + 1
+    taken = set(inits) | {o for n in g.node for o in n.output} | {i.name for i in g.input}
+    for n in batchnorm_nodes(g):
+        for k in (3, 4):
+            name = n.input[k] if len(n.input) > k else ""
+            if name not in inits or readers[name] <= 1:
+                continue
+            readers[name] -= 1
+            j = 1
+            while f"{name}/{j}" in taken:
+                j += 1
+            copy = onnx.TensorProto()
+            copy.CopyFrom(inits[name])
+            copy.name = f"{name}/{j}"
+            taken.add(copy.name)
+            g.initializer.append(copy)
+            n.input[k] = copy.name
+
+
+def _set_training_mode(n: onnx.NodeProto, on: bool) -> None:
+    keep = [a for a in n.attribute if a.name != "training_mode"]
+    del n.attribute[:]
+    n.attribute.extend(keep)
+    if on:
+        n.attribute.append(helper.make_attribute("training_mode", 1))
+
+
+def inference_batchnorm(model: onnx.ModelProto) -> None:
+    """Every BatchNormalization of ``model`` (in place) in the inference form: no
+    ``training_mode``, and only the output ``Y`` unless another node or the graph reads
+    the running-statistic outputs."""
+    g = model.graph
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    for n in batchnorm_nodes(g):
+        _set_training_mode(n, False)
+        if not any(o in used for o in n.output[1:] if o):
+            del n.output[1:]
+
+
+def training_batchnorm(model: onnx.ModelProto, mode: str, opset: int,
+                       params=()) -> list[StateEntry]:
+    """Rewrite ``model``'s BatchNormalization nodes (in place) for ``mode`` (``"train"`` or
+    ``"frozen"``, see the module). Under ``"train"`` each running statistic leaves the
+    initializers for a graph input of the same name (a ``bn_stat`` state, returned, whose
+    output ``trainops/new/<name>`` the added nodes compute). GradientError for a running
+    statistic that is no initializer, is shared, or is among ``params``."""
+    g = model.graph
+    nodes = batchnorm_nodes(g)
+    if mode == "frozen" or not nodes:
+        if mode == "frozen":
+            inference_batchnorm(model)
+        return []
+    if opset < 14:
+        raise GradientError(f"BatchNormalization in training mode needs opset >= 14 (the "
+                            f"model imports {opset}): import the model with "
+                            "trainops.train.importer.import_model (the Trainer does), or "
+                            "pass batchnorm='frozen'")
+    inits = {i.name: i for i in g.initializer}
+    read = {i for n in g.node for i in n.input}
+    stats: list[StateEntry] = []
+    used: set[str] = set()
+    for k, n in enumerate(nodes):
+        ins = list(n.input)
+        if len(ins) < 5:
+            raise GradientError(f"{describe(n)}: expected 5 inputs, got {len(ins)}")
+        for slot, name in (("mean", ins[3]), ("var", ins[4])):
+            if name not in inits:
+                raise GradientError(f"{describe(n)}: its running {slot} {name!r} is not an "
+                                    "initializer; it cannot be trained as state (pass "
+                                    "batchnorm='frozen')")
+            if name in used:
+                raise GradientError(f"{describe(n)}: its running {slot} {name!r} is shared "
+                                    "with another BatchNormalization (unshare_running_stats)")
+            if name in params:
+                raise GradientError(f"{describe(n)}: its running {slot} {name!r} is state "
+                                    "updated from the batch, not a parameter: leave it out "
+                                    "of params")
+            used.add(name)
+        mean, var = ins[3], ins[4]
+        old_outs = list(n.output) + [""] * (3 - len(n.output))
+        momentum = float(attr(n, "momentum", 0.9))
+        p = f"{_P}/bn/{k}"
+        value = numpy_helper.to_array(inits[var])
+        dt = value.dtype
+
+        def const(name, v):
+            g.node.append(helper.make_node("Constant", [], [name], name=name + "/node",
+                                           value=numpy_helper.from_array(np.asarray(v), name)))
+            return name
+
+        # The node gets a zero running variance, its variance output then is
+        # (1 - momentum) * biased_batch_var, and the update below reads the old variance
+        # itself. Why: onnxruntime may compute the variance output in place over input 4's
+        # buffer (even over an initializer's, across runs), and may place the update's
+        # intermediates in the state's bound buffer. The zero is var - var, computed each
+        # run (0 whether it reads the old value or the update's first intermediate); its
+        # node comes after the BatchNormalization in the list, so that no node moves (the
+        # Philox keys are node positions): the builders sort the graph.
+        g.node.append(helper.make_node("Sub", [var, var], [f"{p}/zero"], name=f"{p}/zero"))
+        n.input[4] = f"{p}/zero"
+        del n.output[:]
+        n.output.extend([old_outs[0], f"{_P}/new/{mean}", f"{p}/batch_var"])
+        _set_training_mode(n, True)
+        # new = momentum * var + (1 - momentum) * n / (n - 1) * batch_var: PyTorch's update
+        # with the unbiased batch variance (n: elements per channel).
+        extra = [
+            helper.make_node("Size", [ins[0]], [f"{p}/size"]),
+            helper.make_node("Div", [f"{p}/size", const(f"{p}/channels",
+                                                       np.int64(value.size))], [f"{p}/n"]),
+            helper.make_node("Cast", [f"{p}/n"], [f"{p}/n/float"],
+                             to=helper.np_dtype_to_tensor_dtype(dt)),
+            helper.make_node("Sub", [f"{p}/n/float", const(f"{p}/one", dt.type(1))],
+                             [f"{p}/n-1"]),
+            helper.make_node("Div", [f"{p}/n/float", f"{p}/n-1"], [f"{p}/bessel"]),
+            helper.make_node("Mul", [f"{p}/batch_var", f"{p}/bessel"], [f"{p}/added"]),
+            helper.make_node("Mul", [var, const(f"{p}/momentum", dt.type(momentum))],
+                             [f"{p}/kept"]),
+            helper.make_node("Add", [f"{p}/kept", f"{p}/added"], [f"{_P}/new/{var}"]),
+        ]
+        for e in extra:
+            e.name = f"{p}/{e.op_type}/{e.output[0].rsplit('/', 1)[-1]}"
+        g.node.extend(extra)
+        for old, new in ((old_outs[1], f"{_P}/new/{mean}"), (old_outs[2], f"{_P}/new/{var}")):
+            if old in read:  # another node reads the node's own outputs: keep them
+                g.node.append(helper.make_node("Identity", [new], [old], name=f"{p}/{old}"))
+        for slot, name in (("mean", mean), ("var", var)):
+            value = numpy_helper.to_array(inits[name])
+            stats.append(StateEntry(name, f"{_P}/new/{name}", "bn_stat", value, slot=slot))
+            g.input.append(helper.make_tensor_value_info(name, inits[name].data_type,
+                                                         list(value.shape)))
+    keep = [i for i in g.initializer if i.name not in used]
+    del g.initializer[:]
+    g.initializer.extend(keep)
+    return stats

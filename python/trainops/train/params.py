@@ -1,0 +1,93 @@
+"""Which initializers a Trainer trains by default (:func:`default_params`).
+
+The rule: a float initializer is a parameter when an op reads it as a WEIGHT:
+
+- at a weight position of a layer op (:data:`WEIGHT_INPUTS`): Conv/ConvTranspose W and
+  B, Gemm's A/B/C, MatMul's operands, the scale and bias of BatchNormalization,
+  InstanceNormalization, LayerNormalization and GroupNormalization, Gather's data (an
+  embedding table), RNN/GRU/LSTM W, R, B (and LSTM's peepholes P), PRelu's slope, Einsum's
+  operands;
+- as an operand of elementwise Add/Sub/Mul/Div when it has more than one element (a bias,
+  a per-channel scale, a positional embedding), or when it is a one-element tensor of
+  rank >= 1 added to the output of a layer op of :data:`WEIGHT_INPUTS` (the bias of
+  ``nn.Linear(n, 1)``); a 0-d operand, or a one-element one elsewhere, is a setting (an
+  epsilon, ``sqrt(d_k)``, GELU's 0.5), not a weight;
+- through a view of it that one of those reads (Identity, Cast, Transpose, Reshape,
+  Squeeze, Unsqueeze, Flatten, Expand, Slice, Split of the initializer, or a Concat of
+  such: how exporters write ``W.T``, and torch's RNN weights in ONNX's gate order when
+  constants are not folded).
+
+Never a parameter: integer and bool initializers, anything read only as a shape, axes,
+pads, ratio, scale factor, exponent or clip bound, and the BatchNormalization running
+statistics (state: :mod:`.batchnorm`). ``Trainer(params=[...])`` trains any float
+initializers instead.
+"""
+
+from __future__ import annotations
+
+import onnx
+from onnx import TensorProto
+
+__all__ = ["ELEMENTWISE", "VIEWS", "WEIGHT_INPUTS", "default_params"]
+
+FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+# op type -> the input positions that are weights (None: every input).
+WEIGHT_INPUTS: dict[str, tuple[int, ...] | None] = {
+    "Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (0, 1, 2), "MatMul": (0, 1),
+    "Einsum": None, "BatchNormalization": (1, 2), "InstanceNormalization": (1, 2),
+    "LayerNormalization": (1, 2), "GroupNormalization": (1, 2), "Gather": (0,),
+    "RNN": (1, 2, 3), "GRU": (1, 2, 3), "LSTM": (1, 2, 3, 7), "PRelu": (1,),
+}
+ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
+# Ops that pass a weight's values on, rearranged (input 0; Concat: every input): the
+# initializers behind them are the weights.
+VIEWS = frozenset({"Identity", "Cast", "Transpose", "Reshape", "Squeeze", "Unsqueeze",
+                   "Flatten", "Expand", "Slice", "Split", "Concat"})
+
+
+def _size(init: onnx.TensorProto) -> int:
+    n = 1
+    for d in init.dims:
+        n *= int(d)
+    return n
+
+
+def default_params(model: onnx.ModelProto) -> list[str]:
+    """The float initializers of ``model``'s main graph that are weights (the module's
+    rule), in initializer order."""
+    g = model.graph
+    inits = {i.name: i for i in g.initializer if i.data_type in FLOATS}
+    # Each view's output stands for the initializers it views.
+    origin: dict[str, set[str]] = {name: {name} for name in inits}
+    for n in g.node:
+        if n.domain not in ("", "ai.onnx") or n.op_type not in VIEWS:
+            continue
+        srcs = n.input if n.op_type == "Concat" else n.input[:1]
+        found = set().union(*(origin.get(i, set()) for i in srcs if i))
+        if found:
+            for o in n.output:
+                if o:
+                    origin[o] = found
+    layer_out = {o for n in g.node if n.op_type in WEIGHT_INPUTS for o in n.output if o}
+
+    def is_bias(node, k, src) -> bool:  # a one-element rank >= 1 Add operand of a layer
+        other = [i for j, i in enumerate(node.input) if j != k]
+        return (node.op_type == "Add" and len(inits[src].dims) >= 1
+                and any(i in layer_out for i in other))
+
+    weights: set[str] = set()
+    for n in g.node:
+        if n.domain not in ("", "ai.onnx"):
+            continue
+        slots = WEIGHT_INPUTS.get(n.op_type, ())
+        for k, name in enumerate(n.input):
+            srcs = origin.get(name, set()) if name else set()
+            if not srcs:
+                continue
+            if n.op_type in WEIGHT_INPUTS and (slots is None or k in slots):
+                weights |= srcs
+            elif n.op_type in ELEMENTWISE:
+                weights |= {src for src in srcs
+                            if _size(inits[src]) > 1 or is_bias(n, k, src)}
+    return [name for name in inits if name in weights]

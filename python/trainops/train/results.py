@@ -1,0 +1,111 @@
+"""The Trainer's results and persistence (a mixin of :class:`trainops.train.Trainer`):
+the weights, optimizer state and running statistics it holds, :meth:`export`, checkpoints
+(:mod:`.checkpoint`) and training artifacts (:mod:`.artifacts`)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import onnx
+from onnx import numpy_helper
+
+from .. import losses as _losses
+from . import artifacts as _artifacts
+from . import checkpoint as _checkpoint
+
+__all__ = ["TrainerResults"]
+
+
+class TrainerResults:
+    """What a :class:`~trainops.train.Trainer` gives back and saves (its state lives in
+    ``self._arrays``, bound in place by its runtime)."""
+
+    # -- results -------------------------------------------------------------------------
+    def parameters(self) -> dict[str, np.ndarray]:
+        """The current weights (copies), by initializer name."""
+        return {p: self._arrays[p].copy() for p in self.param_names}
+
+    def optimizer_state(self) -> dict[str, np.ndarray]:
+        """The optimizer state (copies) by name; under ``shard_optimizer``, this rank's
+        flat slice of each state tensor (``trainops/<V|H>/shard``)."""
+        return {n: self._arrays[n].copy() for s in self.optimizer.state
+                for n in self.state_names[s]}
+
+    def running_stats(self) -> dict[str, np.ndarray]:
+        """The BatchNormalization running means and variances (copies) by initializer
+        name: updated each step under ``batchnorm="train"``, else empty."""
+        return {n: self._arrays[n].copy() for n in self._bn}
+
+    @property
+    def loss_config(self):
+        """The loss as a checkpoint stores it: a tensor name or a loss' ``to_dict()``."""
+        return self.loss.to_dict() if isinstance(self.loss, _losses.Loss) else self.loss
+
+    def export(self) -> onnx.ModelProto:
+        """The model as imported (inference graph, a :mod:`trainops.losses` loss left out)
+        with the trained weights and running statistics: no trainops op, so plain
+        onnxruntime runs it. Dropout nodes are in inference mode (as PyTorch's
+        ``model.eval()``: their ``training_mode`` input removed), BatchNormalization nodes
+        in the inference form with the running statistics."""
+        m = _artifacts.inference_mode(self._model)
+        params = self.parameters()
+        params.update(self.running_stats())
+        for init in m.graph.initializer:
+            if init.name in params:
+                init.CopyFrom(numpy_helper.from_array(params[init.name], init.name))
+        return m
+
+    # -- checkpoints ---------------------------------------------------------------------
+    def save(self, path) -> None:
+        """A checkpoint (safetensors, ``docs/artifacts.md``): every state (the weights, the
+        optimizer state, the loss scale, the Philox states of the random nodes) by its
+        input name, the model's bytes, and as metadata the update count, the learning
+        rate, the seed, the skipped count and the configuration. :meth:`load` resumes from
+        it, bit for bit. Atomic: a failed save leaves the previous file at ``path`` intact.
+
+        With ``comm`` (not sharded) every rank holds the whole state: rank 0 writing the
+        file is enough, and a one-process Trainer can resume from it (the Philox states
+        saved are the writing rank's own: a one-process run resumed from rank 0's file
+        continues rank 0's streams, as rank 0 and one process share them). Checkpoints of a
+        ``shard_optimizer`` trainer are not implemented yet."""
+        _checkpoint.save(self, path)
+
+    @classmethod
+    def load(cls, path, threads: int | None = None, schedule=None) -> "Trainer":
+        """The trainer saved at ``path`` (:meth:`save`; an old ``.npz`` checkpoint too),
+        ready to continue. :class:`~trainops.train.checkpoint.CheckpointError` listing
+        every problem when the file is no valid checkpoint or its states do not fit the
+        trainer its model and configuration build (missing, extra, other dtype or shape).
+        ``schedule``: needed when the saved trainer's schedule was a Python function
+        (which a checkpoint cannot hold), else it replaces the saved one."""
+        return _checkpoint.load_trainer(cls, path, threads, schedule)
+
+    def load_state(self, path) -> None:
+        """Continue from the checkpoint at ``path`` in this trainer (the same model,
+        configuration and, with random nodes, seed). Every entry is validated first; any
+        mismatch raises ONE :class:`~trainops.train.checkpoint.CheckpointError` listing
+        them all, and the trainer is left exactly as it was."""
+        tensors, metadata = _checkpoint.read(path)
+        _checkpoint.restore(self, tensors, metadata, path)
+
+    # -- training artifacts ----------------------------------------------------------------
+    def save_artifacts(self, directory) -> dict:
+        """Write the training artifacts into ``directory`` (``docs/artifacts.md``):
+        ``training.onnx`` (one step), ``eval.onnx`` (forward and loss, no update),
+        ``inference.onnx`` (:meth:`export`), ``checkpoint.safetensors`` (every state) and
+        ``manifest.json``. Stock ONNX Runtime with the trainops library loaded trains from
+        them in any language; :meth:`from_artifacts` resumes here. Returns the manifest.
+        Not with ``accumulate`` > 1 (two models) yet; a ``schedule`` is not part of them
+        (the loop feeds ``lr``)."""
+        if self.accumulate > 1:
+            raise NotImplementedError("save_artifacts with accumulate > 1 (a micro-batch "
+                                      "model and an update model) is not supported yet")
+        return _artifacts.save(self, directory)
+
+    @classmethod
+    def from_artifacts(cls, directory, threads: int | None = None) -> "Trainer":
+        """The trainer whose artifacts (:meth:`save_artifacts`, or a checkpoint another
+        language wrote into the folder) are in ``directory``, ready to continue bit for bit:
+        the step graph from ``manifest.json`` and ``training.onnx``, the states from
+        ``checkpoint.safetensors`` (validated as :meth:`load` does)."""
+        return _artifacts.load(cls, directory, threads)
