@@ -241,34 +241,55 @@ fn write<T: Copy>(s: &mut InOut<'_, T>, start: usize, values: &[T]) {
 }
 
 /// The kernel of every level: piece by piece, Philox words for the piece's elements (with
-/// `level`'s Philox kernel), then the update and the rounding element by element.
+/// `level`'s Philox kernel), then the update and the rounding element by element: on the
+/// buffers themselves when every stream is updated in place (the Trainer's case), else
+/// staged through copies.
 #[inline(always)]
 pub(crate) fn pieces<R: Rule, G: Element<C = f32>>(level: Level, rule: &R, bits: &Stochastic, p: ParamBf16<'_, G>) {
     let ParamBf16 { mut x, g, mut m, mut v, tensor, offset } = p;
     let state = bits.state(tensor);
-    let mut xs = [0f32; PIECE];
-    let (mut ms, mut vs) = ([bf16::ZERO; PIECE], [bf16::ZERO; PIECE]);
     // A piece starting inside a block takes that whole block: up to 3 words more.
     let mut words = [0u32; PIECE + 4];
+    let fill = |words: &mut [u32], start: usize, len: usize| {
+        let e = offset + start;
+        let (skip, used) = (e % 4, (e % 4 + len).div_ceil(4) * 4);
+        philox::fill_with(level, &philox::advance(&state, (e / 4) as u128), &mut words[..used], &Sequential);
+        skip
+    };
+    if let (Access::InPlace(xb), Access::InPlace(mb), Access::InPlace(vb)) = (x.access(), m.access(), v.access()) {
+        for start in (0..g.len()).step_by(PIECE) {
+            let len = PIECE.min(g.len() - start);
+            let skip = fill(&mut words, start, len);
+            let r = start..start + len;
+            update(rule, &mut xb[r.clone()], &g[r.clone()], &mut mb[r.clone()], &mut vb[r], &words[skip..skip + len]);
+        }
+        return;
+    }
+    let mut xs = [0f32; PIECE];
+    let (mut ms, mut vs) = ([bf16::ZERO; PIECE], [bf16::ZERO; PIECE]);
     for start in (0..g.len()).step_by(PIECE) {
         let len = PIECE.min(g.len() - start);
-        let e = offset + start;
-        let skip = e % 4;
-        let used = (skip + len).div_ceil(4) * 4;
-        philox::fill_with(level, &philox::advance(&state, (e / 4) as u128), &mut words[..used], &Sequential);
+        let skip = fill(&mut words, start, len);
         let (xs, ms, vs) = (&mut xs[..len], &mut ms[..len], &mut vs[..len]);
-        let (gs, ws) = (&g[start..start + len], &words[skip..skip + len]);
         read(&mut x, start, xs);
         read(&mut m, start, ms);
         read(&mut v, start, vs);
-        for i in 0..len {
-            let (xn, mn, vn) = rule.update(xs[i], gs[i].load(), ms[i].load(), vs[i].load());
-            xs[i] = xn;
-            ms[i] = bf16::from_bits(round_stochastic(mn, ws[i]));
-            vs[i] = bf16::from_bits(round_stochastic(vn, ws[i] >> 16));
-        }
+        update(rule, xs, &g[start..start + len], ms, vs, &words[skip..skip + len]);
         write(&mut x, start, xs);
         write(&mut m, start, ms);
         write(&mut v, start, vs);
+    }
+}
+
+/// The update and the rounding of one piece, in place (every slice has `g`'s length).
+#[inline(always)]
+fn update<R: Rule, G: Element<C = f32>>(rule: &R, x: &mut [f32], g: &[G], m: &mut [bf16], v: &mut [bf16], w: &[u32]) {
+    let n = g.len();
+    let (x, m, v, w) = (&mut x[..n], &mut m[..n], &mut v[..n], &w[..n]);
+    for i in 0..n {
+        let (xn, mn, vn) = rule.update(x[i], g[i].load(), m[i].load(), v[i].load());
+        x[i] = xn;
+        m[i] = bf16::from_bits(round_stochastic(mn, w[i]));
+        v[i] = bf16::from_bits(round_stochastic(vn, w[i] >> 16));
     }
 }
