@@ -20,6 +20,7 @@
 pub mod adagrad;
 pub mod adam;
 pub mod adamw;
+pub mod bf16state;
 #[cfg(test)]
 pub(crate) mod harness;
 pub mod momentum;

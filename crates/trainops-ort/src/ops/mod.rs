@@ -35,6 +35,8 @@ pub fn catalogue() -> Vec<Domain> {
                 &loss_scale::all_finite::AllFinite,
                 &optim::quantized::ADAM_8BIT,
                 &optim::quantized::ADAMW_8BIT,
+                &optim::bf16state::ADAM_BF16_STATE,
+                &optim::bf16state::ADAMW_BF16_STATE,
             ]
             .into_iter()
             // PhiloxUniform and PhiloxNormal, once per output type (see `distributions`).

@@ -11,6 +11,7 @@
 pub mod adagrad;
 pub mod adam;
 pub mod adamw;
+pub mod bf16state;
 pub mod call;
 pub mod device;
 pub mod layout;

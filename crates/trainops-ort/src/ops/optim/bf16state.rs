@@ -1,0 +1,314 @@
+//! `com.trainops::AdamBf16State` and `com.trainops::AdamWBf16State` (since version 1):
+//! Adam (ONNX's formula and attributes) and AdamW (PyTorch's, `com.trainops::AdamW`'s
+//! attributes without `amsgrad`) with bfloat16 moments, rounded stochastically when stored.
+//! The format, the rounding and the random bits are `trainops_kernels::optim::bf16state`.
+//!
+//! Inputs `R, T`, then `X_1..X_n, G_1..G_n, M_1..M_n, V_1..V_n`; outputs `X_1_new..X_n_new,
+//! M_1_new..M_n_new, V_1_new..V_n_new` (each may be bound to its input's buffer). `X` float32;
+//! `G` float32, float16 or bfloat16, broadcastable to `X`; `M`, `V` bfloat16 shaped like `X`
+//! (Adam's `V` and `H`). Attribute `seed` (int, default 0) keys the random bits; tensor
+//! `X_i` (`i` from 1) is tensor `i - 1` of the counter, `T` its step word. AdamW counts `T`
+//! from 1, as torch's `step`.
+
+use std::any::Any;
+use std::borrow::Cow;
+
+use half::{bf16, f16};
+use trainops_kernels::optim::adam::Adam;
+use trainops_kernels::optim::adamw::AdamWCoeffs;
+use trainops_kernels::optim::bf16state::{step, ParamBf16, Rule, Stochastic};
+use trainops_kernels::optim::Optimizer;
+use trainops_kernels::{broadcast, Element, InOut};
+
+use super::layout::{broadcastable, optimizer_signature, same_shape, Layout};
+use crate::error::{Error, Result};
+use crate::ffi::alias::{self, AliasPlan, OutputRegion};
+use crate::ffi::pool::OrtPool;
+use crate::ffi::tensor::{snapshot, TensorElem};
+use crate::ffi::{Context, DType, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature, Tensor};
+use crate::ops::io;
+
+/// A bfloat16-state optimizer op: its signature, its variadic layout and which rule it runs.
+pub struct Bf16StateOp {
+    signature: Signature,
+    /// Names and counts of the inputs and outputs.
+    pub layout: Layout,
+    adamw: bool,
+}
+
+/// The four input groups.
+const GROUPS: &[&str] = &["X", "G", "M", "V"];
+/// What each group's elements are (the gradient's float32 is one of three).
+const TYPES: [DType; 4] = [DType::Float, DType::Float, DType::BFloat16, DType::BFloat16];
+
+const fn layout(op: &'static str) -> Layout {
+    Layout { op, groups: GROUPS, gradient: 1, rewrites: &[0, 2, 3], weights: &[DType::Float], ..Layout::ONNX }
+}
+
+/// `com.trainops::AdamBf16State`.
+pub static ADAM_BF16_STATE: Bf16StateOp =
+    Bf16StateOp { signature: optimizer_signature(c"AdamBf16State"), layout: layout("AdamBf16State"), adamw: false };
+
+/// `com.trainops::AdamWBf16State`.
+pub static ADAMW_BF16_STATE: Bf16StateOp =
+    Bf16StateOp { signature: optimizer_signature(c"AdamWBf16State"), layout: layout("AdamWBf16State"), adamw: true };
+
+/// A node's attributes.
+enum Attrs {
+    Adam(trainops_kernels::optim::adam::AdamAttrs),
+    AdamW(trainops_kernels::optim::adamw::AdamWAttrs),
+}
+
+impl OpSpec for Bf16StateOp {
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
+        let attrs = if self.adamw {
+            if info.i64_opt("amsgrad")?.is_some_and(|a| a != 0) {
+                let what = "amsgrad is not supported with bfloat16 state (use com.trainops::AdamW)".into();
+                return Err(Error::Attribute { op: self.layout.op, name: "amsgrad", what });
+            }
+            Attrs::AdamW(super::adamw::read_attrs(info)?)
+        } else {
+            Attrs::Adam(super::adam::read_attrs(info)?)
+        };
+        let seed = info.i64_opt("seed")?.unwrap_or(0);
+        Ok(Box::new(Bf16StateKernel { layout: &self.layout, attrs, seed }))
+    }
+
+    fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
+        let l = &self.layout;
+        let n = l.arity(ctx.input_count()?)?;
+        for i in 0..n {
+            for (k, &want) in TYPES.iter().enumerate() {
+                let Some((dtype, _)) = ctx.input(l.at(n, k, i)) else { continue };
+                if dtype != DType::Other(0) && !fits(k, want, dtype) {
+                    return Err(type_error(l, n, k, i, dtype));
+                }
+            }
+            for (m, &group) in l.rewrites.iter().enumerate() {
+                ctx.output_like_input(m * n + i, l.at(n, group, i))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Whether `dtype` may be group `k`'s element type (`want`; the gradient may be 16-bit).
+fn fits(k: usize, want: DType, dtype: DType) -> bool {
+    dtype == want || (k == 1 && matches!(dtype, DType::Float16 | DType::BFloat16))
+}
+
+fn type_error(l: &Layout, n: usize, k: usize, i: usize, got: DType) -> Error {
+    let at = l.at(n, k, i);
+    let want = if k == 1 { "tensor(float), tensor(float16) or tensor(bfloat16)".into() } else { TYPES[k].name() };
+    Error::input(l.op, at, l.input_name(at, n), want, got.name())
+}
+
+struct Bf16StateKernel {
+    layout: &'static Layout,
+    attrs: Attrs,
+    seed: i64,
+}
+
+impl Kernel for Bf16StateKernel {
+    fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
+        let mut call = CallBf16::prepare(self.layout, ctx)?;
+        let bits = Stochastic::new(self.seed, call.t);
+        match &self.attrs {
+            Attrs::Adam(a) => call.run_all(&Adam::coeffs::<f32>(a, call.r, call.t), &bits),
+            Attrs::AdamW(a) => {
+                if call.t < 1 {
+                    let want = "an update count >= 1 (1 on the first update, as torch's step)";
+                    return Err(Error::input(self.layout.op, 1, "T", want, call.t.to_string()));
+                }
+                call.run_all(&AdamWCoeffs::<f32>::new(a, call.r, call.t), &bits)
+            }
+        }
+    }
+}
+
+/// One run of a node, checked and planned (as `super::call::Call` does for the float
+/// optimizers, with this layout's mixed types).
+struct CallBf16<'c, 'a> {
+    layout: &'static Layout,
+    n: usize,
+    r: f64,
+    t: i64,
+    inputs: Vec<Tensor>,
+    outputs: Vec<Tensor>,
+    plan: AliasPlan,
+    snapshots: Vec<Option<Box<dyn Any>>>,
+    pool: OrtPool<'c, 'a>,
+}
+
+impl<'c, 'a> CallBf16<'c, 'a> {
+    fn prepare(layout: &'static Layout, ctx: &'c mut Context<'a>) -> Result<Self> {
+        let (op, s, k) = (layout.op, layout.scalar_count(), GROUPS.len());
+        let n = layout.arity(ctx.input_count()?)?;
+        layout.check_outputs(ctx.output_count()?, n, false)?;
+        let r = io::scalar_float(ctx, op, 0, "R")?;
+        let (t, _) = io::scalar::<i64>(ctx, op, 1, "T")?;
+        let inputs: Vec<Tensor> =
+            (s..s + k * n).map(|j| io::required(ctx, op, j, &layout.input_name(j, n))).collect::<Result<_>>()?;
+        for i in 0..n {
+            check_group(layout, n, i, &inputs)?;
+        }
+        if let Some(j) = inputs.iter().position(|t| !t.aligned()) {
+            let name = layout.input_name(j + s, n);
+            return Err(Error::input(op, j + s, name, "a buffer aligned for its type", "a misaligned one"));
+        }
+        let mut outputs = Vec::with_capacity(layout.rewrites.len() * n);
+        let mut regions = Vec::with_capacity(outputs.capacity());
+        for (m, &group) in layout.rewrites.iter().enumerate() {
+            for i in 0..n {
+                let (o, own) = (m * n + i, group * n + i);
+                let name = layout.output_name(o, n);
+                let src = &inputs[own];
+                let out = io::output(ctx, op, o, &name, src.dtype, &src.shape)?;
+                regions.push(OutputRegion {
+                    bytes: out.bytes(),
+                    own_input: Some(own),
+                    name: format!("output {o} ({name})"),
+                });
+                outputs.push(out);
+            }
+        }
+        let in_bytes: Vec<_> = inputs.iter().map(Tensor::bytes).collect();
+        let plan = alias::plan(op, &in_bytes, &regions)?;
+        let snapshots = inputs
+            .iter()
+            .zip(&plan.snapshot)
+            .map(|(t, &snap)| {
+                // SAFETY: no mutable view of any buffer exists yet (outputs are viewed later).
+                snap.then(|| unsafe { snapshot(t) }).flatten()
+            })
+            .collect();
+        Ok(CallBf16 { layout, n, r, t, inputs, outputs, plan, snapshots, pool: OrtPool::new(ctx) })
+    }
+
+    /// Input `j` (after the scalars) as `T`, from its snapshot if it has one.
+    fn source<T: TensorElem>(&self, j: usize) -> &[T] {
+        match &self.snapshots[j] {
+            Some(b) => b.downcast_ref::<Vec<T>>().expect("snapshot of the checked type"),
+            // SAFETY: the plan proved no output overlaps this input (else it would be a
+            // snapshot), and inputs are never written, so this view stays immutable.
+            None => unsafe { self.inputs[j].slice::<T>() },
+        }
+    }
+
+    /// The stream of output group `m`, tensor `i`.
+    fn stream<T: TensorElem>(&self, m: usize, i: usize) -> InOut<'_, T> {
+        let o = m * self.n + i;
+        // SAFETY: outputs are pairwise disjoint (the plan checked), each is viewed once
+        // (`run` takes `&mut self` and views each group once), and no input view overlaps
+        // it: an overlapping input is read from its snapshot, or is this very buffer,
+        // updated in place without a second view.
+        let dst = unsafe { self.outputs[o].slice_mut::<T>() };
+        if self.plan.in_place[o] {
+            InOut::in_place(dst)
+        } else {
+            let src = self.source::<T>(self.layout.rewrites[m] * self.n + i);
+            InOut::split(src, dst).expect("output sized like its input")
+        }
+    }
+
+    /// Every group, by gradient type.
+    fn run_all<R: Rule>(&mut self, rule: &R, bits: &Stochastic) -> Result<()> {
+        self.run::<R, f32>(rule, bits)?;
+        self.run::<R, f16>(rule, bits)?;
+        self.run::<R, bf16>(rule, bits)
+    }
+
+    /// The groups whose gradients have type `G`.
+    fn run<R: Rule, G: TensorElem + Element<C = f32>>(&mut self, rule: &R, bits: &Stochastic) -> Result<()> {
+        let (l, n) = (self.layout, self.n);
+        let groups: Vec<usize> = (0..n).filter(|&i| self.inputs[n + i].dtype == G::DTYPE).collect();
+        if groups.is_empty() {
+            return Ok(());
+        }
+        let this: &Self = self;
+        let mut gradients: Vec<Cow<'_, [G]>> = Vec::with_capacity(groups.len());
+        for &i in &groups {
+            let (x, g) = (&this.inputs[i], &this.inputs[n + i]);
+            let src = this.source::<G>(n + i);
+            gradients.push(if g.shape == x.shape {
+                Cow::Borrowed(src)
+            } else {
+                let at = l.at(n, 1, i);
+                let wide = broadcast::broadcast_to(src, &g.dims(), &x.dims())
+                    .map_err(|e| Error::input(l.op, at, l.input_name(at, n), "a broadcastable shape", e.to_string()))?;
+                Cow::Owned(wide)
+            });
+        }
+        let params = groups
+            .iter()
+            .zip(&gradients)
+            .map(|(&i, g)| {
+                let tensor = u32::try_from(i).expect("fewer than 2^32 tensors in a node");
+                ParamBf16::new(this.stream(0, i), g, this.stream(1, i), this.stream(2, i), tensor).map_err(|e| {
+                    let at = l.at(n, 0, i);
+                    Error::input(l.op, at, l.input_name(at, n), "consistent tensor sizes", e.to_string())
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        step(rule, bits, params, &this.pool);
+        Ok(())
+    }
+}
+
+/// Checks group `i`'s types and shapes.
+fn check_group(l: &Layout, n: usize, i: usize, inputs: &[Tensor]) -> Result<()> {
+    let get = |k: usize| &inputs[k * n + i];
+    let name = |k: usize| l.input_name(l.at(n, k, i), n);
+    for (k, &want) in TYPES.iter().enumerate() {
+        if !fits(k, want, get(k).dtype) {
+            return Err(type_error(l, n, k, i, get(k).dtype));
+        }
+    }
+    let x = get(0);
+    if !broadcastable(&get(1).shape, &x.shape) {
+        let want = format!("a shape broadcastable to X_{}'s {:?}", i + 1, x.shape);
+        return Err(Error::input(l.op, l.at(n, 1, i), name(1), want, format!("shape {:?}", get(1).shape)));
+    }
+    for k in [2, 3] {
+        if !same_shape(&get(k).shape, &x.shape) {
+            let want = format!("shape {:?} like X_{}", x.shape, i + 1);
+            return Err(Error::input(l.op, l.at(n, k, i), name(k), want, format!("shape {:?}", get(k).shape)));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::optim::layout::testing::{check_counts, check_names, Expect};
+
+    const EXPECT: Expect<'static> = Expect {
+        inputs: &["R", "T", "X_1", "X_2", "G_1", "G_2", "M_1", "M_2", "V_1", "V_2"],
+        outputs: &["X_1_new", "X_2_new", "M_1_new", "M_2_new", "V_1_new", "V_2_new"],
+        good: &[(6, 1), (10, 2)],
+        bad: &[0, 2, 5, 7, 9],
+        arity_message: "AdamBf16State: expected 2 + 4n inputs (R, T, then X_1..X_n, G_1..G_n, M_1..M_n, V_1..V_n",
+        outputs_wrong: (4, "expected 3n = 6 outputs (X_new, M_new, V_new for each of n = 2 tensors), got 4"),
+    };
+
+    #[test]
+    fn names_and_counts_follow_the_variadic_layout() {
+        check_names(&ADAM_BF16_STATE.layout, &EXPECT);
+        check_counts(&ADAM_BF16_STATE.layout, &EXPECT);
+        assert_eq!(ADAMW_BF16_STATE.layout.input_name(4, 1), "M_1");
+        assert!(ADAMW_BF16_STATE.layout.arity(7).unwrap_err().to_string().starts_with("AdamWBf16State: expected"));
+    }
+
+    #[test]
+    fn types_are_float_weights_and_bfloat16_moments() {
+        assert!(fits(1, DType::Float, DType::BFloat16) && fits(1, DType::Float, DType::Float16));
+        assert!(!fits(2, DType::BFloat16, DType::Float) && !fits(0, DType::Float, DType::BFloat16));
+        let msg = type_error(&ADAM_BF16_STATE.layout, 1, 2, 0, DType::Float).to_string();
+        assert!(msg.contains("AdamBf16State") && msg.contains("M_1") && msg.contains("tensor(bfloat16)"), "{msg}");
+    }
+}
