@@ -17,13 +17,15 @@
 //! before requantisation, as bitsandbytes and torchao do. A NaN in a block's new moment
 //! makes its scale NaN, so the whole block of that moment reads as NaN from then on.
 //!
-//! **Fast path.** The same per-element code, staged through block buffers, compiled three
-//! times: portable, and with AVX2 and AVX-512F enabled (`x86`), where the compiler
+//! **Fast path.** The same per-element code, on block buffers for the moments (`X` and the
+//! codes are read from their sources and written to their destinations directly), compiled
+//! three times: portable, and with AVX2 and AVX-512F enabled (`x86`), where the compiler
 //! vectorises the update and the absmax; the codecs are explicit: portable and AVX2 find a
-//! code with one bucket-table load and one comparison ([`map::Map::code`]), AVX-512 with a
-//! binary search over permuted registers. Without fused multiply-adds every level gives the
-//! reference's bits. The kernel is compute-bound (the searches and three divisions per
-//! element), far from its memory ceiling (`benches/optim8bit.rs`). Blocks run in
+//! code with one bucket-table load and one comparison ([`map::Map::code`]); AVX-512 by the
+//! map's structure on `v * (1 / d)`, without search or division per element (`decades`),
+//! redoing the rare flagged groups by a binary search over permuted registers on `v / d`.
+//! Without fused multiply-adds every level gives the reference's bits. The kernel is still
+//! compute-bound, short of its memory ceiling (`benches/optim8bit.rs`). Blocks run in
 //! [`CHUNK`](crate::parallel::CHUNK)-element tasks (a multiple of the
 //! block), so a block never straddles two threads and the result is independent of them.
 

@@ -2,10 +2,12 @@
 //! AVX-512F enabled (so that the compiler vectorises the update and the absmax, with the
 //! portable code's operations in its order: no fused multiply-add is formed without
 //! fast-math), with explicit SIMD codecs. AVX-512: dequantisation permutes the map's
-//! entries held in registers, quantisation is a binary search over the thresholds whose
-//! levels are permutes (gathers, tried first, stalled the kernel on the AMD host). AVX2:
-//! gathers of the entries, of the bucket's base code and of its threshold (see `map`).
-//! Every level gives the reference's bits.
+//! entries held in registers; quantisation computes codes from the map's structure
+//! (`decades`: a few permutes of small tables, no division per element), and redoes a
+//! group with a flagged lane by a binary search over the thresholds whose levels are
+//! permutes (gathers, tried first, stalled the kernel on the AMD host). AVX2: gathers of the
+//! entries, of the bucket's base code and of its threshold (see `map`). Every level gives
+//! the reference's bits.
 
 use core::arch::x86_64::*;
 
