@@ -13,6 +13,7 @@
 
 use std::sync::OnceLock;
 
+use super::decades::Decades;
 use super::reference;
 
 /// Bit pattern of `1.0f32`: magnitudes from here up are outside the buckets.
@@ -38,6 +39,9 @@ pub struct Map {
     /// level `k` holds `t[j * 2s + s - 1]` for `j < 2^k`, with `s = 128 >> k`; a code is
     /// `pos`, grown by `s` at each level where `y > levels[k][pos / 2s]`.
     pub(crate) levels: [[f32; 128]; 8],
+    /// The tables of the arithmetic quantiser (AVX-512), `None` for a map that is not a
+    /// dynamic map.
+    pub(crate) decades: Option<Decades>,
 }
 
 /// The largest `f32` not above the exact midpoint of `a <= b`.
@@ -88,7 +92,8 @@ impl Map {
                 *t = thresholds[j * 2 * s + s - 1];
             }
         }
-        Self { entries, thresholds, base, levels }
+        let decades = Decades::new(&entries, &thresholds);
+        Self { entries, thresholds, base, levels, decades }
     }
 
     /// The code of `y`: the nearest entry, the lower one on a tie; 0 for NaN.

@@ -17,21 +17,26 @@
 //! before requantisation, as bitsandbytes and torchao do. A NaN in a block's new moment
 //! makes its scale NaN, so the whole block of that moment reads as NaN from then on.
 //!
-//! **Fast path.** The same per-element code, staged through block buffers, compiled three
-//! times: portable, and with AVX2 and AVX-512F enabled (`x86`), where the compiler
+//! **Fast path.** The same per-element code, on block buffers for the moments (`X` and the
+//! codes are read from their sources and written to their destinations directly), compiled
+//! three times: portable, and with AVX2 and AVX-512F enabled (`x86`), where the compiler
 //! vectorises the update and the absmax; the codecs are explicit: portable and AVX2 find a
-//! code with one bucket-table load and one comparison ([`map::Map::code`]), AVX-512 with a
-//! binary search over permuted registers. Without fused multiply-adds every level gives the
-//! reference's bits. The kernel is compute-bound (the searches and three divisions per
-//! element), far from its memory ceiling (`benches/optim8bit.rs`). Blocks run in
+//! code with one bucket-table load and one comparison ([`map::Map::code`]); AVX-512 by the
+//! map's structure on `v * (1 / d)`, without search or division per element (`decades`),
+//! redoing the rare flagged groups by a binary search over permuted registers on `v / d`.
+//! Without fused multiply-adds every level gives the reference's bits. The kernel is still
+//! compute-bound, short of its memory ceiling (`benches/optim8bit.rs`). Blocks run in
 //! [`CHUNK`](crate::parallel::CHUNK)-element tasks (a multiple of the
 //! block), so a block never straddles two threads and the result is independent of them.
 
 pub mod adamw;
+mod decades;
 pub mod map;
 pub mod reference;
 #[cfg(test)]
 mod tests;
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests_decades;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -160,24 +165,22 @@ pub(crate) fn step_chunked<R: Rule, G: Element<C = f32>>(
     });
 }
 
-/// Copies `out.len()` elements of the stream's source from `start`.
+/// The stream's source (what is read).
 #[inline(always)]
-fn read<T: Copy>(s: &mut InOut<'_, T>, start: usize, out: &mut [T]) {
-    let src: &[T] = match s.access() {
+fn source<'s, T: Copy>(s: &'s mut InOut<'_, T>) -> &'s [T] {
+    match s.access() {
         Access::InPlace(buf) => buf,
         Access::Split(src, _) => src,
-    };
-    out.copy_from_slice(&src[start..start + out.len()]);
+    }
 }
 
-/// Writes `values` to the stream's destination from `start`.
+/// The stream's destination (what is written).
 #[inline(always)]
-fn write<T: Copy>(s: &mut InOut<'_, T>, start: usize, values: &[T]) {
-    let dst: &mut [T] = match s.access() {
+fn destination<'s, T: Copy>(s: &'s mut InOut<'_, T>) -> &'s mut [T] {
+    match s.access() {
         Access::InPlace(buf) => buf,
         Access::Split(_, dst) => dst,
-    };
-    dst[start..start + values.len()].copy_from_slice(values);
+    }
 }
 
 /// The block's absmax from the magnitudes' bit patterns (their integer order is the float
@@ -233,37 +236,39 @@ pub(crate) fn divisor(a: f32) -> f32 {
     }
 }
 
-/// The kernel of every level: block by block, dequantise, update, requantise.
+/// The kernel of every level: block by block, dequantise (from the codes' source), update
+/// (`X` from its source to its destination, the moments in block buffers), requantise (to
+/// the codes' destination). In place, a block's codes are read before they are rewritten.
 #[inline(always)]
 pub(crate) fn blocks_8bit<C: Codec, R: Rule, G: Element<C = f32>>(codec: C, rule: &R, p: Param8bit<'_, G>) {
     let (signed, unsigned) = (Map::signed(), Map::unsigned());
     let Param8bit { mut x, g, mut m, mut v } = p;
-    let (mut xs, mut ms, mut vs) = ([0f32; BLOCK], [0f32; BLOCK], [0f32; BLOCK]);
-    let (mut mc, mut vc) = ([0u8; BLOCK], [0u8; BLOCK]);
-    let mut scales = [0f32; 1];
+    let (mut ms, mut vs) = ([0f32; BLOCK], [0f32; BLOCK]);
     for (b, start) in (0..g.len()).step_by(BLOCK).enumerate() {
-        let len = BLOCK.min(g.len() - start);
-        let (xs, ms, vs, mc, vc) = (&mut xs[..len], &mut ms[..len], &mut vs[..len], &mut mc[..len], &mut vc[..len]);
-        let gs = &g[start..start + len];
-        read(&mut x, start, xs);
-        read(&mut m.codes, start, mc);
-        read(&mut v.codes, start, vc);
-        read(&mut m.absmax, b, &mut scales);
-        let am = scales[0];
-        read(&mut v.absmax, b, &mut scales);
-        let av = scales[0];
-        codec.dequantize(signed, mc, am, ms);
-        codec.dequantize(unsigned, vc, av, vs);
-        for i in 0..len {
-            (xs[i], ms[i], vs[i]) = rule.update(xs[i], gs[i].load(), ms[i], vs[i]);
+        let end = (start + BLOCK).min(g.len());
+        let (ms, vs) = (&mut ms[..end - start], &mut vs[..end - start]);
+        let gs = &g[start..end];
+        let am = source(&mut m.absmax)[b];
+        codec.dequantize(signed, &source(&mut m.codes)[start..end], am, ms);
+        let av = source(&mut v.absmax)[b];
+        codec.dequantize(unsigned, &source(&mut v.codes)[start..end], av, vs);
+        match x.access() {
+            Access::InPlace(buf) => {
+                for (((x, g), m), v) in buf[start..end].iter_mut().zip(gs).zip(ms.iter_mut()).zip(vs.iter_mut()) {
+                    (*x, *m, *v) = rule.update(*x, g.load(), *m, *v);
+                }
+            }
+            Access::Split(src, dst) => {
+                let (src, dst) = (&src[start..end], &mut dst[start..end]);
+                for ((((d, x), g), m), v) in dst.iter_mut().zip(src).zip(gs).zip(ms.iter_mut()).zip(vs.iter_mut()) {
+                    (*d, *m, *v) = rule.update(*x, g.load(), *m, *v);
+                }
+            }
         }
         let (am, av) = (absmax(ms), absmax(vs));
-        codec.quantize(signed, ms, am, mc);
-        codec.quantize(unsigned, vs, av, vc);
-        write(&mut x, start, xs);
-        write(&mut m.codes, start, mc);
-        write(&mut v.codes, start, vc);
-        write(&mut m.absmax, b, &[am]);
-        write(&mut v.absmax, b, &[av]);
+        codec.quantize(signed, ms, am, &mut destination(&mut m.codes)[start..end]);
+        codec.quantize(unsigned, vs, av, &mut destination(&mut v.codes)[start..end]);
+        destination(&mut m.absmax)[b] = am;
+        destination(&mut v.absmax)[b] = av;
     }
 }
