@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ..autodiff import GradientError, build_backward, infer
 from ..autodiff.backward import default_opset, toposort
 from ..autodiff.graph import Builder
+from ..autodiff.simplify import merge_recomputations
 from .fp16 import to_fp16_graph
 from .rng import philox_states
 from .spec import PREFIX as _P
@@ -156,5 +157,6 @@ def forward_backward(model: onnx.ModelProto, options: StepOptions) -> Backward:
             seed = b.op("Expand", [seed, b.op("Shape", [loss])])
     b, grads = build_backward(inferred, opset, loss, wrt, seed=seed, builder=b)
     forward, rng = philox_states(src, g, inferred, options.key_seed)
-    return Backward(g, forward + list(b.nodes), grads, inferred, ptypes, values, copies,
+    forward, bnodes = merge_recomputations(forward, list(b.nodes))
+    return Backward(g, forward + bnodes, grads, inferred, ptypes, values, copies,
                     loss_t, rng, inputs, opset)
