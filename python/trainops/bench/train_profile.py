@@ -4,7 +4,8 @@ of each peer.
 
 **Per-op breakdown.** A second session of the same step graph with
 ``SessionOptions.enable_profiling`` runs ``steps`` steps; the profile's ``*_kernel_time``
-events (one per node run) are summed by their ``op_name`` and divided by the steps.
+events (one per node run) give each node's median time over the steps (robust to the
+preemptions of a shared machine), summed by ``op_name``.
 Profiling adds a little per node; the shares, not the absolute times, are the point.
 
 **Peak memory.** tracemalloc sees only Python's allocator, not ONNX Runtime's arena nor
@@ -22,6 +23,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import statistics
 import subprocess
 import sys
 
@@ -60,15 +62,21 @@ def op_breakdown(fam, threads: int, steps: int = 20) -> dict[str, float]:
     # each body node once, in its Scan / Loop / If
     bodies = [(e["ts"], e["ts"] + e["dur"]) for e in kernels
               if e.get("args", {}).get("op_name") in ("Scan", "Loop", "If")]
-    by_op: collections.Counter = collections.Counter()
+    per_node: dict = collections.defaultdict(list)
     for e in kernels:
         if any(a <= e["ts"] and e["ts"] + e["dur"] <= b and (a, b) != (e["ts"], e["ts"] + e["dur"])
                for a, b in bodies):
             continue
-        by_op[e.get("args", {}).get("op_name", "?")] += e["dur"]
-    out = {k: v / steps for k, v in by_op.most_common()}
-    out["(total kernels)"] = sum(by_op.values()) / steps
-    out["(session run)"] = sum(e["dur"] for e in runs[3:]) / max(1, len(runs) - 3)
+        per_node[(e.get("args", {}).get("op_name", "?"), e["name"])].append(e["dur"])
+    # each node's median over the steps (a preempted run of one node, tens of ms on a
+    # loaded machine, does not count), summed by op type; a body node runs many times a
+    # step: its sum over the step's runs
+    by_op: collections.Counter = collections.Counter()
+    for (op, _), durs in per_node.items():
+        by_op[op] += statistics.median(durs) * len(durs) / steps
+    out = dict(by_op.most_common())
+    out["(total kernels)"] = sum(by_op.values())
+    out["(session run)"] = statistics.median(e["dur"] for e in runs[3:]) if len(runs) > 3 else 0.0
     try:
         os.remove(path)
     except OSError:
