@@ -25,8 +25,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from .harness import format_rows
-from .harness import Target
+from .harness import Target, format_rows
 
 __all__ = ["TARGET", "run", "main", "build_parser"]
 
