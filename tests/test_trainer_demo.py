@@ -62,4 +62,4 @@ def test_bench_train_is_a_bench_target(library_path, capsys):
     assert cli_main(["bench", "train", "--models", "mlp", "--threads", "1", "--repeat", "1",
                      "--steps", "1", "--no-torch", "--markdown"]) == 0
     text = capsys.readouterr().out
-    assert "| MLP 256-512-512-10 | 64 | 1 |" in text
+    assert "| MLP 256-512-512-10, LayerNorm+GELU | 64 | 1 |" in text

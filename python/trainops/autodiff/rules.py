@@ -821,10 +821,18 @@ def layer_norm(c: Ctx):
     axis = _axis(c, -1)
     axes = list(range(axis, r))
     eps = float(c.attr("epsilon", 1e-5))
-    mu = b.reduce("ReduceMean", X, axes, 1)
-    xc = b.op("Sub", [X, mu])
-    var = b.reduce("ReduceMean", b.op("Mul", [xc, xc]), axes, 1)
-    rstd = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [var, b.scalar(eps, X)])])])
+    if b.dtype(X) == onnx.TensorProto.FLOAT and int(c.attr("stash_type", 1)) == 1:
+        # The node's own Mean and InvStdDev outputs (float32 here): the Trainer's
+        # autodiff.simplify pass merges this node into the forward one, so the
+        # statistics are not computed twice.
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in c.node.attribute}
+        _, mu, rstd = b.op("LayerNormalization", list(c.node.input), 3, **attrs)
+        xc = b.op("Sub", [X, mu])
+    else:  # float16 / double: the statistics in X's own type
+        mu = b.reduce("ReduceMean", X, axes, 1)
+        xc = b.op("Sub", [X, mu])
+        var = b.reduce("ReduceMean", b.op("Mul", [xc, xc]), axes, 1)
+        rstd = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [var, b.scalar(eps, X)])])])
     xhat = b.op("Mul", [xc, rstd])
     gy = c.gy
     y_dims = b.shape(c.y)

@@ -1,13 +1,19 @@
-"""The ``train`` benchmark target (``python -m trainops bench train``): one training step (forward, loss, backward, Adam) of an MLP and of the demo
-CNN in trainops + ONNX Runtime (:class:`trainops.Trainer`) against PyTorch eager on the
-same model (the same initial weights), batch and thread count.
+"""The ``train`` benchmark target (``python -m trainops bench train``): one training step
+(forward, loss, backward, Adam) of each model family of :mod:`trainops.bench.train_models`
+(an MLP with LayerNorm and GELU, the demo CNN, the CNN with BatchNorm, a transformer
+encoder, a GRU classifier, a residual CNN) in trainops + ONNX Runtime
+(:class:`trainops.Trainer`) against PyTorch eager on the same model (the same initial
+weights), batch and thread count, and ``torch.compile`` with ``--compile`` (where it
+works: a peer whose compilation fails is left out with the reason).
 
 Every peer of a row runs in this process, interleaved: repetition ``r`` runs each peer's
 ``--steps`` steps in an order rotated by ``r``; each figure is the median time per step
 over the repetitions, and the ratio is torch's time over trainops' (above 1: trainops is
-faster). PyTorch is optional; without it the torch columns say so.
+faster). ``--profile``: the trainops step's time by op type (ONNX Runtime's profiler);
+``--memory``: each peer's peak memory, one subprocess each (:mod:`.train_profile` says how).
+PyTorch is optional; without it the torch columns say so.
 
-    python -m trainops bench train --threads 1,2 --markdown
+    python -m trainops bench train --threads 1,2 --profile --memory --markdown
 """
 
 from __future__ import annotations
@@ -19,86 +25,45 @@ import sys
 import time
 from typing import Any, Callable
 
-import numpy as np
-
 from .harness import Target, format_rows
 
 __all__ = ["TARGET", "run", "main", "build_parser"]
 
-MLP_SIZES = (256, 512, 512, 10)
 
-
-def _data(model: str, batch: int, seed: int = 0) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    if model == "mlp":
-        x = rng.standard_normal((batch, MLP_SIZES[0])).astype(np.float32)
-    else:
-        from ..demos.train import digits
-
-        x, _ = digits(batch, seed)
-    return {"x": x, "t": rng.integers(0, 10, batch).astype(np.int64)}
-
-
-def _onnx_model(model: str):
-    from ..demos.train import cnn_model, mlp_model
-
-    return mlp_model(sizes=MLP_SIZES) if model == "mlp" else cnn_model()
-
-
-def _trainops_peer(model: str, batch: int, threads: int, lr: float) -> Callable[[], Any]:
+def _trainops_peer(fam, threads: int, lr: float) -> Callable[[], Any]:
     from .. import optim
     from ..train import Trainer
 
-    trainer = Trainer(_onnx_model(model), "loss", optim.Adam(lr=lr), threads=threads)
-    feeds = _data(model, batch)
-    return lambda: trainer.step(feeds)
+    trainer = Trainer(fam.model, "loss", optim.Adam(lr=lr), params=fam.params, threads=threads)
+    return lambda: trainer.step(fam.feeds)
 
 
-def _torch_peer(model: str, batch: int, threads: int, lr: float) -> Callable[[], Any]:
+def _torch_peer(fam, threads: int, lr: float, compiled: bool = False) -> Callable[[], Any]:
     import torch
-    from onnx import numpy_helper
 
-    w = {i.name: torch.from_numpy(numpy_helper.to_array(i).copy())
-         for i in _onnx_model(model).graph.initializer}
-    nn = torch.nn
-    if model == "mlp":
-        layers = []
-        for i in range(len(MLP_SIZES) - 1):
-            lin = nn.Linear(MLP_SIZES[i], MLP_SIZES[i + 1])
-            with torch.no_grad():
-                lin.weight.copy_(w[f"fc{i}.w"].T)
-                lin.bias.copy_(w[f"fc{i}.b"])
-            layers.append(lin)
-            if i < len(MLP_SIZES) - 2:
-                layers.append(nn.ReLU())
-        net = nn.Sequential(*layers)
-    else:
-        c1 = nn.Conv2d(1, 8, 3, padding=1)
-        c2 = nn.Conv2d(8, 16, 3, padding=1)
-        fc = nn.Linear(64, 10)
-        with torch.no_grad():
-            for mod, name in ((c1, "conv1"), (c2, "conv2"), (fc, "fc")):
-                mod.weight.copy_(w[f"{name}.w"])
-                mod.bias.copy_(w[f"{name}.b"])
-        net = nn.Sequential(c1, nn.ReLU(), nn.MaxPool2d(2), c2, nn.ReLU(), nn.MaxPool2d(2),
-                            nn.Flatten(), fc)
+    from .train_torch import torch_model
+
+    torch.set_num_threads(threads)
+    net = torch_model(fam)
     opt = torch.optim.Adam(net.parameters(), lr=lr, eps=1e-6)
-    loss_fn = nn.CrossEntropyLoss()
-    d = _data(model, batch)
-    x, t = torch.from_numpy(d["x"]), torch.from_numpy(d["t"])
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x, t = torch.from_numpy(fam.feeds["x"]), torch.from_numpy(fam.feeds["t"])
+    fwd = torch.compile(net) if compiled else net
 
     def step():
         torch.set_num_threads(threads)  # process-wide in torch: set before every step
         opt.zero_grad(set_to_none=True)
-        loss = loss_fn(net(x), t)
+        loss = loss_fn(fwd(x), t)
         loss.backward()
         opt.step()
         return float(loss.detach())
 
+    if compiled:
+        step()  # compile now: a failure is the caller's to report
     return step
 
 
-def _ort_training_peer(model: str, batch: int, threads: int, lr: float) -> Callable[[], Any]:
+def _ort_training_peer(fam, threads: int, lr: float) -> Callable[[], Any]:
     """onnxruntime-training's on-device training API (``generate_artifacts``, ``Module``,
     ``Optimizer``; AdamW, its only Adam) on the same model: a peer measured by hand where
     onnxruntime-training is installed (it replaces onnxruntime in its environment)."""
@@ -112,7 +77,10 @@ def _ort_training_peer(model: str, batch: int, threads: int, lr: float) -> Calla
 
     # Its gradient builder needs SoftmaxCrossEntropyLoss's log_prob output, so the model
     # ends at the logits and generate_artifacts adds its own cross-entropy loss.
-    m = _onnx_model(model)
+    import onnx
+
+    m = onnx.ModelProto()
+    m.CopyFrom(fam.model)
     sce = m.graph.node[-1]
     assert sce.op_type == "SoftmaxCrossEntropyLoss"
     logits = sce.input[0]
@@ -120,10 +88,11 @@ def _ort_training_peer(model: str, batch: int, threads: int, lr: float) -> Calla
     del m.graph.output[:]
     m.graph.output.append(helper.make_tensor_value_info(logits, TensorProto.FLOAT, ["N", 10]))
     del m.graph.input[1:]  # the labels become the loss block's input
-    params = [i.name for i in m.graph.initializer]
+    params = list(fam.params)
     ort.set_default_logger_severity(3)
     d = tempfile.mkdtemp(prefix="trainops-bench-ortt-")
-    artifacts.generate_artifacts(m, requires_grad=params, frozen_params=[],
+    frozen = [i.name for i in m.graph.initializer if i.name not in params]
+    artifacts.generate_artifacts(m, requires_grad=params, frozen_params=frozen,
                                  loss=artifacts.LossType.CrossEntropyLoss,
                                  optimizer=artifacts.OptimType.AdamW, artifact_directory=d)
     so = ort.SessionOptions()
@@ -134,7 +103,7 @@ def _ort_training_peer(model: str, batch: int, threads: int, lr: float) -> Calla
     opt = Optimizer(f"{d}/optimizer_model.onnx", module)
     opt.set_learning_rate(lr)
     module.train()
-    feeds = _data(model, batch)
+    feeds = fam.feeds
 
     def step():
         loss = module(feeds["x"], feeds["t"])
@@ -163,14 +132,25 @@ def _measure(peers: dict[str, Callable[[], Any]], repeat: int, steps: int) -> di
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .train_models import FAMILIES
+
     ap = argparse.ArgumentParser(prog="python -m trainops bench train", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn")
-    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--models", default="mlp,bncnn,transformer,gru,resnet",
+                    help=f"comma-separated, of: {', '.join(FAMILIES)}")
+    ap.add_argument("--batch", type=int, default=None,
+                    help="batch size (default: each family's, train_models.DEFAULT_BATCH)")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--steps", type=int, default=20, help="steps per repetition")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--no-torch", action="store_true", help="leave PyTorch out")
+    ap.add_argument("--compile", action="store_true",
+                    help="add torch.compile (inductor) as a peer where it compiles")
+    ap.add_argument("--profile", action="store_true",
+                    help="the trainops step's time by op type (ONNX Runtime's profiler)")
+    ap.add_argument("--top", type=int, default=8, help="op types shown by --profile")
+    ap.add_argument("--memory", action="store_true",
+                    help="peak memory of each peer (one subprocess each)")
     ap.add_argument("--ort-training", action="store_true",
                     help="add onnxruntime-training's Module+Optimizer as a peer (needs "
                          "onnxruntime-training installed in place of onnxruntime)")
@@ -179,9 +159,34 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+LABELS = {"torch": "torch eager", "compile": "torch.compile", "ort-training": "onnxruntime-training"}
+NAMES = {"mlp": "MLP 256-512-512-10, LayerNorm+GELU", "cnn": "CNN (demo, 8x8 digits)",
+         "bncnn": "CNN + BatchNorm (8x8 digits)", "transformer": "transformer encoder, 2 x d64",
+         "gru": "GRU 64 classifier, seq 16", "resnet": "residual CNN, 3x32x32"}
+
+
+def _peers(fam, threads, args, torch_version, notes):
+    peers = {"trainops": _trainops_peer(fam, threads, args.lr)}
+    if torch_version:
+        peers["torch"] = _torch_peer(fam, threads, args.lr)
+        if args.compile:
+            try:
+                peers["compile"] = _torch_peer(fam, threads, args.lr, compiled=True)
+            except Exception as exc:  # noqa: BLE001  (any failure: the peer is left out)
+                notes.append(f"torch.compile on {fam.name}: left out "
+                             f"({type(exc).__name__}: {str(exc).splitlines()[0][:120]})")
+    if args.ort_training:
+        peers["ort-training"] = _ort_training_peer(fam, threads, args.lr)
+    return peers
+
+
 def run(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import onnxruntime as ort
+
+    from .host import loadavg
+    from .train_models import family
+    from .train_profile import op_breakdown, peak_memory
 
     torch_version = None
     if not args.no_torch:
@@ -191,44 +196,60 @@ def run(argv=None) -> int:
             torch_version = torch.__version__
         except ImportError:
             pass
-    rows = []
+    rows, notes = [], []
+    load_before = loadavg()
     for model in args.models.split(","):
+        fam = family(model, args.batch)
+        batch = len(fam.feeds["t"])
         for threads in (int(t) for t in args.threads.split(",")):
-            peers = {"trainops": _trainops_peer(model, args.batch, threads, args.lr)}
-            if torch_version:
-                peers["torch"] = _torch_peer(model, args.batch, threads, args.lr)
-            if args.ort_training:
-                peers["ort-training"] = _ort_training_peer(model, args.batch, threads, args.lr)
-            med = _measure(peers, args.repeat, args.steps)
-            rows.append({"model": model, "batch": args.batch, "threads": threads,
-                         "ms": {k: v * 1e3 for k, v in med.items()}})
-    others = [p for p in ("torch", "ort-training") if any(p in r["ms"] for r in rows)]
-    from .host import loadavg
-
+            med = _measure(_peers(fam, threads, args, torch_version, notes), args.repeat, args.steps)
+            row = {"model": model, "batch": batch, "threads": threads,
+                   "ms": {k: v * 1e3 for k, v in med.items()}, "load": loadavg()}
+            if args.profile:
+                row["profile_us"] = op_breakdown(fam, threads)
+            if args.memory:
+                row["peak_mib"] = {p: (None if b is None else b / 2**20) for p in
+                                   (["trainops"] + (["torch"] if torch_version else []))
+                                   for b in [peak_memory(model, batch, p, threads)]}
+            rows.append(row)
+    others = [p for p in LABELS if any(p in r["ms"] for r in rows)]
     header = (f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, load average "
-              f"{loadavg()}; "
-              f"one training step (forward, loss, backward, optimizer), median of {args.repeat} "
+              f"{load_before} before, {loadavg()} after; "
+              f"one training step (forward, loss, backward, Adam), median of {args.repeat} "
               f"x {args.steps} steps, peers interleaved in one process; onnxruntime "
-              f"{ort.__version__}, torch {torch_version or 'not installed'}")
-    if "ort-training" in others:
-        header += "; onnxruntime-training's Module + Optimizer (AdamW)"
-    labels = {"torch": "torch eager", "ort-training": "onnxruntime-training"}
-    names = {"mlp": "MLP " + "-".join(map(str, MLP_SIZES)), "cnn": "CNN (demo, 8x8 digits)"}
+              f"{ort.__version__}, torch {torch_version or 'not installed'}; BatchNorm in "
+              "its inference form (running statistics) in both")
     cols = ["model", "batch", "threads", "trainops"]
     for p in others:
-        cols += [labels[p], f"{labels[p]} / trainops"]
+        cols += [LABELS[p], f"{LABELS[p]} / trainops"]
+    if args.memory:
+        cols += ["peak MiB trainops", "peak MiB torch"]
     table = []
     for r in rows:
         ms = r["ms"]
-        line = [names[r["model"]], str(r["batch"]), str(r["threads"]), f"{ms['trainops']:.3f} ms"]
+        line = [NAMES.get(r["model"], r["model"]), str(r["batch"]), str(r["threads"]),
+                f"{ms['trainops']:.3f} ms"]
         for p in others:
             line += [f"{ms[p]:.3f} ms", f"{ms[p] / ms['trainops']:.2f}x"] if p in ms else ["n/a"] * 2
+        if args.memory:
+            line += ["n/a" if v is None else f"{v:.1f}" for v in
+                     (r["peak_mib"].get("trainops"), r["peak_mib"].get("torch"))]
         table.append(line)
     print(header + ("\n" if args.markdown else ""))
     print(format_rows(cols, table, args.markdown))
+    for n in notes:
+        print(f"\n{n}")
+    if args.profile:
+        for r in rows:
+            prof = r["profile_us"]
+            total = prof["(total kernels)"]
+            top = [(k, v) for k, v in prof.items() if not k.startswith("(")][:args.top]
+            print(f"\ntrainops {r['model']}, {r['threads']} thread(s): kernels "
+                  f"{total / 1e3:.3f} ms of a {prof['(session run)'] / 1e3:.3f} ms run: "
+                  + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in top))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"header": header, "rows": rows}, f, indent=2)
+            json.dump({"header": header, "rows": rows, "notes": notes}, f, indent=2)
     return 0
 
 

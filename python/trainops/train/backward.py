@@ -15,6 +15,7 @@ from ..autodiff import GradientError, build_backward, infer
 from ..autodiff.backward import default_opset, toposort
 from ..autodiff.graph import Builder, skeleton
 from .batchnorm import training_batchnorm
+from ..autodiff.simplify import merge_recomputations
 from .fp16 import to_fp16_graph
 from .params import default_params
 from .rng import philox_states
@@ -175,5 +176,6 @@ def forward_backward(model: onnx.ModelProto, options: StepOptions) -> Backward:
             seed = b.op("Expand", [seed, b.op("Shape", [loss])])
     b, grads = build_backward(inferred, opset, loss, wrt, seed=seed, builder=b)
     forward, rng = philox_states(src, g, inferred, options.key_seed)
-    return Backward(g, forward + list(b.nodes), grads, inferred, ptypes, values, copies,
+    forward, bnodes = merge_recomputations(forward, list(b.nodes))
+    return Backward(g, forward + bnodes, grads, inferred, ptypes, values, copies,
                     loss_t, rng, inputs, opset, bn)

@@ -52,16 +52,20 @@ class StepRuntime:
     ``arrays``: name -> numpy buffer the session reads and writes in place: every state
     (by its input name, in ``graph.states`` order, starting at its ``initial``), then the
     loss output and the extra outputs (by output name). ``values``: their OrtValues.
-    :meth:`run` does one step."""
+    :meth:`run` does one step. ``configure``, when given, is called with the
+    SessionOptions before the session is made (the benchmark's profiler, the optimised
+    model's file)."""
 
     def __init__(self, graph: StepGraph, threads: int | None = None,
-                 library: str | None = None, placement=None):
+                 library: str | None = None, placement=None, *, configure=None):
         import onnxruntime as ort
 
         self.graph = graph
         if placement is None or placement.is_cpu:
-            self.session = ort.InferenceSession(graph.model.SerializeToString(),
-                                                session_options(threads, library),
+            so = session_options(threads, library)
+            if configure is not None:  # e.g. the bench's profiler
+                configure(so)
+            self.session = ort.InferenceSession(graph.model.SerializeToString(), so,
                                                 providers=["CPUExecutionProvider"])
         else:
             so = session_options(threads, library, register=False)
