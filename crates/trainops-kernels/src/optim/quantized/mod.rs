@@ -24,7 +24,7 @@
 //! binary search over permuted registers. Without fused multiply-adds every level gives the
 //! reference's bits. The kernel is compute-bound (the searches and three divisions per
 //! element), far from its memory ceiling (`benches/optim8bit.rs`). Blocks run in
-//! [`CHUNK`](crate::parallel::CHUNK)-element tasks (a multiple of the
+//! [`CHUNK`]-element tasks (a multiple of the
 //! block), so a block never straddles two threads and the result is independent of them.
 
 pub mod adamw;
