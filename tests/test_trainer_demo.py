@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import onnxruntime as ort
 
 from trainops import optim
@@ -63,3 +64,52 @@ def test_bench_train_is_a_bench_target(library_path, capsys):
                      "--steps", "1", "--no-torch", "--markdown"]) == 0
     text = capsys.readouterr().out
     assert "| MLP 256-512-512-10, LayerNorm+GELU | 64 | 1 |" in text
+
+
+def _is_png(path) -> bool:
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_demo_main_writes_the_training_plot(library_path, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    from trainops.demos.train import main
+
+    path = tmp_path / "curves.png"
+    main(["--steps", "12", "--mixed-steps", "12", "--threads", "1", "--plot", str(path)])
+    out = capsys.readouterr().out
+    assert _is_png(path), out
+    assert f"written to {path}" in out.splitlines()[-1]  # said where, after the table
+
+
+def test_demo_main_default_plot_and_no_plot(library_path, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("matplotlib")
+    from trainops.demos.train import main
+
+    monkeypatch.chdir(tmp_path)
+    main(["--steps", "5", "--mixed-steps", "0", "--threads", "1", "--no-plot"])
+    assert not (tmp_path / "demo-training.png").exists()
+    main(["--steps", "5", "--mixed-steps", "0", "--threads", "1"])
+    assert _is_png(tmp_path / "demo-training.png")  # the default: the working directory
+    assert str(tmp_path / "demo-training.png") in capsys.readouterr().out
+
+
+def test_demo_plot_without_matplotlib_says_so(tmp_path, monkeypatch):
+    import sys
+
+    from trainops.demos.plot import write_plot
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib -> ImportError
+    runs = {"float32": {"losses": [2.0, 1.0], "accuracies": [(1, 0.1), (2, 0.5)]}}
+    line = write_plot(runs, str(tmp_path / "x.png"), "t")
+    assert "not plotted (needs matplotlib" in line
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_demo_plot_unwritable_path_says_so(tmp_path):
+    pytest.importorskip("matplotlib")
+    from trainops.demos.plot import write_plot
+
+    runs = {"float32": {"losses": [2.0, 1.0], "accuracies": [(1, 0.1), (2, 0.5)]}}
+    line = write_plot(runs, str(tmp_path / "missing-dir" / "x.png"))
+    assert line.startswith("training curves: not plotted") and "missing-dir" in line

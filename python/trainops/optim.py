@@ -130,7 +130,7 @@ class Momentum(Optimizer):
 @dataclass
 class AdamW(Optimizer):
     """PyTorch's ``torch.optim.AdamW`` (``com.trainops::AdamW``), with PyTorch's argument
-    names and defaults and its arithmetic (README, AdamW): ``M`` and ``V`` (first and
+    names and defaults and its arithmetic (docs/ops/adamw.md): ``M`` and ``V`` (first and
     second moments) per parameter, and ``Vmax`` with ``amsgrad``. ``T`` is torch's step.
     ``AdamW(weight_decay=0)`` is ``torch.optim.Adam``'s update.
 

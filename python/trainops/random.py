@@ -252,7 +252,7 @@ def make_reproducible(model: Any, seed: int) -> Any:
             ins = ins + [""] * (2 - len(ins))
             if ins[0] and ins[0] in types and types[ins[0]].tensor_type.elem_type != _FLOAT:
                 # PhiloxDropout's ratio is float: ONNX Runtime cannot type an op with two
-                # inputs of undeclared type (README, PhiloxDropout).
+                # inputs of undeclared type (docs/ops/random.md, PhiloxDropout).
                 cast = fresh(f"{name}_ratio_float")
                 new_nodes.append(helper.make_node("Cast", [ins[0]], [cast], to=_FLOAT,
                                                   name=f"{name}_ratio_cast"))

@@ -22,8 +22,8 @@ node); ``--plot FILE`` writes a PNG of throughput against N (needs matplotlib).
 ``--optimizers`` measures instead every optimizer and weight type against its own memory
 ceiling in one run (:mod:`.optimizers`): Adam, Adagrad, Momentum (standard, Nesterov) in
 float32, float16 and bfloat16, and MixedPrecisionAdam; it prints a summary table with a
-ratio column, and ``--plot FILE`` then draws those ratios. The README's table and
-``docs/bench-adam.png`` come from ``python -m trainops bench adam --optimizers --sizes 16e6
+ratio column, and ``--plot FILE`` then draws those ratios. The table in
+``docs/performance/optimizers.md`` and ``docs/bench-adam.png`` come from ``python -m trainops bench adam --optimizers --sizes 16e6
 --markdown --plot docs/bench-adam.png``.
 """
 

@@ -18,6 +18,7 @@ import time
 import numpy as np
 
 from ..onnx_defs import IR_VERSION, ONNX_OPSET
+from .plot import DEFAULT_PATH, write_plot
 
 GLYPHS = [
     ["01110", "10001", "10011", "10101", "11001", "10001", "01110"],  # 0
@@ -228,6 +229,12 @@ def main(argv=None) -> int:
     ap.add_argument("--shard-optimizer", action="store_true",
                     help="with --distributed: shard Adam's state over the ranks (ZeRO-1)")
     ap.add_argument("--json", metavar="PATH", help="write the losses to PATH (rank 0)")
+    ap.add_argument("--plot", metavar="PATH", default=DEFAULT_PATH,
+                    help="write the training curves (loss and test accuracy per step, float32 "
+                         f"against mixed_float16) to PATH, a PNG (default: {DEFAULT_PATH} in "
+                         "the working directory; needs matplotlib; not with --distributed)")
+    ap.add_argument("--no-plot", dest="plot", action="store_const", const=None,
+                    help="write no plot")
     args = ap.parse_args(argv)
     if args.distributed:
         return _main_distributed(args)
@@ -235,11 +242,17 @@ def main(argv=None) -> int:
     if args.json:
         _write_json(args.json, r)
     ok = np.mean(r["losses"][-10:]) < r["losses"][0] and r["test_accuracy"] > 0.5
+    runs = {"float32": r}
     if args.mixed_steps:
         print()
         m = train(args.mixed_steps, args.batch, args.lr, policy="mixed_float16",
                   threads=args.threads)
         ok = ok and np.mean(m["losses"][-10:]) < m["losses"][0]
+        runs["mixed_float16"] = m
+    if args.plot:
+        print()
+        print(write_plot(runs, args.plot, title=f"trainops demo: CNN on 8x8 digits, Adam(lr="
+                         f"{args.lr}), batch {args.batch}"))
     return 0 if ok else 1
 
 

@@ -3,7 +3,7 @@
 trainops' ops get into the session, whether the step graph is rewritten to standard ops),
 and :meth:`Placement.session` makes the session of a model with it.
 
-The doors (see the README's "Execution providers" section):
+The doors (docs/gpu.md):
 
 - CPU (default): ``register_custom_ops_library``, the CPU kernels.
 - ``device="cuda"`` (or ``CUDAExecutionProvider`` among ``providers``; onnxruntime-gpu):

@@ -8,7 +8,7 @@
 //! attributes ([`Optimizer::Attrs`]) become per-call coefficients ([`Optimizer::coeffs`],
 //! formed in `f64` and rounded once to the compute type), and each element is updated by
 //! [`Optimizer::update`]. [`Optimizer::step`] runs a whole node: its [`Param`]s are cut into
-//! [`CHUNK`](crate::parallel::CHUNK)-element pieces run on the caller's [`Parallelism`], each
+//! [`CHUNK`]-element pieces run on the caller's [`Parallelism`], each
 //! piece by [`Optimizer::chunk`] (the portable loop unless the optimizer has SIMD kernels).
 //! [`Optimizer::reference`] is the plain scalar reference, written from onnx's, that the
 //! tests hold every fast path to.

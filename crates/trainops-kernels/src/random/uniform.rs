@@ -3,7 +3,7 @@
 //! product and the sum are each rounded to float32; for double they are float64; for the
 //! 16-bit types they are float32, rounded once to the output type at the end.
 //!
-//! Every level gives the bits of [`reference`]: the SIMD loops do the same IEEE operations
+//! Every level gives the bits of [`reference()`]: the SIMD loops do the same IEEE operations
 //! (a multiply, then an add: never fused) on the same values.
 
 use half::{bf16, f16};

@@ -26,7 +26,7 @@
 //! redoing the rare flagged groups by a binary search over permuted registers on `v / d`.
 //! Without fused multiply-adds every level gives the reference's bits. The kernel is still
 //! compute-bound, short of its memory ceiling (`benches/optim8bit.rs`). Blocks run in
-//! [`CHUNK`](crate::parallel::CHUNK)-element tasks (a multiple of the
+//! [`CHUNK`]-element tasks (a multiple of the
 //! block), so a block never straddles two threads and the result is independent of them.
 
 pub mod adamw;

@@ -22,7 +22,7 @@ pub enum ShapeFrom {
 }
 
 /// Checks requested output dimensions of op `op`: non-negative, element count within
-/// [`MAX_ELEMENTS`].
+/// `MAX_ELEMENTS` (2^31).
 pub fn output_numel(op: &'static str, dims: &[i64], from: ShapeFrom) -> Result<usize> {
     let problem = if let Some(&d) = dims.iter().find(|&&d| d < 0) {
         format!("{dims:?}, with a negative dimension {d}")
