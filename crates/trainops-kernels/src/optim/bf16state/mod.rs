@@ -32,8 +32,8 @@
 //! AVX-512F enabled (`x86`), where the compiler vectorises the update and the rounding (no
 //! fused multiply-add is formed without fast-math, and AdamW's own `mul_add`s are fused in
 //! every build), while Philox fills each piece's words with its own SIMD kernels. Every level
-//! gives the reference's bits ([`reference`]). Work runs in
-//! [`CHUNK`](crate::parallel::CHUNK)-element tasks.
+//! gives the reference's bits ([`reference`](mod@reference)). Work runs in
+//! [`CHUNK`]-element tasks.
 
 pub mod reference;
 #[cfg(test)]
