@@ -53,14 +53,27 @@ def _size(init: onnx.TensorProto) -> int:
     return n
 
 
+def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """``graph``'s nodes and, after each, those of its subgraphs (an If's branches read
+    the main graph's weights from the outer scope), at any depth."""
+    out = []
+    for n in graph.node:
+        out.append(n)
+        for a in n.attribute:
+            for sub in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                out.extend(_all_nodes(sub))
+    return out
+
+
 def default_params(model: onnx.ModelProto) -> list[str]:
     """The float initializers of ``model``'s main graph that are weights (the module's
-    rule), in initializer order."""
+    rule, applied to the nodes of its subgraphs too), in initializer order."""
     g = model.graph
+    nodes = _all_nodes(g)
     inits = {i.name: i for i in g.initializer if i.data_type in FLOATS}
     # Each view's output stands for the initializers it views.
     origin: dict[str, set[str]] = {name: {name} for name in inits}
-    for n in g.node:
+    for n in nodes:
         if n.domain not in ("", "ai.onnx") or n.op_type not in VIEWS:
             continue
         srcs = n.input if n.op_type == "Concat" else n.input[:1]
@@ -69,7 +82,7 @@ def default_params(model: onnx.ModelProto) -> list[str]:
             for o in n.output:
                 if o:
                     origin[o] = found
-    layer_out = {o for n in g.node if n.op_type in WEIGHT_INPUTS for o in n.output if o}
+    layer_out = {o for n in nodes if n.op_type in WEIGHT_INPUTS for o in n.output if o}
 
     def is_bias(node, k, src) -> bool:  # a one-element rank >= 1 Add operand of a layer
         other = [i for j, i in enumerate(node.input) if j != k]
@@ -77,7 +90,7 @@ def default_params(model: onnx.ModelProto) -> list[str]:
                 and any(i in layer_out for i in other))
 
     weights: set[str] = set()
-    for n in g.node:
+    for n in nodes:
         if n.domain not in ("", "ai.onnx"):
             continue
         slots = WEIGHT_INPUTS.get(n.op_type, ())
