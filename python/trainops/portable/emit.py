@@ -102,6 +102,7 @@ class Emitter:
         self._ones: dict[int, str] = {}
         self.ordered_after: list[str] = []  # see ready
         self._ready: str | None = None
+        self._zero: str | None = None  # see _runtime_zero
         self._count = 0
 
     # -- names -------------------------------------------------------------------------
@@ -214,8 +215,32 @@ class Emitter:
         return self.op("Mul", self.const(value, elem), self._ones[elem], hint="k")
 
     def cast(self, name: str, src: int, dst: int) -> str:
-        """``name`` converted from ``src`` to ``dst`` (no node when they are equal)."""
-        return name if src == dst else self.op("Cast", name, to=dst, hint="cast")
+        """``name`` converted from ``src`` to ``dst`` (no node when they are equal).
+
+        A 16-bit ``name`` goes through a ``Reshape`` to its own shape first (the shape
+        computed at run time): ONNX Runtime's CPU EP computes a float16 node that has no
+        float16 kernel in float32 between two ``Cast`` nodes it inserts, and then drops
+        such an inserted ``Cast`` to float16 when a ``Cast`` back to float32 follows, so
+        the value read would be the unrounded float32 (a gradient that overflows float16
+        would even read as finite). The fused kernels read the float16 tensor."""
+        if src == dst:
+            return name
+        if src in (FLOAT16, BFLOAT16):
+            shape = self.op("Add", self.op("Shape", name), self._runtime_zero(), hint="shape")
+            name = self.op("Reshape", name, shape, hint="as_stored")
+        return self.op("Cast", name, to=dst, hint="cast")
+
+    def _runtime_zero(self) -> str:
+        """An int64 scalar 0 read from the node's first input (one the loads of 16-bit
+        values do not feed), which ONNX Runtime cannot fold into a constant."""
+        if self._zero is None:
+            from ..graph_deps import zero_of
+
+            self._zero = self.fresh("runtime_zero")
+            nodes = zero_of([self.node.input[0]], self._zero, MIN_OPSET)
+            self.taken.update(o for n in nodes for o in n.output)
+            self.nodes.extend(nodes)
+        return self._zero
 
     def sqrt(self, name: str, elem: int) -> str:
         """``sqrt(name)``, correctly rounded: for float32 with ``sqrt="exact"`` (the
