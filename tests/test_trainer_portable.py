@@ -12,6 +12,7 @@ the graph itself, for any schedule ONNX Runtime may pick; the training runs chec
 from __future__ import annotations
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
 from trainops import Trainer, optim
@@ -86,6 +87,10 @@ def test_portable_trainer_matches_the_fused_trainer_bitwise(library_path, model,
     assert any((v != fused.step_graph.initial[k]).any() for k, v in tr.parameters().items())
 
 
+@pytest.mark.skipif(ort.__version__.startswith("1.17."), reason=(
+    "onnxruntime 1.17's CPU EP runs the float16 forward in float32 and drops some of the "
+    "Casts it inserts depending on the rest of the graph: the fused and the portable graphs' "
+    "logits are rounded to float16 differently there (seen on 1.17.3; 1.32 rounds both alike)"))
 @pytest.mark.parametrize("model", sorted(MODELS))
 def test_portable_mixed_float16_matches_the_fused_trainer_bitwise(library_path, model):
     opt = optim.Adam(lr=0.01)
@@ -145,3 +150,39 @@ def test_every_reader_of_a_state_runs_before_its_write(library_path, portable, p
         assert not late, f"{state.input} is overwritten before {late} read it"
         checked += len(readers)
     assert checked > len(tr.step_graph.states)  # parameters are read by forward and backward
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["fused", "portable"])
+def test_each_step_equals_a_fresh_session_run(library_path, portable):
+    """Every step of a Trainer session (reused, state bound in place) gives the states a
+    fresh session computes from the same inputs: ONNX Runtime keeps nothing between runs
+    that changes a result (onnxruntime 1.17.3's memory pattern did, for this CNN)."""
+    from trainops import get_library_path
+
+    make, batches = MODELS["cnn"]
+    tr = Trainer(make(), "loss", optimizer=OPTIMIZERS["Momentum"], seed=3, portable=portable)
+    g, runtime = tr.step_graph, tr.runtime
+    so = ort.SessionOptions()
+    so.register_custom_ops_library(get_library_path())
+    model = g.model.SerializeToString()
+    step = runtime.run
+    seen = []
+
+    def checked(feeds, lr, t):
+        inputs = dict(feeds)
+        inputs[g.lr_input] = np.array([lr], g.lr_dtype)
+        inputs[g.step_input] = np.array([t], np.int64)
+        inputs.update({e.input: runtime.arrays[e.input].copy() for e in g.states})
+        fresh = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"])
+        want = dict(zip([o.name for o in fresh.get_outputs()], fresh.run(None, inputs)))
+        loss = step(feeds, lr, t)
+        assert loss == float(want[g.loss_output].reshape(-1)[0])
+        for e in g.states:
+            assert runtime.arrays[e.input].tobytes() == want[e.output].tobytes(), (t, e.input)
+        seen.append(t)
+        return loss
+
+    runtime.run = checked
+    for f in batches(4):
+        tr.step(f)
+    assert len(seen) == 4
