@@ -231,8 +231,9 @@ class Emitter:
         return self.op("Cast", name, to=dst, hint="cast")
 
     def _runtime_zero(self) -> str:
-        """An int64 scalar 0 read from the node's first input (one the loads of 16-bit
-        values do not feed), which ONNX Runtime cannot fold into a constant."""
+        """An int64 scalar 0 read from the node's first input (a data dependency, which
+        ONNX Runtime cannot fold into a constant; when that input is itself a 16-bit value
+        :meth:`cast` loads, reading it here makes no cycle)."""
         if self._zero is None:
             from ..graph_deps import zero_of
 
