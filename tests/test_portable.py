@@ -778,3 +778,34 @@ def test_dropout_without_ratio_or_training_mode_is_the_identity(make_session, rn
     for name, g, w in zip(["output", "mask", "state_out"], plain_session(portable).run(None, feeds),
                           make_session(model).run(None, feeds)):
         assert_same_bits(name, g, w, 0)
+
+
+def _depends_on(model) -> dict[str, set[str]]:
+    """For each graph output, the graph inputs it depends on (subgraph captures counted)."""
+    from trainops.autodiff.graph import node_inputs
+
+    reach = {i.name: {i.name} for i in model.graph.input}
+    for n in model.graph.node:  # the rewrite keeps the nodes topologically ordered
+        deps = set().union(*(reach.get(x, set()) for x in node_inputs(n)))
+        for o in n.output:
+            reach[o] = deps
+    return {o.name: reach[o.name] for o in model.graph.output}
+
+
+@pytest.mark.parametrize("make", [
+    lambda: adam_model([(3,), (2, 2), (5,)]),
+    lambda: adagrad_model([(3,), (4,)]),
+    lambda: momentum_model([(3,), (4,)], alpha=0.9, beta=1.0, mode="nesterov",
+                           norm_coefficient=0.0),
+    lambda: adamw_model([(3,), (4,)], amsgrad=1),
+    lambda: adamw_model([(3,), (4,)], F16, r_dtype=F32),
+    lambda: mixed_precision_adam_model([(3,), (4,)], F16, copy_dtype=onnx.TensorProto.FLOAT16),
+], ids=["Adam", "Adagrad", "Momentum", "AdamW-amsgrad", "AdamW-float16", "MixedPrecisionAdam"])
+def test_every_output_waits_for_every_input(make):
+    """As the fused node, which reads all its inputs before it writes: with in-place
+    IOBinding, an output written before some input is read (another tensor's gradient,
+    computed from the old weights) would change that input."""
+    model = make()
+    inputs = {i.name for i in model.graph.input}
+    for out, deps in _depends_on(rewrite(model)).items():
+        assert deps == inputs, (out, sorted(inputs - deps))

@@ -97,11 +97,6 @@ def test_portable_step_of_one_parameter_matches_the_fused_kernels(library_path, 
     same(tr, fused)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "trainops.portable's expansion writes each parameter's new value as soon as ITS gradient "
-    "exists; with the Trainer's in-place IOBinding (output buffer = input buffer), w2's update "
-    "can overwrite w2 before the backward MatMul reads it for w1's gradient. The fused node "
-    "waits for every gradient; the expansion needs the same barrier."))
 @pytest.mark.parametrize("opt", OPTS, ids=lambda o: o.op_type)
 def test_portable_graph_has_no_custom_nodes_and_matches_the_fused_kernels(library_path, opt):
     fused, losses = train(optimizer=opt)

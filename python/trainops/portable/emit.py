@@ -16,13 +16,16 @@ from typing import Any, Mapping
 import numpy as np
 
 __all__ = ["Emitter", "Expansion", "ExpansionError", "float_attrs", "FLOAT", "DOUBLE",
-           "FLOAT16", "BFLOAT16", "INT64", "BOOL", "FLOAT_TYPES", "SQRT_MODES"]
+           "FLOAT16", "BFLOAT16", "INT64", "BOOL", "FLOAT_TYPES", "SQRT_MODES", "MIN_OPSET"]
 
 # ONNX TensorProto element types used here.
 FLOAT, INT64, BOOL, FLOAT16, DOUBLE, BFLOAT16 = 1, 7, 9, 10, 11, 16
 FLOAT_TYPES = (FLOAT, DOUBLE, FLOAT16, BFLOAT16)
 # How float32 square roots are emitted (see Emitter.sqrt).
 SQRT_MODES = ("exact", "native")
+# The oldest default-domain opset the expansions' nodes are written for (Cast to bfloat16,
+# Reshape to rank 0, ReduceSum without axes, IsInf, Slice with inputs).
+MIN_OPSET = 13
 _NP = {FLOAT: np.float32, DOUBLE: np.float64, INT64: np.int64, BOOL: np.bool_}
 _NAMES = {FLOAT: "float", DOUBLE: "double", FLOAT16: "float16", BFLOAT16: "bfloat16",
           INT64: "int64", BOOL: "bool"}
@@ -97,7 +100,9 @@ class Emitter:
         self._renames: dict[str, str] = {}
         self._scalars: dict[str, str] = {}
         self._ones: dict[int, str] = {}
-        self.ordered_after: list[str] = []  # see after_inputs
+        self.ordered_after: list[str] = []  # see ready
+        self._ready: str | None = None
+        self._zero: str | None = None  # see _runtime_zero
         self._count = 0
 
     # -- names -------------------------------------------------------------------------
@@ -169,20 +174,37 @@ class Emitter:
         return self._scalars[name]
 
     def ready(self) -> str:
-        """A bool scalar, always true, computed from every name in :attr:`ordered_after`
-        (the node's one-element inputs: ``R``, ``T``, ``loss_scale``), as ``not (s < s)``.
+        """A bool scalar, always true, that depends on every input of the node: ``not
+        (s < s)`` for each name in :attr:`ordered_after` (the node's one-element inputs:
+        ``R``, ``T``, ``loss_scale``), and ``z == 0`` for ``z``, an int64 0 read from one
+        element of each of its other inputs (:func:`trainops.graph_deps.zero_of`).
 
         The fused node reads all its inputs before it writes any output. Its expansion
-        must keep that order for in-place IOBinding: when ``T`` is ``step + 1`` and
-        ``step.new`` (bound to ``step``'s buffer) is computed from one of the node's
-        outputs, every output has to depend on ``T``, or the runtime may overwrite
-        ``step`` before it computes ``T``. Outputs are made to depend on this value."""
-        parts = [self.op("Not", self.op("Less", self.scalar(n), self.scalar(n)))
-                 for n in self.ordered_after]
-        token = parts[0]
-        for p in parts[1:]:
-            token = self.op("And", token, p)
-        return token
+        must keep that order for in-place IOBinding (each state output bound to its
+        input's buffer), so every output depends on this value (through
+        :meth:`coefficient`). Without it the runtime may write a tensor's new value as
+        soon as that tensor's OWN inputs exist: ``X_2`` as soon as ``G_2`` does, while
+        the backward pass still reads ``X_2`` to compute ``G_1``; or overwrite ``step``
+        (``step.new``, computed from an output, bound to ``step``'s buffer) before ``T =
+        step + 1`` is read. Computed once per expansion."""
+        if self._ready is None:
+            from ..graph_deps import zero_of
+
+            parts = [self.op("Not", self.op("Less", self.scalar(n), self.scalar(n)))
+                     for n in self.ordered_after]
+            rest = list(dict.fromkeys(x for x in self.node.input
+                                      if x and x not in self.ordered_after))
+            if rest:
+                zero = self.fresh("all_read")
+                nodes = zero_of(rest, zero, MIN_OPSET)
+                self.taken.update(o for n in nodes for o in n.output)
+                self.nodes.extend(nodes)
+                parts.append(self.op("Equal", zero, self.const(0, INT64)))
+            token = parts[0]
+            for p in parts[1:]:
+                token = self.op("And", token, p)
+            self._ready = token
+        return self._ready
 
     def coefficient(self, value: float, elem: int) -> str:
         """The constant ``value`` of ``elem`` times a 1.0 computed from :meth:`ready`
@@ -193,8 +215,33 @@ class Emitter:
         return self.op("Mul", self.const(value, elem), self._ones[elem], hint="k")
 
     def cast(self, name: str, src: int, dst: int) -> str:
-        """``name`` converted from ``src`` to ``dst`` (no node when they are equal)."""
-        return name if src == dst else self.op("Cast", name, to=dst, hint="cast")
+        """``name`` converted from ``src`` to ``dst`` (no node when they are equal).
+
+        A 16-bit ``name`` goes through a ``Reshape`` to its own shape first (the shape
+        computed at run time): ONNX Runtime's CPU EP computes a float16 node that has no
+        float16 kernel in float32 between two ``Cast`` nodes it inserts, and then drops
+        such an inserted ``Cast`` to float16 when a ``Cast`` back to float32 follows, so
+        the value read would be the unrounded float32 (a gradient that overflows float16
+        would even read as finite). The fused kernels read the float16 tensor."""
+        if src == dst:
+            return name
+        if src in (FLOAT16, BFLOAT16):
+            shape = self.op("Add", self.op("Shape", name), self._runtime_zero(), hint="shape")
+            name = self.op("Reshape", name, shape, hint="as_stored")
+        return self.op("Cast", name, to=dst, hint="cast")
+
+    def _runtime_zero(self) -> str:
+        """An int64 scalar 0 read from the node's first input (a data dependency, which
+        ONNX Runtime cannot fold into a constant; when that input is itself a 16-bit value
+        :meth:`cast` loads, reading it here makes no cycle)."""
+        if self._zero is None:
+            from ..graph_deps import zero_of
+
+            self._zero = self.fresh("runtime_zero")
+            nodes = zero_of([self.node.input[0]], self._zero, MIN_OPSET)
+            self.taken.update(o for n in nodes for o in n.output)
+            self.nodes.extend(nodes)
+        return self._zero
 
     def sqrt(self, name: str, elem: int) -> str:
         """``sqrt(name)``, correctly rounded: for float32 with ``sqrt="exact"`` (the

@@ -15,7 +15,10 @@ expansions do the kernels' operations (``crates/trainops-kernels/src/optim/*/mod
 
 - float32 square roots go through float64 unless ``sqrt="native"``
   (:meth:`~trainops.portable.emit.Emitter.sqrt`);
-- every output depends on ``R`` and ``T`` (:meth:`~trainops.portable.emit.Emitter.ready`).
+- every output depends on every input of the node, as the fused node reads them all
+  before it writes (:meth:`~trainops.portable.emit.Emitter.ready`): with in-place
+  IOBinding no tensor's new value may be written before another gradient, computed from
+  the old weights, exists.
 
 So on a runtime that rounds every ``Mul``/``Add``/``Sub``/``Div`` and the double ``Sqrt``
 correctly (no fused multiply-add) and whose double ``Pow`` is the kernels' ``f64::powf``
@@ -111,7 +114,7 @@ def adam_update(e: Emitter, c: int, a: Mapping[str, float], rate: str, x: str, g
     k = lambda value: e.const(value, c)  # noqa: E731 - a coefficient rounded once to c
     if loss_scale is not None:
         g = e.op("Div", g, loss_scale, hint="g")
-    # norm * x + g, norm ordered after R and T (every output depends on g; see Emitter.ready)
+    # norm * x + g, norm ordered after every input (every output depends on g; Emitter.ready)
     g = e.op("Add", e.op("Mul", e.coefficient(a["norm_coefficient"], c), x), g, hint="g")
     v = e.op("Add", e.op("Mul", k(a["alpha"]), v), e.op("Mul", k(1.0 - a["alpha"]), g), hint="v")
     gg = e.op("Mul", g, g)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Callable, Mapping, Optional
 
 from ..onnx_defs import ONNX_OPSET, TRAINING_DOMAIN, TRAINOPS_DOMAIN
-from .emit import BOOL, FLOAT, INT64, Expansion, ExpansionError
+from .emit import BOOL, FLOAT, INT64, MIN_OPSET, Expansion, ExpansionError
 from .dropout import philox_dropout
 from .mixed import all_finite, dynamic_loss_scale, mixed_precision_adam
 from .adamw import adamw
@@ -34,8 +34,6 @@ EXPANSIONS: dict[tuple[str, str], Expand] = {
     (TRAINOPS_DOMAIN, "PhiloxDropout"): philox_dropout,
 }
 
-# The expansions use Cast to bfloat16, Reshape to rank 0, ReduceSum without axes, IsInf.
-MIN_OPSET = 13
 _DEFAULT = ("", "ai.onnx")
 
 

@@ -24,6 +24,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..autodiff.graph import node_inputs as _all_inputs
+from ..graph_deps import zero_of as _zero_of
 from .spec import PREFIX as _P
 
 __all__ = ["order_updates", "pending_name"]
@@ -46,34 +47,6 @@ def _ancestors(nodes: Sequence[onnx.NodeProto], names) -> set[int]:
         seen.add(k)
         stack.extend(producer[x] for x in _all_inputs(nodes[k]) if x in producer)
     return seen
-
-
-def _zero_of(values: Sequence[str], name: str, opset: int) -> list[onnx.NodeProto]:
-    """Nodes computing ``name``, an int64 scalar 0 that depends on the data of every tensor
-    in ``values`` (any type and shape, empty included), reading one element of each."""
-    p = f"{name}/"
-    nodes = [helper.make_node("Constant", [], [p + "flat"], value=helper.make_tensor(
-                 p + "flat", TensorProto.INT64, [1], [-1])),
-             helper.make_node("Constant", [], [p + "zero"], value=helper.make_tensor(
-                 p + "zero", TensorProto.INT64, [], [0]))]
-    if opset >= 10:
-        nodes += [helper.make_node("Constant", [], [p + k], value=helper.make_tensor(
-            p + k, TensorProto.INT64, [1], [v])) for k, v in (("start", 0), ("end", 1))]
-    ones = []
-    for k, v in enumerate(values):
-        q = f"{p}{k}/"
-        slice_ = (helper.make_node("Slice", [q + "flat", p + "start", p + "end"], [q + "first"])
-                  if opset >= 10 else
-                  helper.make_node("Slice", [q + "flat"], [q + "first"], starts=[0], ends=[1],
-                                   axes=[0]))
-        nodes += [helper.make_node("Reshape", [v, p + "flat"], [q + "flat"]), slice_,
-                  helper.make_node("Cast", [q + "first"], [q + "bool"], to=TensorProto.BOOL),
-                  helper.make_node("Cast", [q + "bool"], [q + "int"], to=TensorProto.INT64)]
-        ones.append(q + "int")
-    nodes += [helper.make_node("Concat", ones, [p + "all"], axis=0),
-              helper.make_node("ReduceSum", [p + "all"], [p + "count"], keepdims=0),
-              helper.make_node("Mul", [p + "count", p + "zero"], [name])]
-    return nodes
 
 
 def order_updates(nodes: list[onnx.NodeProto], writers: list[onnx.NodeProto],

@@ -27,7 +27,14 @@ def session_options(threads: int | None, library: str | None = None, *, spin: bo
     :func:`trainops.get_library_path`; ``register=False``: not, the caller's placement
     decides), ``threads`` intra-op threads (None: ONNX Runtime's choice) and one inter-op
     thread, warnings off; ``spin=False``: idle intra-op workers do not spin (ranks may
-    outnumber cores)."""
+    outnumber cores).
+
+    ONNX Runtime's memory pattern (the buffer layout recorded on the first run and reused
+    on later ones) is off: with it, onnxruntime 1.17.3 overlaps live tensors of a CNN's
+    step from the second run on (the conv layers' new weights and moments then differ from
+    a fresh session's, fused optimizer or standard ops alike; its issue 18672 reports this
+    kind of bug). Off, each tensor comes from the arena; measured on the demo CNN with
+    onnxruntime 1.32, one thread, a step takes within 1% of the time it took with it."""
     import onnxruntime as ort
 
     from .. import get_library_path
@@ -41,6 +48,7 @@ def session_options(threads: int | None, library: str | None = None, *, spin: bo
     if not spin:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     so.log_severity_level = 3
+    so.enable_mem_pattern = False
     return so
 
 
