@@ -1,22 +1,19 @@
-"""Reverse-mode differentiation of an ONNX graph, and ``expand_gradients``: every
-``ai.onnx.preview.training::Gradient`` node replaced by its backward graph."""
+"""Reverse-mode differentiation of an ONNX graph (:func:`build_backward`, :func:`backprop`);
+``expand_gradients`` (:mod:`.expand`) applies it to ``Gradient`` nodes."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 import onnx
-from onnx import helper
 
-from ..onnx_defs import TRAINING_DOMAIN
 from . import control
-from .graph import (FLOAT_TYPES, Builder, GradientError, attr, captures, defined_in, describe,
+from .graph import (FLOAT_TYPES, Builder, GradientError, captures, defined_in, describe,
                     node_inputs, skeleton)
 from .hygiene import cast_types, check_float, reinfer, toposort, undefined
 from .rules import RULES, Ctx
 
-__all__ = ["build_backward", "backprop", "expand_gradients", "infer", "toposort",
-           "default_opset"]
+__all__ = ["build_backward", "backprop", "infer", "toposort", "default_opset"]
 
 
 def default_opset(model: onnx.ModelProto) -> int:
@@ -150,70 +147,3 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
         out.append(g if g is not None else b.zeros_like(x))
     return out
 
-
-def expand_gradients(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model`` in which every ``ai.onnx.preview.training::Gradient`` node is
-    replaced by ordinary default-domain ONNX ops (of the model's own opset) computing it.
-
-    A ``Gradient`` node's attributes ``xs`` (differentiated tensors, its first inputs),
-    ``zs`` (its other inputs, not differentiated) and ``y`` (the target) follow the ONNX
-    spec; its outputs are ``dy/dx`` for each x. A non-scalar ``y`` is differentiated as
-    ``sum(y)`` (the gradient of each element's sum, as with a seed of ones). An x that ``y``
-    does not depend on gets zeros. An op on the path from an x to y without a gradient rule
-    raises :class:`GradientError` naming the op type and the node; so do the other refusals
-    of :func:`build_backward` (a cycle, an undefined tensor, an integer x or y). Nodes may
-    be listed in any order.
-    """
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    g = out.graph
-    grad_nodes = [n for n in g.node if n.domain == TRAINING_DOMAIN and n.op_type == "Gradient"]
-    if not grad_nodes:
-        return out
-    opset = default_opset(out)
-    available = {i.name for i in g.input} | {i.name for i in g.initializer}
-    forward = onnx.ModelProto()
-    forward.CopyFrom(out)
-    del forward.graph.node[:]  # sorted: onnx infers shapes in the listed order
-    forward.graph.node.extend(toposort([n for n in g.node if n not in grad_nodes], available))
-    grad_outputs = {o for n in grad_nodes for o in n.output}
-    keep = [o for o in forward.graph.output if o.name not in grad_outputs]
-    del forward.graph.output[:]
-    forward.graph.output.extend(keep)
-    inferred = infer(forward).graph
-
-    new_nodes = [n for n in g.node if n not in grad_nodes]
-    builder = None
-    for k, node in enumerate(grad_nodes):
-        xs = [x.decode() if isinstance(x, bytes) else x for x in attr(node, "xs", [])]
-        zs = [z.decode() if isinstance(z, bytes) else z for z in attr(node, "zs", [])]
-        y = attr(node, "y")
-        y = y.decode() if isinstance(y, bytes) else y
-        if not xs or not y:
-            raise GradientError(f"{describe(node)}: attributes 'xs' and 'y' are required")
-        if list(node.input) != xs + zs:
-            raise GradientError(f"{describe(node)}: its inputs {list(node.input)} must be the "
-                                f"tensors named by xs + zs ({xs + zs}): differentiating at "
-                                "other values than the graph's own is not supported")
-        if len(node.output) != len(xs):
-            raise GradientError(f"{describe(node)}: {len(node.output)} outputs for "
-                                f"{len(xs)} xs")
-        prefix = f"{node.name or 'Gradient'}_{k}" if len(grad_nodes) > 1 else (node.name or "Gradient")
-        builder = Builder(inferred, opset, prefix) if builder is None else builder
-        builder.prefix = prefix
-        builder.nodes = []
-        builder, gnames = build_backward(inferred, opset, y, xs, builder=builder)
-        nodes = list(builder.nodes)
-        for gname, oname in zip(gnames, node.output):
-            if oname:
-                nodes.append(helper.make_node("Identity", [gname], [oname],
-                                              name=builder.fresh("output_node")))
-        new_nodes += nodes
-
-    del g.node[:]
-    g.node.extend(toposort(new_nodes, available))
-    if not any(n.domain == TRAINING_DOMAIN for n in g.node):
-        keep_ops = [o for o in out.opset_import if o.domain != TRAINING_DOMAIN]
-        del out.opset_import[:]
-        out.opset_import.extend(keep_ops)
-    return out

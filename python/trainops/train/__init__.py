@@ -8,8 +8,8 @@
   :mod:`.barrier` (every in-place write after every other node), :mod:`.batchnorm`
   (BatchNorm in training mode, its running statistics as state) and :mod:`.params` (the
   default parameters);
-- :mod:`.fold`, :mod:`.importer`, :mod:`.prepare`: models as exported, made trainable, the
-  loss attached (the Trainer's first step);
+- :mod:`.importer` (on :mod:`trainops.autodiff.importing`), :mod:`.prepare`: models as
+  exported, made trainable, the loss attached (the Trainer's first step);
 - :mod:`.runtime`: :class:`StepRuntime`, the session and the in-place bindings of a
   StepGraph;
 - :mod:`.dist_graph`, :mod:`.dist_runtime`: data-parallel training on MPI (a gradient
