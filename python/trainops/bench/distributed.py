@@ -39,7 +39,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  description=__doc__.split("\n\n")[0])
     ap.add_argument("--procs", type=int, nargs="+", default=[1, 2, 4], metavar="N",
                     help="MPI process counts (default: 1 2 4)")
-    ap.add_argument("--models", default="mlp,cnn", help="comma-separated: mlp, cnn")
+    ap.add_argument("--models", default="mlp,cnn", help="comma-separated model families of bench train (trainops.bench.train_models): mlp, cnn, ...")
     ap.add_argument("--batch", type=int, default=64, help="samples per rank per step")
     ap.add_argument("--steps", type=int, default=10, help="steps per repetition")
     ap.add_argument("--repeat", type=int, default=5)
@@ -57,16 +57,18 @@ def _worker(args) -> int:
 
     from .. import optim
     from ..train import Trainer
-    from .train import _data, _onnx_model
+    from .train_models import family
 
     comm = MPI.COMM_WORLD
     n, rank = comm.Get_size(), comm.Get_rank()
     out = {}
     for model in args.models.split(","):
-        feeds = _data(model, args.batch, seed=rank)
+        fam = family(model, args.batch, seed=rank)  # each rank: its own shard of data
+        feeds = fam.feeds
         variants = {}
         for shard in (False, True):
-            variants[shard] = Trainer(_onnx_model(model), "loss", optim.Adam(lr=1e-3),
+            variants[shard] = Trainer(family(model, args.batch).model, "loss",
+                                      optim.Adam(lr=1e-3), params=fam.params,
                                       threads=args.threads, comm=comm, shard_optimizer=shard)
         times = {s: [] for s in variants}
         comm_share = {s: [] for s in variants}

@@ -6,6 +6,7 @@ flat update the same as the per-tensor one."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,8 +64,7 @@ def build_distributed(model: onnx.ModelProto, options: StepOptions, ranks: int,
     """The two models of data-parallel training over ``ranks`` ranks (``options.key_seed``:
     this rank's Philox key seed)."""
     params = resolve_params(model, options.loss, options.params)
-    options = StepOptions(options.loss, options.optimizer, params, options.policy,
-                          options.key_seed, options.batchnorm)
+    options = dataclasses.replace(options, params=params)
     bw = forward_backward(model, options)
     g, nodes, values, ps = bw.graph, bw.nodes, bw.values, params
     dtypes = {bw.ptypes[p] for p in ps}
