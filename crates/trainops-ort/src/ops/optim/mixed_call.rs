@@ -9,13 +9,75 @@ use std::borrow::Cow;
 use trainops_kernels::InOut;
 
 use super::call::{broadcast_gradient, check_aligned, plan_memory, source, Snapshots};
-use super::layout::Layout;
+use super::layout::{broadcastable, same_shape, Layout};
 use crate::error::{Error, Result};
 use crate::ffi::alias::{AliasPlan, OutputRegion};
 use crate::ffi::pool::OrtPool;
 use crate::ffi::tensor::TensorElem;
-use crate::ffi::{Context, Tensor};
+use crate::ffi::{Context, DType, ShapeInfer, Tensor};
 use crate::ops::io;
+
+/// Whether `dtype` may be group `k`'s element type (`want`; the gradient may be 16-bit).
+pub fn fits(k: usize, want: DType, dtype: DType) -> bool {
+    dtype == want || (k == 1 && matches!(dtype, DType::Float16 | DType::BFloat16))
+}
+
+/// The error for tensor `i` of group `k` having type `got` (group `k` takes `types[k]`;
+/// the gradient, group 1, float32, float16 or bfloat16).
+pub fn type_error(l: &Layout, types: &[DType], n: usize, k: usize, i: usize, got: DType) -> Error {
+    let at = l.at(n, k, i);
+    let want = if k == 1 { "tensor(float), tensor(float16) or tensor(bfloat16)".into() } else { types[k].name() };
+    Error::input(l.op, at, l.input_name(at, n), want, got.name())
+}
+
+/// Shape inference: checks each known input type against `types` (see [`fits`]) and shapes
+/// every output like the input it rewrites.
+pub fn infer(l: &Layout, types: &[DType], ctx: &mut ShapeInfer<'_>) -> Result<()> {
+    let n = l.arity(ctx.input_count()?)?;
+    for i in 0..n {
+        for (k, &want) in types.iter().enumerate() {
+            let Some((dtype, _)) = ctx.input(l.at(n, k, i)) else { continue };
+            if dtype != DType::Other(0) && !fits(k, want, dtype) {
+                return Err(type_error(l, types, n, k, i, dtype));
+            }
+        }
+        for (m, &group) in l.rewrites.iter().enumerate() {
+            ctx.output_like_input(m * n + i, l.at(n, group, i))?;
+        }
+    }
+    Ok(())
+}
+
+/// Checks group `i`'s types against `types` (see [`fits`]), that its gradient (group 1)
+/// broadcasts to its weights (group 0), and that groups `like_x` are shaped like the weights.
+pub fn check_types_and_shapes(
+    l: &Layout,
+    types: &[DType],
+    n: usize,
+    i: usize,
+    inputs: &[Tensor],
+    like_x: &[usize],
+) -> Result<()> {
+    let get = |k: usize| &inputs[k * n + i];
+    let name = |k: usize| l.input_name(l.at(n, k, i), n);
+    for (k, &want) in types.iter().enumerate() {
+        if !fits(k, want, get(k).dtype) {
+            return Err(type_error(l, types, n, k, i, get(k).dtype));
+        }
+    }
+    let x = get(0);
+    if !broadcastable(&get(1).shape, &x.shape) {
+        let want = format!("a shape broadcastable to X_{}'s {:?}", i + 1, x.shape);
+        return Err(Error::input(l.op, l.at(n, 1, i), name(1), want, format!("shape {:?}", get(1).shape)));
+    }
+    for &k in like_x {
+        if !same_shape(&get(k).shape, &x.shape) {
+            let want = format!("shape {:?} like X_{}", x.shape, i + 1);
+            return Err(Error::input(l.op, l.at(n, k, i), name(k), want, format!("shape {:?}", get(k).shape)));
+        }
+    }
+    Ok(())
+}
 
 /// Checks tensor group `i` of `n` (its types, shapes and sizes) among the node's inputs.
 pub type CheckGroup = fn(&Layout, usize, usize, &[Tensor]) -> Result<()>;

@@ -17,8 +17,8 @@ use trainops_kernels::optim::Optimizer;
 use trainops_kernels::Element;
 
 use super::adam::read_attrs;
-use super::layout::{broadcastable, optimizer_signature, same_shape, Layout};
-use super::mixed_call::{ByGradient, MixedCall};
+use super::layout::{optimizer_signature, Layout};
+use super::mixed_call::{self, ByGradient, MixedCall};
 use crate::error::{Error, Result};
 use crate::ffi::tensor::TensorElem;
 use crate::ffi::{Context, DType, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature, Tensor};
@@ -104,32 +104,8 @@ impl OpSpec for Optim8bitOp {
     }
 
     fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
-        let l = &self.layout;
-        let n = l.arity(ctx.input_count()?)?;
-        for i in 0..n {
-            for (k, &want) in TYPES.iter().enumerate() {
-                let Some((dtype, _)) = ctx.input(l.at(n, k, i)) else { continue };
-                if dtype != DType::Other(0) && !fits(k, want, dtype) {
-                    return Err(type_error(l, n, k, i, dtype));
-                }
-            }
-            for (m, &group) in l.rewrites.iter().enumerate() {
-                ctx.output_like_input(m * n + i, l.at(n, group, i))?;
-            }
-        }
-        Ok(())
+        mixed_call::infer(&self.layout, &TYPES, ctx)
     }
-}
-
-/// Whether `dtype` may be group `k`'s element type (`want`; the gradient may be 16-bit).
-fn fits(k: usize, want: DType, dtype: DType) -> bool {
-    dtype == want || (k == 1 && matches!(dtype, DType::Float16 | DType::BFloat16))
-}
-
-fn type_error(l: &Layout, n: usize, k: usize, i: usize, got: DType) -> Error {
-    let at = l.at(n, k, i);
-    let want = if k == 1 { "tensor(float), tensor(float16) or tensor(bfloat16)".into() } else { TYPES[k].name() };
-    Error::input(l.op, at, l.input_name(at, n), want, got.name())
 }
 
 struct Optim8bitKernel {
@@ -176,24 +152,10 @@ fn run<R: Rule, G: TensorElem + Element<C = f32>>(call: &mut MixedCall<'_, '_>, 
 
 /// Checks group `i`'s types, shapes and scale lengths.
 fn check_group(l: &Layout, n: usize, i: usize, inputs: &[Tensor]) -> Result<()> {
+    mixed_call::check_types_and_shapes(l, &TYPES, n, i, inputs, &[2, 4])?;
     let get = |k: usize| &inputs[k * n + i];
     let name = |k: usize| l.input_name(l.at(n, k, i), n);
-    for (k, &want) in TYPES.iter().enumerate() {
-        if !fits(k, want, get(k).dtype) {
-            return Err(type_error(l, n, k, i, get(k).dtype));
-        }
-    }
     let x = get(0);
-    if !broadcastable(&get(1).shape, &x.shape) {
-        let want = format!("a shape broadcastable to X_{}'s {:?}", i + 1, x.shape);
-        return Err(Error::input(l.op, l.at(n, 1, i), name(1), want, format!("shape {:?}", get(1).shape)));
-    }
-    for k in [2, 4] {
-        if !same_shape(&get(k).shape, &x.shape) {
-            let want = format!("shape {:?} like X_{}", x.shape, i + 1);
-            return Err(Error::input(l.op, l.at(n, k, i), name(k), want, format!("shape {:?}", get(k).shape)));
-        }
-    }
     let scales = blocks(x.numel);
     for k in [3, 5] {
         if get(k).numel != scales {
