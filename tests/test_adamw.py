@@ -15,31 +15,12 @@ import pytest
 
 from helpers.checks import assert_clear, same_bits
 from helpers.data import BF16, F16, F32, F64
+from helpers.fma_reference import fma32
 from helpers.runners import run_in_place, run_thread_counts
 from trainops import run as run_any  # bfloat16 through an IOBinding
 from trainops.models import adamw_feeds, adamw_groups, adamw_model
 
 # --- the replica -------------------------------------------------------------------------
-
-
-def fma32(a, b, c):
-    """``a * b + c`` on float32 arrays with one rounding: the product is exact in float64,
-    the sum is rounded once to float64 and its error kept (TwoSum); only a float64 sum
-    exactly halfway between two float32 values can round wrong, and the error decides it."""
-    a, b, c = np.broadcast_arrays(*(np.asarray(v, F32).astype(F64) for v in (a, b, c)))
-    with np.errstate(all="ignore"):
-        p = a * b
-        s = p + c
-        bb = s - p
-        err = (p - (s - bb)) + (c - bb)
-        r = s.astype(F32)
-        r64 = r.astype(F64)
-        other = np.where(s > r64, np.nextafter(r, np.float32(np.inf)), np.nextafter(r, np.float32(-np.inf)))
-        tie = (s != r64) & (2 * np.abs(s - r64) == np.abs(other.astype(F64) - r64))
-        # The exact value lies past the tie, away from r: the other neighbour is nearer
-        # (an error toward r leaves r the nearer one).
-        beyond = tie & (err != 0) & ((err > 0) == (s > r64))
-    return np.where(beyond, other, r).astype(F32)
 
 
 def fma64(a, b, c):

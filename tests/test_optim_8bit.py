@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from helpers.checks import assert_clear, same_bits
+from helpers.convergence import against_float32, least_squares
 from helpers.runners import run_in_place, run_thread_counts
 import trainops
 from trainops import quantized
@@ -275,16 +276,6 @@ def test_state_is_2_03_bytes_per_parameter():
 
 # ---- convergence --------------------------------------------------------------------------
 
-def least_squares(rng, m=512, n=600):
-    a = (rng.standard_normal((m, n)) / math.sqrt(n)).astype(F32)
-    b = (a @ rng.standard_normal(n).astype(F32) + 0.01 * rng.standard_normal(m)).astype(F32)
-
-    def loss_grad(x):
-        res = a @ x - b
-        return float(0.5 * np.mean(res.astype(np.float64) ** 2)), (a.T @ res / m).astype(F32)
-    return loss_grad
-
-
 @pytest.mark.parametrize("op", ["Adam8bit", "AdamW8bit"])
 def test_converges_like_float32(make_session, rng, op):
     """After 300 steps the 8-bit optimizer's loss is within 15% (plus 1e-4) of the same
@@ -294,17 +285,14 @@ def test_converges_like_float32(make_session, rng, op):
     n, steps, lr = 600, 300, 0.01
     attrs = {"weight_decay": 0.0} if op == "AdamW8bit" else {}
     sess = make_session(model_8bit(op, [(n,)], **attrs))
-    x8 = np.zeros(n, F32)
     state = quantized.zero_state((n,))
-    x32, m32, v32 = np.zeros(n, F32), np.zeros(n, F32), np.zeros(n, F32)
-    start, _ = loss_grad(x32)
-    for t in range(1, steps + 1):
-        _, g = loss_grad(x8)
-        outs = sess.run(None, feeds_of(lr, t, [x8], [g], [state]))
-        (x8,), (state,) = unpack(outs, 1)
-        _, g = loss_grad(x32)
-        x32, m32, v32 = UPDATES[op](float(F32(lr)), t, x32, g, m32, v32, **attrs)
-    loss8, loss32 = loss_grad(x8)[0], loss_grad(x32)[0]
+
+    def op_step(t, x8, g):
+        nonlocal state
+        (x8,), (state,) = unpack(sess.run(None, feeds_of(lr, t, [x8], [g], [state])), 1)
+        return x8
+
+    loss8, loss32, start = against_float32(loss_grad, op_step, UPDATES[op], n, steps, lr, **attrs)
     assert loss32 < 0.05 * start
     assert loss8 <= 1.15 * loss32 + 1e-4, (loss8, loss32, start)
 

@@ -17,6 +17,7 @@ import pytest
 
 from helpers.bf16state_reference import BF16, F32, UPDATES, random_words, step, stochastic_round
 from helpers.checks import assert_clear, same_bits
+from helpers.convergence import against_float32, least_squares
 import trainops
 from trainops.bfloat16 import from_ortvalue, to_ortvalue
 from trainops.models import node_model
@@ -214,16 +215,6 @@ def neighbours(x):
 
 # ---- convergence --------------------------------------------------------------------------
 
-def least_squares(rng, m=512, n=600):
-    a = (rng.standard_normal((m, n)) / math.sqrt(n)).astype(F32)
-    b = (a @ rng.standard_normal(n).astype(F32) + 0.01 * rng.standard_normal(m)).astype(F32)
-
-    def loss_grad(x):
-        res = a @ x - b
-        return float(0.5 * np.mean(res.astype(np.float64) ** 2)), (a.T @ res / m).astype(F32)
-    return loss_grad
-
-
 @pytest.mark.parametrize("op", OPS)
 def test_converges_like_float32(make_session, rng, op):
     """After 300 steps the bfloat16-state optimizer's loss is within 10% (plus 1e-4) of the
@@ -232,15 +223,14 @@ def test_converges_like_float32(make_session, rng, op):
     n, steps, lr = 600, 300, 0.01
     attrs = {"weight_decay": 0.0} if op == "AdamWBf16State" else {}
     sess = make_session(model_bf16(op, [(n,)], seed=11, **attrs))
-    x16, m16, v16 = np.zeros(n, F32), np.zeros(n, BF16), np.zeros(n, BF16)
-    x32, m32, v32 = np.zeros(n, F32), np.zeros(n, F32), np.zeros(n, F32)
-    start, _ = loss_grad(x32)
-    for t in range(1, steps + 1):
-        _, g = loss_grad(x16)
+    m16, v16 = np.zeros(n, BF16), np.zeros(n, BF16)
+
+    def op_step(t, x16, g):
+        nonlocal m16, v16
         (x16,), (m16,), (v16,) = run(sess, feeds_of(lr, t, [x16], [g], [m16], [v16]), 1)
-        _, g = loss_grad(x32)
-        x32, m32, v32 = UPDATES[op](float(F32(lr)), t, x32, g, m32, v32, **attrs)
-    loss16, loss32 = loss_grad(x16)[0], loss_grad(x32)[0]
+        return x16
+
+    loss16, loss32, start = against_float32(loss_grad, op_step, UPDATES[op], n, steps, lr, **attrs)
     assert loss32 < 0.05 * start
     assert loss16 <= 1.10 * loss32 + 1e-4, (loss16, loss32, start)
 

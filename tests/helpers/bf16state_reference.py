@@ -16,6 +16,7 @@ import math
 import ml_dtypes
 import numpy as np
 
+from helpers.fma_reference import fma32
 from helpers.random_reference import words
 
 F32, F64 = np.float32, np.float64
@@ -43,24 +44,6 @@ def random_words(seed: int, t: int, tensor: int, n: int) -> np.ndarray:
     key = seed & M64
     state = np.array([0, 0, t & M32, tensor, key & M32, key >> 32], np.uint32)
     return words(state, n)
-
-
-def fma32(a, b, c):
-    """``a * b + c`` on float32 arrays with one rounding: the product is exact in float64, the
-    float64 sum's rounding error (TwoSum) settles the only case double rounding gets wrong,
-    a float64 sum exactly halfway between two float32 values."""
-    a, b, c = np.broadcast_arrays(*(np.asarray(v, F32).astype(F64) for v in (a, b, c)))
-    with np.errstate(all="ignore"):
-        p = a * b
-        s = p + c
-        bb = s - p
-        err = (p - (s - bb)) + (c - bb)
-        r = s.astype(F32)
-        r64 = r.astype(F64)
-        other = np.where(s > r64, np.nextafter(r, F32(np.inf)), np.nextafter(r, F32(-np.inf)))
-        tie = (s != r64) & (2 * np.abs(s - r64) == np.abs(other.astype(F64) - r64))
-        beyond = tie & (err != 0) & ((err > 0) == (s > r64))
-    return np.where(beyond, other, r).astype(F32)
 
 
 def adam_update(r, t, x, g, m, v, alpha=0.9, beta=0.999, epsilon=1e-6, norm_coefficient=0.0,

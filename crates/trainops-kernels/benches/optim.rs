@@ -18,10 +18,11 @@
 //! ceiling would measure conversions rather than memory).
 
 use std::hint::black_box;
-use std::time::Instant;
 
 mod common;
-use common::{busy_share, cpu_jiffies, loadavg, median};
+mod optim_rows;
+use common::{loadavg, median};
+use optim_rows::{measure, Measured, Row};
 
 use half::{bf16, f16};
 use trainops_kernels::ceiling::MemoryCeiling;
@@ -53,10 +54,6 @@ impl<X: Element, G: Element<C = X::C>> Bufs<X, G> {
         O::step(c, vec![O::param(streams, &self.g).expect("equal lengths")], par);
     }
 }
-
-/// A row: its name, bytes per parameter, index of its ceiling row (`None`: it is one), and
-/// one step.
-type Row<'a> = (String, f64, Option<usize>, Box<dyn FnMut(&dyn Parallelism) + 'a>);
 
 fn adam_row<'a, X: Element, G: Element<C = X::C>>(name: &str, n: usize, bytes: f64, ceil: usize) -> Row<'a> {
     let mut b = Bufs::<X, G>::new(n, 3);
@@ -136,24 +133,7 @@ fn main() {
         mixed_row::<bf16>("MixedPrecisionAdam f32, bf16 G (2 passes over G)", n, 28.0, 0),
         mixed_row::<f32>("MixedPrecisionAdam f32, f32 G (2 passes over G)", n, 32.0, 0),
     ];
-    for (_, _, _, f) in rows.iter_mut() {
-        f(&par); // warm: pages touched, caches and pool started
-    }
-    let (load0, jiffies0) = (loadavg(), cpu_jiffies());
-    let mut gbs: Vec<Vec<f64>> = vec![Vec::new(); rows.len()];
-    let len = rows.len();
-    for r in 0..rounds {
-        // Each round starts at another row: the first row of a round measured slower
-        // (whatever ran before it), and rotating spreads that over every row.
-        for k in (0..len).map(|j| (j + r) % len) {
-            let (_, bytes, _, f) = &mut rows[k];
-            let t = Instant::now();
-            f(&par);
-            let dt = t.elapsed().as_secs_f64();
-            gbs[k].push(*bytes * n as f64 / dt / 1e9);
-        }
-    }
-    let busy = busy_share(jiffies0, cpu_jiffies());
+    let Measured { gbs, load0, busy, .. } = measure(&mut rows, &par, n, rounds);
     black_box(&rows.len());
     println!("n = {n}, {threads} threads, {rounds} interleaved rounds, in place");
     println!(

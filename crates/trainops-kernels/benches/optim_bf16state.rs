@@ -8,13 +8,11 @@
 //!
 //! `cargo bench -p trainops-kernels --bench optim_bf16state -- [N] [THREADS] [ROUNDS] [LEVEL]`
 
-use std::time::Instant;
-
 mod common;
-use common::{busy_share, cpu_jiffies, loadavg, median};
+mod optim_rows;
+use optim_rows::{adam_f32_rows, args, measure, print_table, Row};
 
 use half::bf16;
-use trainops_kernels::ceiling::MemoryCeiling;
 use trainops_kernels::optim::adam::{Adam, AdamAttrs};
 use trainops_kernels::optim::adamw::{AdamWAttrs, AdamWCoeffs};
 use trainops_kernels::optim::bf16state::{step_with, ParamBf16, Rule, Stochastic};
@@ -75,8 +73,6 @@ fn ceiling(params: Vec<ParamBf16<'_, f32>>, par: &dyn Parallelism) {
     });
 }
 
-type Row<'a> = (String, f64, Option<usize>, Box<dyn FnMut(&dyn Parallelism) + 'a>);
-
 fn row<'a, R: Rule>(name: &str, n: usize, level: Level, rule: R) -> Row<'a> {
     let mut s = State::new(n);
     let bits = Stochastic::new(1234, 5);
@@ -84,17 +80,8 @@ fn row<'a, R: Rule>(name: &str, n: usize, level: Level, rule: R) -> Row<'a> {
 }
 
 fn main() {
-    let args: Vec<String> = std::env::args().skip(1).filter(|a| a != "--bench").collect();
-    let num = |k: usize, d: f64| args.get(k).and_then(|a| a.parse::<f64>().ok()).unwrap_or(d);
-    let n = num(0, 16e6) as usize;
-    let threads = num(1, 2.0) as usize;
-    let rounds = num(2, 15.0) as usize;
-    let level = match args.get(3).map(String::as_str) {
-        Some("scalar") => Level::Scalar,
-        Some("avx2") => Level::Avx2,
-        Some("avx512") => Level::Avx512,
-        _ => trainops_kernels::simd::detected(),
-    };
+    let cli = args();
+    let (n, threads, rounds, level) = cli;
     let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().expect("rayon pool");
     let par = RayonPool(Some(&pool));
     let adam = Adam::coeffs::<f32>(&AdamAttrs::default(), 1e-3, 5);
@@ -105,56 +92,7 @@ fn main() {
         row("AdamBf16State", n, level, adam),
         row("AdamWBf16State", n, level, adamw),
     ];
-    let mut c3 = (vec![0.5f32; n], vec![0.01f32; n], vec![0.01f32; n], vec![1e-3f32; n]);
-    rows.push((
-        "ceiling, 3 streams (f32)".into(),
-        28.0,
-        None,
-        Box::new(move |par| {
-            let s = [InOut::in_place(&mut c3.0), InOut::in_place(&mut c3.1), InOut::in_place(&mut c3.2)];
-            MemoryCeiling::step(&Default::default(), vec![MemoryCeiling::param(s, &c3.3).expect("lengths")], par);
-        }),
-    ));
-    let (mut x, mut v, mut h, g) = (vec![0.5f32; n], vec![0.01f32; n], vec![0.01f32; n], vec![1e-3f32; n]);
-    rows.push((
-        "Adam f32 state".into(),
-        28.0,
-        Some(3),
-        Box::new(move |par| {
-            let s = [InOut::in_place(&mut x), InOut::in_place(&mut v), InOut::in_place(&mut h)];
-            Adam::step(&adam, vec![Adam::param(s, &g).expect("lengths")], par);
-        }),
-    ));
-    for (_, _, _, f) in rows.iter_mut() {
-        f(&par);
-    }
-    let (load0, jiffies0) = (loadavg(), cpu_jiffies());
-    let len = rows.len();
-    let (mut gbs, mut secs) = (vec![Vec::new(); len], vec![Vec::new(); len]);
-    for r in 0..rounds {
-        for k in (0..len).map(|j| (j + r) % len) {
-            let (_, bytes, _, f) = &mut rows[k];
-            let t = Instant::now();
-            f(&par);
-            let dt = t.elapsed().as_secs_f64();
-            gbs[k].push(*bytes * n as f64 / dt / 1e9);
-            secs[k].push(dt);
-        }
-    }
-    let busy = busy_share(jiffies0, cpu_jiffies());
-    println!("n = {n}, {threads} threads, {rounds} interleaved rounds, in place, level {level:?}");
-    println!("host: loadavg {load0} before, {} after; machine busy {:.0}% during the run", loadavg(), busy * 100.0);
-    println!(
-        "| row | B/param | GB/s (median) | of its ceiling (median of per-round ratios) | step time / Adam f32's |"
-    );
-    println!("|---|---:|---:|---:|---:|");
-    for (k, (name, bytes, ceil, _)) in rows.iter().enumerate() {
-        let m = median(gbs[k].clone());
-        let ratio = match ceil {
-            Some(c) => format!("{:.2}", median(gbs[k].iter().zip(&gbs[*c]).map(|(a, b)| a / b).collect())),
-            None => "ceiling".into(),
-        };
-        let vs_adam = median(secs[k].iter().zip(&secs[4]).map(|(a, b)| a / b).collect());
-        println!("| {name} | {bytes} | {m:.1} | {ratio} | {vs_adam:.2} |");
-    }
+    rows.extend(adam_f32_rows(n, adam, 3));
+    let measured = measure(&mut rows, &par, n, rounds);
+    print_table(&rows, &measured, 4, cli);
 }

@@ -16,6 +16,9 @@ use crate::ffi::tensor::{snapshot, TensorElem};
 use crate::ffi::{Context, DType, Tensor};
 use crate::ops::io;
 
+/// Per input (after the scalars): its copy, when an output overlaps it (`alias::plan`).
+pub(super) type Snapshots = Vec<Option<Box<dyn Any>>>;
+
 /// One run of an optimizer node, checked and planned.
 pub struct Call<'c, 'a> {
     /// The op's layout.
@@ -32,7 +35,7 @@ pub struct Call<'c, 'a> {
     /// Flags, then rewritten groups, then copies (output order).
     outputs: Vec<Tensor>,
     plan: AliasPlan,
-    snapshots: Vec<Option<Box<dyn Any>>>,
+    snapshots: Snapshots,
     /// Per group: its outputs were handed out (see [`Call::check_all_handled`]).
     handled: Vec<bool>,
     pool: OrtPool<'c, 'a>,
@@ -70,10 +73,7 @@ impl<'c, 'a> Call<'c, 'a> {
             let sigs: Vec<InputInfo> = (0..k).map(|g| InputInfo::of(&inputs[g * n + i])).collect();
             layout.check_group(n, i, &sigs, true)?;
         }
-        if let Some(j) = inputs.iter().position(|t| !t.aligned()) {
-            let name = layout.input_name(j + s, n);
-            return Err(Error::input(op, j + s, name, "a buffer aligned for its type", "a misaligned one"));
-        }
+        check_aligned(layout, n, &inputs)?;
         // Every output: its index, expected type and shape, and the input it rewrites.
         let f = layout.flags.len();
         let m = layout.rewrites.len();
@@ -102,17 +102,7 @@ impl<'c, 'a> Call<'c, 'a> {
                 name: format!("output {o} ({})", layout.output_name(*o, n)),
             })
             .collect();
-        let in_bytes: Vec<_> = inputs.iter().map(Tensor::bytes).collect();
-        let plan = alias::plan(op, &in_bytes, &regions)?;
-        // Copy every input an output overlaps before any output slice exists.
-        let snapshots = inputs
-            .iter()
-            .zip(&plan.snapshot)
-            .map(|(t, &snap)| {
-                // SAFETY: no mutable view of any buffer exists yet (outputs are viewed later).
-                snap.then(|| unsafe { snapshot(t) }).flatten()
-            })
-            .collect();
+        let (plan, snapshots) = plan_memory(op, &inputs, &regions)?;
         let handled = vec![false; n];
         Ok(Call { layout, n, r, t, extra, inputs, outputs, plan, snapshots, handled, pool: OrtPool::new(ctx) })
     }
@@ -130,26 +120,12 @@ impl<'c, 'a> Call<'c, 'a> {
 
     /// Input `j` (after the scalars) as `T`, from its snapshot if it has one.
     fn source<T: TensorElem>(&self, j: usize) -> &[T] {
-        match &self.snapshots[j] {
-            Some(b) => b.downcast_ref::<Vec<T>>().expect("snapshot of the checked type"),
-            // SAFETY: the plan proved no output overlaps this input (else it would be a
-            // snapshot), and inputs are never written, so this view stays immutable.
-            None => unsafe { self.inputs[j].slice::<T>() },
-        }
+        source(&self.inputs, &self.snapshots, j)
     }
 
     /// The gradient of group `i`, broadcast to the weights' shape where needed.
     fn gradient<G: TensorElem>(&self, i: usize) -> Result<Cow<'_, [G]>> {
-        let (l, n) = (self.layout, self.n);
-        let gj = l.gradient * n + i;
-        let (x, g) = (&self.inputs[i], &self.inputs[gj]);
-        if g.shape == x.shape {
-            return Ok(Cow::Borrowed(self.source::<G>(gj)));
-        }
-        let wide = broadcast::broadcast_to(self.source::<G>(gj), &g.dims(), &x.dims());
-        let name = l.input_name(gj + l.scalar_count(), n);
-        wide.map(Cow::Owned)
-            .map_err(|e| Error::input(l.op, gj + l.scalar_count(), name, "a broadcastable shape", e.to_string()))
+        broadcast_gradient(self.layout, self.n, i, &self.inputs, self.source::<G>(self.layout.gradient * self.n + i))
     }
 
     /// The views of every group of type pair `(X, G)`. They borrow the call mutably, so no
@@ -253,4 +229,67 @@ impl<'c, 'a> Call<'c, 'a> {
         let flag = unsafe { self.outputs[k].slice_mut::<bool>() };
         flag[0] = value;
     }
+}
+
+/// An error naming the first input (after the scalars) whose buffer is misaligned for its type.
+pub(super) fn check_aligned(layout: &Layout, n: usize, inputs: &[Tensor]) -> Result<()> {
+    let s = layout.scalar_count();
+    if let Some(j) = inputs.iter().position(|t| !t.aligned()) {
+        let name = layout.input_name(j + s, n);
+        return Err(Error::input(layout.op, j + s, name, "a buffer aligned for its type", "a misaligned one"));
+    }
+    Ok(())
+}
+
+/// Plans the outputs' memory against the inputs (`alias::plan`), then copies every input an
+/// output overlaps before any output slice exists: the plan and one snapshot per input.
+pub(super) fn plan_memory(
+    op: &'static str,
+    inputs: &[Tensor],
+    regions: &[OutputRegion],
+) -> Result<(AliasPlan, Snapshots)> {
+    let in_bytes: Vec<_> = inputs.iter().map(Tensor::bytes).collect();
+    let plan = alias::plan(op, &in_bytes, regions)?;
+    let snapshots = inputs
+        .iter()
+        .zip(&plan.snapshot)
+        .map(|(t, &snap)| {
+            // SAFETY: no mutable view of any buffer exists yet (outputs are viewed later).
+            snap.then(|| unsafe { snapshot(t) }).flatten()
+        })
+        .collect();
+    Ok((plan, snapshots))
+}
+
+/// Input `j` (after the scalars) as `T`, from its snapshot if it has one.
+pub(super) fn source<'t, T: TensorElem>(
+    inputs: &'t [Tensor],
+    snapshots: &'t [Option<Box<dyn Any>>],
+    j: usize,
+) -> &'t [T] {
+    match &snapshots[j] {
+        Some(b) => b.downcast_ref::<Vec<T>>().expect("snapshot of the checked type"),
+        // SAFETY: the plan proved no output overlaps this input (else it would be a
+        // snapshot), and inputs are never written, so this view stays immutable.
+        None => unsafe { inputs[j].slice::<T>() },
+    }
+}
+
+/// Group `i`'s gradient `src`, broadcast to its weights' shape where needed.
+pub(super) fn broadcast_gradient<'t, G: TensorElem>(
+    l: &Layout,
+    n: usize,
+    i: usize,
+    inputs: &[Tensor],
+    src: &'t [G],
+) -> Result<Cow<'t, [G]>> {
+    let gj = l.gradient * n + i;
+    let (x, g) = (&inputs[i], &inputs[gj]);
+    if g.shape == x.shape {
+        return Ok(Cow::Borrowed(src));
+    }
+    let wide = broadcast::broadcast_to(src, &g.dims(), &x.dims());
+    let name = l.input_name(gj + l.scalar_count(), n);
+    wide.map(Cow::Owned)
+        .map_err(|e| Error::input(l.op, gj + l.scalar_count(), name, "a broadcastable shape", e.to_string()))
 }

@@ -15,6 +15,7 @@ pub mod bf16state;
 pub mod call;
 pub mod device;
 pub mod layout;
+mod mixed_call;
 pub mod momentum;
 pub mod quantized;
 
