@@ -136,53 +136,114 @@ extern "C" __global__ void trainops_store_state(u32* out, u32 s0, u32 s1, u32 s2
   out[0] = s0; out[1] = s1; out[2] = s2; out[3] = s3; out[4] = k0; out[5] = k1;
 }
 
-// AllFinite: sets *bad to 1 when any element is Inf or NaN (the verdict stays on the device;
-// *bad is zeroed by the host with cuMemsetD32Async on the same stream before the first call).
-extern "C" __global__ void trainops_all_finite_f32(const float* g, u64 n, u32* bad) {
+// 16-bit values as the CPU converts them: float16 -> float exactly, float -> float16 rounded to
+// nearest even (PTX cvt, IEEE), bfloat16 -> float exactly (the top half of the float's bits).
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+  u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+// Element i of a tensor of type dtype as float: 0 float32, 1 float16, 2 bfloat16.
+__device__ __forceinline__ float load_f32(const void* p, int dtype, u64 i) {
+  if (dtype == 1) return f16_to_f32(((const u16*)p)[i]);
+  if (dtype == 2) return __uint_as_float((u32)((const u16*)p)[i] << 16);
+  return ((const float*)p)[i];
+}
+
+// A one-byte flag (a bool output) set to v, on the op's stream before the checks.
+extern "C" __global__ void trainops_set_flag(unsigned char* flag, unsigned char v) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) *flag = v;
+}
+
+// AllFinite and MixedPrecisionAdam's verdict (crates/trainops-kernels/src/loss_scale/finite.rs):
+// *flag = 0 when any element (dtype 0 float32, 1 float16, 2 bfloat16, 3 float64), divided by
+// *scale in float32 when scale is not null, is Inf or NaN. Every thread that finds one stores
+// the same byte; the host set *flag = 1 first on the same stream.
+extern "C" __global__ void trainops_finite(const void* g, int dtype, u64 n, const float* scale, unsigned char* flag) {
   GRID_STRIDE(i, n) {
-    u32 bits = __float_as_uint(g[i]);
-    if ((bits & 0x7F800000u) == 0x7F800000u) atomicOr(bad, 1u);
+    bool ok;
+    if (dtype == 3) {
+      ok = isfinite(((const double*)g)[i]);
+    } else {
+      float gi = load_f32(g, dtype, i);
+      ok = isfinite(scale ? __fdiv_rn(gi, *scale) : gi);
+    }
+    if (!ok) *flag = 0;
   }
 }
 
-extern "C" __global__ void trainops_all_finite_f16(const u16* g, u64 n, u32* bad) {
-  GRID_STRIDE(i, n) {
-    if ((g[i] & 0x7C00u) == 0x7C00u) atomicOr(bad, 1u);
-  }
-}
-
-// MixedPrecisionAdam, float32 master weights: Adam on g / scale, skipped on every element when
-// *bad (no host synchronisation: each thread reads the device verdict).
-extern "C" __global__ void trainops_mp_adam_f32(float* x, const float* g, float* v, float* h, u64 n,
-                                                const float* scale, const u32* bad, float norm, float alpha,
-                                                float one_minus_alpha, float beta, float one_minus_beta,
-                                                float epsilon, float r_adjusted, float one_minus_post) {
-  if (*bad) return;
+// MixedPrecisionAdam, float32 master weights, gradient of type gtype (as load_f32): Adam on
+// g / *scale (crates/trainops-kernels/src/optim/adam/mod.rs `update` with a loss scale), every
+// element skipped when *finite is 0 (the verdict of trainops_finite over every gradient of the
+// node, on the same stream: no host synchronisation). x, v, h are the outputs, already holding
+// the inputs.
+extern "C" __global__ void trainops_mp_adam(float* x, const void* g, int gtype, float* v, float* h, u64 n,
+                                            const float* scale, const unsigned char* finite, float norm, float alpha,
+                                            float one_minus_alpha, float beta, float one_minus_beta, float epsilon,
+                                            float r_adjusted, float one_minus_post) {
+  if (!*finite) return;
   float s = *scale;
   GRID_STRIDE(i, n) {
-    adam_element(x, v, h, i, __fdiv_rn(g[i], s), norm, alpha, one_minus_alpha, beta, one_minus_beta, epsilon,
-                 r_adjusted, one_minus_post);
+    adam_element(x, v, h, i, __fdiv_rn(load_f32(g, gtype, i), s), norm, alpha, one_minus_alpha, beta,
+                 one_minus_beta, epsilon, r_adjusted, one_minus_post);
   }
 }
 
-// DynamicLossScale (GradScaler's rule), one thread: scale and good_steps updated in place from
-// the device verdict.
-extern "C" __global__ void trainops_dynamic_loss_scale(float* scale, long long* good_steps, const u32* bad,
-                                                       long long growth_interval, float growth_factor,
-                                                       float backoff_factor, float min_scale) {
+// MixedPrecisionAdam's float16 copies: out[i] = x[i] rounded to float16 (nearest even).
+extern "C" __global__ void trainops_cast_f16(const float* x, u16* out, u64 n) {
+  GRID_STRIDE(i, n) { out[i] = f32_to_f16(x[i]); }
+}
+
+// MixedPrecisionAdam's bfloat16 copies, as the CPU's `half` crate rounds (bf16::from_f32): NaN
+// keeps its top bits with the quiet bit set; otherwise round to nearest, ties to even.
+extern "C" __global__ void trainops_cast_bf16(const float* x, u16* out, u64 n) {
+  GRID_STRIDE(i, n) {
+    u32 b = __float_as_uint(x[i]);
+    u16 r;
+    if ((b & 0x7FFFFFFFu) > 0x7F800000u) {
+      r = (u16)((b >> 16) | 0x0040u);
+    } else if ((b & 0x8000u) != 0 && (b & 0x17FFFu) != 0) {
+      r = (u16)((b >> 16) + 1);
+    } else {
+      r = (u16)(b >> 16);
+    }
+    out[i] = r;
+  }
+}
+
+// DynamicLossScale (crates/trainops-kernels/src/loss_scale/rule.rs `LossScaleRule::next`), one
+// thread: the inputs are read before any output is written (outputs may alias them).
+extern "C" __global__ void trainops_loss_scale(const float* scale, const long long* good_steps,
+                                               const unsigned char* finite, float* new_scale,
+                                               long long* new_good_steps, long long growth_interval,
+                                               float growth_factor, float backoff_factor, float min_scale) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   float s = *scale;
-  if (*bad) {
-    *scale = fmaxf(__fmul_rn(s, backoff_factor), min_scale);
-    *good_steps = 0;
-    return;
-  }
-  long long steps = *good_steps + 1;
-  if (steps == growth_interval) {
-    float grown = __fmul_rn(s, growth_factor);
-    *scale = isfinite(grown) ? grown : s;
-    *good_steps = 0;
+  long long good = *good_steps;
+  bool ok = *finite != 0;
+  float out_scale;
+  long long out_good;
+  if (!ok) {
+    // Rust's f32::max: the other operand when one is NaN, as fmaxf.
+    out_scale = fmaxf(__fmul_rn(s, backoff_factor), min_scale);
+    out_good = 0;
   } else {
-    *good_steps = steps;
+    long long steps = good == 0x7FFFFFFFFFFFFFFFll ? good : good + 1;  // saturating_add(1)
+    if (steps == growth_interval) {
+      float grown = __fmul_rn(s, growth_factor);
+      out_scale = isfinite(grown) ? grown : s;
+      out_good = 0;
+    } else {
+      out_scale = s;
+      out_good = steps;
+    }
   }
+  *new_scale = out_scale;
+  *new_good_steps = out_good;
 }

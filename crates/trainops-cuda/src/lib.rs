@@ -21,10 +21,12 @@ pub const KERNELS: &[&str] = &[
     "trainops_philox_words",
     "trainops_dropout_f32",
     "trainops_store_state",
-    "trainops_all_finite_f32",
-    "trainops_all_finite_f16",
-    "trainops_mp_adam_f32",
-    "trainops_dynamic_loss_scale",
+    "trainops_set_flag",
+    "trainops_finite",
+    "trainops_mp_adam",
+    "trainops_cast_f16",
+    "trainops_cast_bf16",
+    "trainops_loss_scale",
 ];
 
 /// What can go wrong talking to the driver.

@@ -42,6 +42,15 @@ pub struct StreamPlan {
 /// Plans one call from the node's inputs (host memory for the planned ones).
 pub type PlanFn = Box<dyn Fn(&Context<'_>) -> Result<StreamPlan> + Send + Sync>;
 
+/// `MixedPrecisionAdam` on a CUDA device: Adam's coefficients of one call (as
+/// [`DeviceStep::coeffs`], for `trainops_mp_adam`) and the type of the weights' copies.
+pub struct MixedAdamStep {
+    /// The coefficients of one call with learning rate `r` and update count `t`.
+    pub coeffs: CoeffFn,
+    /// `copy_dtype`: `None`, float16 or bfloat16.
+    pub copy: Option<DType>,
+}
+
 /// How a node runs on a CUDA device.
 pub enum DeviceOp {
     /// An optimizer of the family: one PTX kernel over its streams.
@@ -51,6 +60,13 @@ pub enum DeviceOp {
     /// `PhiloxDropout` on float32 data: output 0 the data, output 1 (optional) the mask,
     /// output 2 (optional) the next state.
     Dropout(PlanFn),
+    /// `AllFinite`: the one bool output set on the device from every input.
+    AllFinite,
+    /// `DynamicLossScale` with the node's rule: scale, good_steps and finite on the device.
+    LossScale(trainops_kernels::loss_scale::LossScaleRule),
+    /// `MixedPrecisionAdam`: float32 weights, float32/float16/bfloat16 gradients, the loss
+    /// scale and the `finite` flag on the device; R and T host inputs.
+    MixedAdam(MixedAdamStep),
 }
 
 /// What the device kernels of an op accept: the formal inputs kept in host memory, and the

@@ -60,11 +60,11 @@ pub fn device_support(domain: &CStr, op: &CStr) -> Option<DeviceSupport> {
         // the call with the CPU's functions (`random::device`), the device draws the words.
         (b"com.trainops", b"Philox") => support(&[0, 1], &[DType::Uint32], true),
         (b"com.trainops", b"PhiloxDropout") => support(&[1, 2, 3], &[DType::Float], true),
-        // Not wired to a CUDA kernel yet (fake mode only): on the CUDA execution provider they
-        // run on the CPU, ONNX Runtime copying their inputs and outputs.
-        (b"com.trainops", b"MixedPrecisionAdam") => support(SCALARS, &[DType::Float, DType::Float16], false),
-        (b"com.trainops", b"AllFinite") => support(&[], &[DType::Float, DType::Float16], false),
-        (b"com.trainops", b"DynamicLossScale") => support(&[], &[DType::Float, DType::Int64, DType::Bool], false),
+        // The mixed-precision ops keep loss_scale, the verdicts and the scale state on the
+        // device (`ffi::ep::mixed`); only R and T of MixedPrecisionAdam are host inputs.
+        (b"com.trainops", b"MixedPrecisionAdam") => support(SCALARS, &[DType::Float, DType::Float16], true),
+        (b"com.trainops", b"AllFinite") => support(&[], &[DType::Float, DType::Float16], true),
+        (b"com.trainops", b"DynamicLossScale") => support(&[], &[DType::Float, DType::Int64, DType::Bool], true),
         _ => None,
     }
 }
@@ -110,11 +110,14 @@ mod tests {
                 (t.clone(), "Adagrad", vec![0, 1]),
                 (t, "Momentum", vec![0, 1]),
                 (c.clone(), "Philox", vec![0, 1]),
-                (c, "PhiloxDropout", vec![1, 2, 3]),
+                (c.clone(), "PhiloxDropout", vec![1, 2, 3]),
+                (c.clone(), "MixedPrecisionAdam", vec![0, 1]),
+                (c.clone(), "DynamicLossScale", vec![]),
+                (c, "AllFinite", vec![]),
             ]
         );
-        // Not wired: the mixed-precision ops, the distributions, the benchmark op.
-        for op in [c"MixedPrecisionAdam", c"AllFinite", c"DynamicLossScale", c"PhiloxUniform", c"PhiloxNormal"] {
+        // Not wired: the distributions, the benchmark op.
+        for op in [c"PhiloxUniform", c"PhiloxNormal"] {
             assert!(device_support(c"com.trainops", op).is_none_or(|s| !s.cuda), "{op:?}");
         }
         assert!(device_support(c"com.trainops.bench", c"MemoryCeiling").is_none());

@@ -18,6 +18,7 @@ pub use super::super::device::DeviceStep;
 use super::super::device::{launch_shape, DeviceOp, PlanFn, StreamPlan};
 use super::super::op::DeviceKernels;
 use super::super::{Context, Kernel, KernelInfo, OpSpec};
+use super::mixed::{CudaAllFinite, CudaLossScale, CudaMixedAdam};
 use crate::error::{Error, Result};
 use crate::ffi::tensor::{DType, Tensor};
 
@@ -45,10 +46,6 @@ impl CudaOptimizer {
         Self { op: spec.op(), step, stream }
     }
 
-    fn host_scalar(&self, ctx: &Context<'_>, index: usize) -> Result<Tensor> {
-        ctx.input(index)?.ok_or_else(|| Error::input(self.op, index, "R/T", "a scalar", "absent"))
-    }
-
     fn float(&self, t: &Tensor, index: usize, what: &'static str) -> Result<()> {
         if t.dtype == DType::Float {
             Ok(())
@@ -59,29 +56,45 @@ impl CudaOptimizer {
 }
 
 /// A raw kernel-argument slot.
-fn arg<T>(v: &mut T) -> *mut c_void {
+pub(super) fn arg<T>(v: &mut T) -> *mut c_void {
     (v as *mut T).cast()
+}
+
+/// `R` (float or double) and `T` (int64), inputs 0 and 1 of an optimizer node, in host memory
+/// (`OrtMemTypeCPUInput`).
+pub(super) fn host_r_t(op: &'static str, ctx: &Context<'_>) -> Result<(f64, i64)> {
+    let scalar = |index: usize| ctx.input(index)?.ok_or_else(|| Error::input(op, index, "R/T", "a scalar", "absent"));
+    let (r_t, t_t) = (scalar(0)?, scalar(1)?);
+    // SAFETY: R and T are OrtMemTypeCPUInput: host memory, read-only here.
+    let r = unsafe {
+        match r_t.dtype {
+            DType::Float => f64::from(*r_t.slice::<f32>().first().unwrap_or(&0.0)),
+            DType::Double => *r_t.slice::<f64>().first().unwrap_or(&0.0),
+            other => return Err(Error::input(op, 0, "R", "float or double", other.name())),
+        }
+    };
+    // SAFETY: as above.
+    let t = unsafe {
+        match t_t.dtype {
+            DType::Int64 => *t_t.slice::<i64>().first().unwrap_or(&0),
+            other => return Err(Error::input(op, 1, "T", "int64", other.name())),
+        }
+    };
+    Ok((r, t))
+}
+
+/// The stream a kernel of this call runs on.
+pub(super) fn stream_of(ctx: &Context<'_>, from: StreamFrom) -> Result<*mut c_void> {
+    match from {
+        StreamFrom::DefaultSynchronised => Ok(core::ptr::null_mut()),
+        StreamFrom::ComputeStream => ctx.gpu_stream(),
+    }
 }
 
 impl Kernel for CudaOptimizer {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
         let runtime = |message: String| Error::Runtime { op: self.op, call: "CUDA", message };
-        let (r_t, t_t) = (self.host_scalar(ctx, 0)?, self.host_scalar(ctx, 1)?);
-        // SAFETY: R and T are OrtMemTypeCPUInput: host memory, read-only here.
-        let r = unsafe {
-            match r_t.dtype {
-                DType::Float => f64::from(*r_t.slice::<f32>().first().unwrap_or(&0.0)),
-                DType::Double => *r_t.slice::<f64>().first().unwrap_or(&0.0),
-                other => return Err(Error::input(self.op, 0, "R", "float or double", other.name())),
-            }
-        };
-        // SAFETY: as above.
-        let t = unsafe {
-            match t_t.dtype {
-                DType::Int64 => *t_t.slice::<i64>().first().unwrap_or(&0),
-                other => return Err(Error::input(self.op, 1, "T", "int64", other.name())),
-            }
-        };
+        let (r, t) = host_r_t(self.op, ctx)?;
         let streams = self.step.streams;
         let count = ctx.input_count()?;
         let n = count.saturating_sub(2) / (streams + 1);
@@ -283,6 +296,9 @@ fn cuda_kernel(
         Some(DeviceOp::Optimizer(step)) => Ok(Box::new(CudaOptimizer::new(spec, step, stream))),
         Some(DeviceOp::Philox(plan)) => Ok(Box::new(CudaStreamOp { op, kind: StreamKind::Philox, plan, stream })),
         Some(DeviceOp::Dropout(plan)) => Ok(Box::new(CudaStreamOp { op, kind: StreamKind::Dropout, plan, stream })),
+        Some(DeviceOp::AllFinite) => Ok(Box::new(CudaAllFinite { op, stream })),
+        Some(DeviceOp::LossScale(rule)) => Ok(Box::new(CudaLossScale { op, rule, stream })),
+        Some(DeviceOp::MixedAdam(step)) => Ok(Box::new(CudaMixedAdam { op, step, stream })),
         None => Err(Error::Runtime {
             op,
             call: door,

@@ -15,6 +15,7 @@ pub mod bus;
 pub mod cuda;
 mod factory;
 mod memory;
+mod mixed;
 
 use core::ffi::{c_char, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};
