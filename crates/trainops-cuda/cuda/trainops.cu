@@ -144,6 +144,10 @@ __device__ __forceinline__ float f16_to_f32(u16 h) {
   return f;
 }
 __device__ __forceinline__ u16 f32_to_f16(float f) {
+  u32 b = __float_as_uint(f);
+  // NaN as the CPU's `half` crate (and x86 F16C) make it: sign, quiet bit, top payload bits
+  // (PTX cvt would give the canonical NaN).
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (u16)(((b >> 16) & 0x8000u) | 0x7E00u | ((b & 0x7FFFFFu) >> 13));
   u16 h;
   asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
   return h;
