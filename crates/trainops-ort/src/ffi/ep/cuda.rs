@@ -18,20 +18,11 @@ pub use super::super::device::DeviceStep;
 use super::super::device::{launch_shape, DeviceOp, PlanFn, StreamPlan};
 use super::super::op::DeviceKernels;
 use super::super::{Context, Kernel, KernelInfo, OpSpec};
+pub use super::launch::StreamFrom;
+use super::launch::{arg, host_r_t};
 use super::mixed::{CudaAllFinite, CudaLossScale, CudaMixedAdam};
 use crate::error::{Error, Result};
 use crate::ffi::tensor::{DType, Tensor};
-
-/// Where kernels are launched.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StreamFrom {
-    /// The legacy default stream, synchronised before the kernel returns (the plugin EP is not
-    /// stream aware: its work must be complete when the callback returns).
-    DefaultSynchronised,
-    /// The CUDA execution provider's compute stream (`KernelContext_GetGPUComputeStream`);
-    /// ONNX Runtime orders later work on it.
-    ComputeStream,
-}
 
 /// The CUDA kernel of one optimizer node.
 pub struct CudaOptimizer {
@@ -52,42 +43,6 @@ impl CudaOptimizer {
         } else {
             Err(Error::input(self.op, index, what, "float32 on the CUDA device", t.dtype.name()))
         }
-    }
-}
-
-/// A raw kernel-argument slot.
-pub(super) fn arg<T>(v: &mut T) -> *mut c_void {
-    (v as *mut T).cast()
-}
-
-/// `R` (float or double) and `T` (int64), inputs 0 and 1 of an optimizer node, in host memory
-/// (`OrtMemTypeCPUInput`).
-pub(super) fn host_r_t(op: &'static str, ctx: &Context<'_>) -> Result<(f64, i64)> {
-    let scalar = |index: usize| ctx.input(index)?.ok_or_else(|| Error::input(op, index, "R/T", "a scalar", "absent"));
-    let (r_t, t_t) = (scalar(0)?, scalar(1)?);
-    // SAFETY: R and T are OrtMemTypeCPUInput: host memory, read-only here.
-    let r = unsafe {
-        match r_t.dtype {
-            DType::Float => f64::from(*r_t.slice::<f32>().first().unwrap_or(&0.0)),
-            DType::Double => *r_t.slice::<f64>().first().unwrap_or(&0.0),
-            other => return Err(Error::input(op, 0, "R", "float or double", other.name())),
-        }
-    };
-    // SAFETY: as above.
-    let t = unsafe {
-        match t_t.dtype {
-            DType::Int64 => *t_t.slice::<i64>().first().unwrap_or(&0),
-            other => return Err(Error::input(op, 1, "T", "int64", other.name())),
-        }
-    };
-    Ok((r, t))
-}
-
-/// The stream a kernel of this call runs on.
-pub(super) fn stream_of(ctx: &Context<'_>, from: StreamFrom) -> Result<*mut c_void> {
-    match from {
-        StreamFrom::DefaultSynchronised => Ok(core::ptr::null_mut()),
-        StreamFrom::ComputeStream => ctx.gpu_stream(),
     }
 }
 

@@ -14,7 +14,7 @@ use core::ffi::c_void;
 
 use trainops_kernels::loss_scale::LossScaleRule;
 
-use super::cuda::{arg, host_r_t, stream_of, StreamFrom};
+use super::launch::{arg, host_r_t, stream_of, StreamFrom};
 use crate::error::{Error, Result};
 use crate::ffi::device::MixedAdamStep;
 use crate::ffi::tensor::{DType, Tensor};

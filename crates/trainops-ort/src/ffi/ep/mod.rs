@@ -14,6 +14,7 @@ pub mod abi;
 pub mod bus;
 pub mod cuda;
 mod factory;
+pub mod launch;
 mod memory;
 mod mixed;
 
