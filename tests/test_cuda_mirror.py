@@ -276,3 +276,42 @@ def test_dynamic_loss_scale_kernel_arithmetic(make_session, attrs):
                 got_s, got_g = sess.run(None, feeds)
                 want_s, want_g = mirror_loss_scale(s, good, finite, **attrs)
                 assert same(got_s, np.array(want_s, np.float32)) and int(got_g) == want_g, (s, good, finite)
+
+
+# ---------------------------------------------------------------- PhiloxUniform
+# trainops_uniform on the words of the CPU Philox op (the device's words are the Rust emulation's
+# business, crates/trainops-ort/src/ops/random/device.rs), transcribed.
+
+from trainops.models import node_model, philox_model  # noqa: E402
+
+UNIFORM_TYPES = {np.float32: (1, 0x7FFFFF, 0), F16: (10, 0x3FF, 13), BF16: (16, 0x7F, 16), np.float64: (11, 0, 0)}
+
+
+def mirror_uniform(words: np.ndarray, dtype, low: float, high: float) -> np.ndarray:
+    _, mask, shift = UNIFORM_TYPES[dtype]
+    if dtype == np.float64:
+        w = words.astype(np.uint64)
+        bits = np.uint64(0x3FF0000000000000) | ((w[0::2] & np.uint64(0xFFFFF)) << np.uint64(32)) | w[1::2]
+        return (bits.view(np.float64) - 1.0) * (float(f32(high)) - float(f32(low))) + float(f32(low))
+    u = (np.uint32(0x3F800000) | ((words & np.uint32(mask)) << np.uint32(shift))).view(np.float32) - f32(1)
+    v = u * (f32(high) - f32(low)) + f32(low)
+    return {np.float32: lambda a: a, F16: cast_f16, BF16: cast_bf16}[dtype](v)
+
+
+@pytest.mark.parametrize("dtype", list(UNIFORM_TYPES), ids=["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("low_high", [(0.0, 1.0), (-1.75, 3.5), (1e-3, 7e4)], ids=str)
+def test_philox_uniform_kernel_arithmetic(make_session, dtype, low_high):
+    low, high = low_high
+    tp = UNIFORM_TYPES[dtype][0]
+    state = np.array([0xFFFFFFFE, 0xFFFFFFFF, 0xFFFFFFFF, 7, 0x12345678, 0x9ABCDEF0], np.uint32)
+    philox = make_session(philox_model())
+    per = 2 if dtype == np.float64 else 1
+    for n in LENGTHS:
+        words, _ = philox.run(None, {"state": state, "shape": np.array([n * per], np.int64)})
+        m = node_model("PhiloxUniform", [("state", np.uint32, (6,))], [("output", dtype, None), ("state_out", np.uint32, (6,))],
+                       domain="com.trainops", shape=[n], dtype=tp, low=low, high=high)
+        got, got_state = run_io(make_session(m), {"state": state})
+        assert same(got, mirror_uniform(words, dtype, low, high)), f"n = {n}"
+        blocks = (n * per + 3) // 4
+        counter = sum(int(w) << (32 * k) for k, w in enumerate(state[:4])) + blocks
+        assert [int(w) for w in got_state] == [(counter >> (32 * k)) & 0xFFFFFFFF for k in range(4)] + [int(w) for w in state[4:]]

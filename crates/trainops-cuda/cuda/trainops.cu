@@ -12,6 +12,39 @@ typedef unsigned short u16;
 #define GRID_STRIDE(i, n) \
   for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)blockDim.x * gridDim.x)
 
+// 16-bit values as the CPU converts them: float16 -> float exactly, float -> float16 rounded to
+// nearest even (PTX cvt, IEEE), bfloat16 -> float exactly (the top half of the float's bits).
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+  u32 b = __float_as_uint(f);
+  // NaN as the CPU's `half` crate (and x86 F16C) make it: sign, quiet bit, top payload bits
+  // (PTX cvt would give the canonical NaN).
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (u16)(((b >> 16) & 0x8000u) | 0x7E00u | ((b & 0x7FFFFFu) >> 13));
+  u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+// float -> bfloat16 as the CPU's `half` crate rounds (bf16::from_f32): NaN keeps its top bits
+// with the quiet bit set; otherwise round to nearest, ties to even.
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+  u32 b = __float_as_uint(f);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (u16)((b >> 16) | 0x0040u);
+  if ((b & 0x8000u) != 0 && (b & 0x17FFFu) != 0) return (u16)((b >> 16) + 1);
+  return (u16)(b >> 16);
+}
+
+// Element i of a tensor of type dtype as float: 0 float32, 1 float16, 2 bfloat16.
+__device__ __forceinline__ float load_f32(const void* p, int dtype, u64 i) {
+  if (dtype == 1) return f16_to_f32(((const u16*)p)[i]);
+  if (dtype == 2) return __uint_as_float((u32)((const u16*)p)[i] << 16);
+  return ((const float*)p)[i];
+}
+
 // One element of ONNX Adam (crates/trainops-kernels/src/optim/adam/mod.rs `update`), gradient gi.
 __device__ __forceinline__ void adam_element(float* x, float* v, float* h, u64 i, float gi, float norm, float alpha,
                                              float one_minus_alpha, float beta, float one_minus_beta,
@@ -130,34 +163,47 @@ extern "C" __global__ void trainops_dropout_f32(const float* data, float* out, u
   }
 }
 
+// PhiloxUniform (crates/trainops-kernels/src/random/uniform.rs `reference`) over `words` words:
+// dtype 0 float32, 1 float16, 2 bfloat16: element i from word i, u = bitcast<float>(0x3F800000 |
+// (word & mask) << shift) - 1 (exact), then u * range + low in float32, rounded once to the
+// 16-bit type; dtype 3 float64: element i from words 2i, 2i+1, u = bitcast<double>(0x3FF... |
+// (word0 & 0xFFFFF) << 32 | word1) - 1, then u * range64 + low64 in float64 (words is even).
+// range, range64 = high - low computed by the host in each type.
+extern "C" __global__ void trainops_uniform(void* out, int dtype, u64 words, u32 s0, u32 s1, u32 s2, u32 s3,
+                                            u32 k0, u32 k1, u32 mask, u32 shift, float range, float low,
+                                            double range64, double low64) {
+  u64 blocks = (words + 3) / 4;
+  GRID_STRIDE(b, blocks) {
+    u32 w[4];
+    philox_block(s0, s1, s2, s3, k0, k1, b, w);
+    u64 base = b * 4;
+    if (dtype == 3) {
+      for (int k = 0; k + 1 < 4 && base + k + 1 < words; k += 2) {
+        u64 bits = 0x3FF0000000000000ull | ((u64)(w[k] & 0xFFFFFu) << 32) | (u64)w[k + 1];
+        double u = __dsub_rn(__longlong_as_double((long long)bits), 1.0);
+        ((double*)out)[(base + k) / 2] = __dadd_rn(__dmul_rn(u, range64), low64);
+      }
+      continue;
+    }
+    for (int k = 0; k < 4 && base + k < words; ++k) {
+      float u = __fsub_rn(__uint_as_float(0x3F800000u | ((w[k] & mask) << shift)), 1.0f);
+      float v = __fadd_rn(__fmul_rn(u, range), low);
+      u64 i = base + k;
+      if (dtype == 0) {
+        ((float*)out)[i] = v;
+      } else if (dtype == 1) {
+        ((u16*)out)[i] = f32_to_f16(v);
+      } else {
+        ((u16*)out)[i] = f32_to_bf16(v);
+      }
+    }
+  }
+}
+
 // A Philox op's state_out, computed on the host, written on the op's stream (one thread).
 extern "C" __global__ void trainops_store_state(u32* out, u32 s0, u32 s1, u32 s2, u32 s3, u32 k0, u32 k1) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   out[0] = s0; out[1] = s1; out[2] = s2; out[3] = s3; out[4] = k0; out[5] = k1;
-}
-
-// 16-bit values as the CPU converts them: float16 -> float exactly, float -> float16 rounded to
-// nearest even (PTX cvt, IEEE), bfloat16 -> float exactly (the top half of the float's bits).
-__device__ __forceinline__ float f16_to_f32(u16 h) {
-  float f;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
-  return f;
-}
-__device__ __forceinline__ u16 f32_to_f16(float f) {
-  u32 b = __float_as_uint(f);
-  // NaN as the CPU's `half` crate (and x86 F16C) make it: sign, quiet bit, top payload bits
-  // (PTX cvt would give the canonical NaN).
-  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (u16)(((b >> 16) & 0x8000u) | 0x7E00u | ((b & 0x7FFFFFu) >> 13));
-  u16 h;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
-  return h;
-}
-
-// Element i of a tensor of type dtype as float: 0 float32, 1 float16, 2 bfloat16.
-__device__ __forceinline__ float load_f32(const void* p, int dtype, u64 i) {
-  if (dtype == 1) return f16_to_f32(((const u16*)p)[i]);
-  if (dtype == 2) return __uint_as_float((u32)((const u16*)p)[i] << 16);
-  return ((const float*)p)[i];
 }
 
 // A one-byte flag (a bool output) set to v, on the op's stream before the checks.
@@ -204,21 +250,9 @@ extern "C" __global__ void trainops_cast_f16(const float* x, u16* out, u64 n) {
   GRID_STRIDE(i, n) { out[i] = f32_to_f16(x[i]); }
 }
 
-// MixedPrecisionAdam's bfloat16 copies, as the CPU's `half` crate rounds (bf16::from_f32): NaN
-// keeps its top bits with the quiet bit set; otherwise round to nearest, ties to even.
+// MixedPrecisionAdam's bfloat16 copies (f32_to_bf16).
 extern "C" __global__ void trainops_cast_bf16(const float* x, u16* out, u64 n) {
-  GRID_STRIDE(i, n) {
-    u32 b = __float_as_uint(x[i]);
-    u16 r;
-    if ((b & 0x7FFFFFFFu) > 0x7F800000u) {
-      r = (u16)((b >> 16) | 0x0040u);
-    } else if ((b & 0x8000u) != 0 && (b & 0x17FFFu) != 0) {
-      r = (u16)((b >> 16) + 1);
-    } else {
-      r = (u16)(b >> 16);
-    }
-    out[i] = r;
-  }
+  GRID_STRIDE(i, n) { out[i] = f32_to_bf16(x[i]); }
 }
 
 // DynamicLossScale (crates/trainops-kernels/src/loss_scale/rule.rs `LossScaleRule::next`), one

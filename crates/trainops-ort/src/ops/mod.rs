@@ -60,6 +60,8 @@ pub fn device_support(domain: &CStr, op: &CStr) -> Option<DeviceSupport> {
         // the call with the CPU's functions (`random::device`), the device draws the words.
         (b"com.trainops", b"Philox") => support(&[0, 1], &[DType::Uint32], true),
         (b"com.trainops", b"PhiloxDropout") => support(&[1, 2, 3], &[DType::Float], true),
+        // Every output type: the host plans the words, `trainops_uniform` converts them.
+        (b"com.trainops", b"PhiloxUniform") => support(&[0, 1], &[DType::Uint32], true),
         // The mixed-precision ops keep loss_scale, the verdicts and the scale state on the
         // device (`ffi::ep::mixed`); only R and T of MixedPrecisionAdam are host inputs.
         (b"com.trainops", b"MixedPrecisionAdam") => support(SCALARS, &[DType::Float, DType::Float16], true),
@@ -113,13 +115,15 @@ mod tests {
                 (c.clone(), "PhiloxDropout", vec![1, 2, 3]),
                 (c.clone(), "MixedPrecisionAdam", vec![0, 1]),
                 (c.clone(), "DynamicLossScale", vec![]),
-                (c, "AllFinite", vec![]),
+                (c.clone(), "AllFinite", vec![]),
             ]
+            .into_iter()
+            // PhiloxUniform: its four output types and the registration of any other type.
+            .chain(std::iter::repeat_n((c, "PhiloxUniform", vec![0, 1]), 5))
+            .collect::<Vec<_>>()
         );
-        // Not wired: the distributions, the benchmark op.
-        for op in [c"PhiloxUniform", c"PhiloxNormal"] {
-            assert!(device_support(c"com.trainops", op).is_none_or(|s| !s.cuda), "{op:?}");
-        }
+        // Not wired: PhiloxNormal (float64 libm on the CPU), the benchmark op.
+        assert!(device_support(c"com.trainops", c"PhiloxNormal").is_none_or(|s| !s.cuda));
         assert!(device_support(c"com.trainops.bench", c"MemoryCeiling").is_none());
     }
 }

@@ -15,7 +15,7 @@ use core::ffi::c_void;
 
 /// The step type, re-exported where the op modules first found it.
 pub use super::super::device::DeviceStep;
-use super::super::device::{launch_shape, DeviceOp, PlanFn, StreamPlan};
+use super::super::device::{launch_shape, DeviceOp, PlanFn, StreamPlan, UniformArgs};
 use super::super::op::DeviceKernels;
 use super::super::{Context, Kernel, KernelInfo, OpSpec};
 pub use super::launch::StreamFrom;
@@ -119,10 +119,11 @@ impl Kernel for CudaOptimizer {
 }
 
 /// Which stream op a [`CudaStreamOp`] is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum StreamKind {
     Philox,
     Dropout,
+    Uniform(UniformArgs),
 }
 
 /// Philox or PhiloxDropout on the device: the op's host code plans the call from its host
@@ -193,6 +194,28 @@ impl Kernel for CudaStreamOp {
                 }
                 self.store_state(ctx, 1, &plan, ordinal, stream)?;
             }
+            StreamKind::Uniform(u) => {
+                let words = out.numel * if u.dtype == 3 { 2 } else { 1 };
+                if words > 0 {
+                    let function =
+                        trainops_cuda::function(ordinal, "trainops_uniform").map_err(|e| runtime(e.to_string()))?;
+                    let (_, grid) = launch_shape(words);
+                    let (mut p, mut code, mut count) = (out.ptr, u.dtype, words as u64);
+                    let (mut mask, mut shift, mut range, mut low, mut range64, mut low64) =
+                        (u.mask, u.shift, u.range, u.low, u.range64, u.low64);
+                    let mut args: Vec<*mut c_void> = vec![arg(&mut p), arg(&mut code), arg(&mut count)];
+                    args.extend(state_args(&mut state));
+                    args.extend([arg(&mut mask), arg(&mut shift), arg(&mut range), arg(&mut low)]);
+                    args.extend([arg(&mut range64), arg(&mut low64)]);
+                    // SAFETY: trainops_uniform(void* out, int dtype, u64 words, six u32, u32 mask,
+                    // u32 shift, float range, float low, double range64, double low64): the
+                    // output holds `words` (float64: words / 2) elements of the type `dtype`
+                    // names (the node's registration); the arguments outlive the launch.
+                    unsafe { trainops_cuda::launch(ordinal, &function, grid, stream, &mut args) }
+                        .map_err(|e| runtime(e.to_string()))?;
+                }
+                self.store_state(ctx, 1, &plan, ordinal, stream)?;
+            }
             StreamKind::Dropout => {
                 let data = ctx.input(0)?.ok_or_else(|| runtime("missing data".into()))?;
                 let mask = if ctx.output_count()? > 1 { ctx.output_opt(1, &plan.dims)? } else { None };
@@ -251,6 +274,9 @@ fn cuda_kernel(
         Some(DeviceOp::Optimizer(step)) => Ok(Box::new(CudaOptimizer::new(spec, step, stream))),
         Some(DeviceOp::Philox(plan)) => Ok(Box::new(CudaStreamOp { op, kind: StreamKind::Philox, plan, stream })),
         Some(DeviceOp::Dropout(plan)) => Ok(Box::new(CudaStreamOp { op, kind: StreamKind::Dropout, plan, stream })),
+        Some(DeviceOp::Uniform(plan, args)) => {
+            Ok(Box::new(CudaStreamOp { op, kind: StreamKind::Uniform(args), plan, stream }))
+        }
         Some(DeviceOp::AllFinite) => Ok(Box::new(CudaAllFinite { op, stream })),
         Some(DeviceOp::LossScale(rule)) => Ok(Box::new(CudaLossScale { op, rule, stream })),
         Some(DeviceOp::MixedAdam(step)) => Ok(Box::new(CudaMixedAdam { op, step, stream })),
