@@ -315,3 +315,100 @@ def test_philox_uniform_kernel_arithmetic(make_session, dtype, low_high):
         blocks = (n * per + 3) // 4
         counter = sum(int(w) << (32 * k) for k, w in enumerate(state[:4])) + blocks
         assert [int(w) for w in got_state] == [(counter >> (32 * k)) & 0xFFFFFFFF for k in range(4)] + [int(w) for w in state[4:]]
+
+
+# ---------------------------------------------------------------- AdamW
+# trainops_adamw_f32 / trainops_adamw_amsgrad_f32, transcribed: torch's lerp and addcmul are
+# fused multiply-adds (__fmaf_rn), emulated exactly below.
+
+from trainops.models import adamw_feeds, adamw_model  # noqa: E402
+
+
+def fma32(a, b, c) -> np.ndarray:
+    """float32 fma(a, b, c) with one rounding: a * b is exact in float64; s + e = p + c exactly
+    (TwoSum); rounding s to float32 is rounding p + c, except when s is a float32 midpoint and
+    e pushes the exact sum off it."""
+    a, b, c = (np.asarray(t, np.float32).astype(np.float64) for t in (a, b, c))
+    with np.errstate(all="ignore"):
+        p = a * b
+        s = p + c
+        bb = s - p
+        e = (p - (s - bb)) + (c - bb)
+        r = s.astype(np.float32)
+        toward = np.where(s > r.astype(np.float64), np.float32(np.inf), np.float32(-np.inf))
+        other = np.nextafter(r, toward)
+        mid = (r.astype(np.float64) + other.astype(np.float64)) / 2
+        tie = (s == mid) & (e != 0) & np.isfinite(s)
+        # Off the midpoint toward `other` (e has the sign of other - r): other; else r.
+        pick = tie & (np.sign(e) == np.sign(other.astype(np.float64) - r.astype(np.float64)))
+        return np.where(pick, other, r)
+
+
+def test_fma32_is_exact_on_ties():
+    """The emulation against exact rational arithmetic, on random values and on values made to
+    land p + c exactly on a float32 midpoint with a tiny remainder."""
+    from fractions import Fraction
+
+    rng = np.random.default_rng(9)
+    a = rng.standard_normal(2000).astype(np.float32)
+    b = rng.standard_normal(2000).astype(np.float32)
+    c = rng.standard_normal(2000).astype(np.float32)
+    # (1 + 2^-12)^2 = 1 + 2^-11 + 2^-24, a float32 midpoint: c = +-2^-60 leaves float64's sum on
+    # it with a remainder (the tie branch), c = 0 is a true tie (to even).
+    a[:4] = b[:4] = np.float32(1 + 2**-12)
+    c[:4] = [np.float32(2**-60), np.float32(-(2**-60)), np.float32(0), np.float32(2**-24)]
+    got = fma32(a, b, c)
+    for x, y, z, g in zip(a, b, c, got):
+        exact = Fraction(float(x)) * Fraction(float(y)) + Fraction(float(z))
+        lo = np.float32(float(exact))
+        cands = [lo, np.nextafter(lo, np.float32(np.inf)), np.nextafter(lo, np.float32(-np.inf))]
+        best = min(cands, key=lambda v: (abs(Fraction(float(v)) - exact), int(v.view(np.uint32)) & 1))
+        assert g == best, (x, y, z)
+
+
+def mirror_adamw(lr, t, xs, gs, ms, vs, vmaxs, beta1=0.9, beta2=0.999, epsilon=1e-8, weight_decay=1e-2, maximize=0):
+    written = lambda v: float(str(np.float32(v)))  # adamw::as_written  # noqa: E731
+    beta1, beta2, epsilon, weight_decay = (written(v) for v in (beta1, beta2, epsilon, weight_decay))
+    bc1, bc2 = 1 - beta1**t, 1 - beta2**t
+    bc2_sqrt = f32(bc2**0.5)
+    weight = f32(1 - beta1)
+    from_end = not (-0.5 < weight < 0.5)
+    lerp = weight - f32(1) if from_end else weight
+    decay = f32(1 - lr * weight_decay) if weight_decay != 0 else f32(1)
+    b2, omb2, eps, step = f32(beta2), f32(1 - beta2), f32(epsilon), f32(lr / bc1)
+    out = ([], [], [], [])
+    for k, (x, g, m, v) in enumerate(zip(xs, gs, ms, vs)):
+        g = -g if maximize else g
+        x = x * decay
+        m_new = fma32(lerp, g - m, g if from_end else m)
+        v_new = fma32(omb2 * g, g, v * b2)
+        s = v_new
+        if vmaxs is not None:
+            a = vmaxs[k]
+            s = np.where((a > v_new) | np.isnan(a), a, v_new)
+            out[3].append(s)
+        denom = np.sqrt(s) / bc2_sqrt + eps
+        out[0].append(x - (step * m_new) / denom)
+        out[1].append(m_new)
+        out[2].append(v_new)
+    return [a for lst in out for a in lst]
+
+
+@pytest.mark.parametrize("amsgrad", [0, 1])
+@pytest.mark.parametrize("attrs", [{}, dict(beta1=0.3, beta2=0.75, epsilon=0.25, weight_decay=0.0, maximize=1),
+                                   dict(beta1=0.5, weight_decay=0.3)], ids=str)
+def test_adamw_kernel_arithmetic(make_session, amsgrad, attrs):
+    rng = np.random.default_rng(11)
+    for k, n in enumerate(LENGTHS):
+        shapes = [(n,), (LENGTHS[-1 - k],)]
+        xs, gs, ms = ([rng.standard_normal(s).astype(np.float32) for s in shapes] for _ in range(3))
+        vs, vmaxs = ([rng.random(s).astype(np.float32) for s in shapes] for _ in range(2))
+        if n > 3:
+            vmaxs[0][:3] = [np.nan, 0.0, 1e30]
+        sess = make_session(adamw_model(shapes, amsgrad=amsgrad, **attrs))
+        for t in (1, 7):
+            got = sess.run(None, adamw_feeds(R, t, xs, gs, ms, vs, vmaxs if amsgrad else None))
+            want = mirror_adamw(R, t, xs, gs, ms, vs, vmaxs if amsgrad else None, **attrs)
+            assert len(got) == len(want)
+            for j, (a, b) in enumerate(zip(got, want)):
+                assert same(a, np.asarray(b, np.float32)), f"n = {n}, t = {t}, output {j}"

@@ -71,6 +71,51 @@ extern "C" __global__ void trainops_adam_f32(float* x, const float* g, float* v,
   }
 }
 
+// One element of torch.optim.AdamW (crates/trainops-kernels/src/optim/adamw/mod.rs `moments`,
+// `apply`, `keep_max`), gradient gi; vmax null without amsgrad. flags: bit 0 maximize, bit 1
+// lerp from the end (g + lerp * (g - m), else m + lerp * (g - m)). torch's lerp and addcmul
+// are fused multiply-adds (Rust's mul_add): __fmaf_rn, one rounding, as there.
+__device__ __forceinline__ void adamw_element(float* x, float* m, float* v, float* vmax, u64 i, float gi, float decay,
+                                              float lerp, float beta2, float one_minus_beta2, float bc2_sqrt,
+                                              float epsilon, float step_size, int flags) {
+  float g = (flags & 1) ? -gi : gi;
+  float xi = __fmul_rn(x[i], decay);
+  float mi = m[i], vi = v[i];
+  float base = (flags & 2) ? g : mi;
+  float m_new = __fmaf_rn(lerp, __fsub_rn(g, mi), base);
+  float v_new = __fmaf_rn(__fmul_rn(one_minus_beta2, g), g, __fmul_rn(vi, beta2));
+  float s = v_new;
+  if (vmax) {
+    float a = vmax[i];
+    s = (a > v_new || a != a) ? a : v_new;
+    vmax[i] = s;
+  }
+  float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(s), bc2_sqrt), epsilon);
+  x[i] = __fsub_rn(xi, __fdiv_rn(__fmul_rn(step_size, m_new), denom));
+  m[i] = m_new;
+  v[i] = v_new;
+}
+
+// AdamW, float32, streams X, M, V; the coefficients are AdamWCoeffs::<f32>'s.
+extern "C" __global__ void trainops_adamw_f32(float* x, const float* g, float* m, float* v, u64 n, float decay,
+                                              float lerp, float beta2, float one_minus_beta2, float bc2_sqrt,
+                                              float epsilon, float step_size, int flags) {
+  GRID_STRIDE(i, n) {
+    adamw_element(x, m, v, (float*)0, i, g[i], decay, lerp, beta2, one_minus_beta2, bc2_sqrt, epsilon, step_size,
+                  flags);
+  }
+}
+
+// AdamW with amsgrad, float32, streams X, M, V, Vmax.
+extern "C" __global__ void trainops_adamw_amsgrad_f32(float* x, const float* g, float* m, float* v, float* vmax,
+                                                      u64 n, float decay, float lerp, float beta2,
+                                                      float one_minus_beta2, float bc2_sqrt, float epsilon,
+                                                      float step_size, int flags) {
+  GRID_STRIDE(i, n) {
+    adamw_element(x, m, v, vmax, i, g[i], decay, lerp, beta2, one_minus_beta2, bc2_sqrt, epsilon, step_size, flags);
+  }
+}
+
 // ONNX Adagrad, float32; r_adjusted = R / (1 + T * decay_factor).
 extern "C" __global__ void trainops_adagrad_f32(float* x, const float* g, float* h, u64 n, float norm,
                                                 float epsilon, float r_adjusted) {

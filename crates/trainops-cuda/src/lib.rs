@@ -16,6 +16,8 @@ pub const PTX: &str = include_str!("../ptx/trainops.ptx");
 pub const KERNELS: &[&str] = &[
     "trainops_adam_f32",
     "trainops_adagrad_f32",
+    "trainops_adamw_f32",
+    "trainops_adamw_amsgrad_f32",
     "trainops_momentum_f32",
     "trainops_philox",
     "trainops_philox_words",

@@ -21,6 +21,8 @@ pub struct DeviceStep {
     /// The coefficients of one call with learning rate `r` and update count `t`, in the
     /// kernel's argument order.
     pub coeffs: CoeffFn,
+    /// The smallest `T` the op takes (`Optimizer::MIN_T`: 1 for AdamW, torch's step).
+    pub min_t: i64,
 }
 
 /// One call of a Philox-stream op on the device, as the op's host code plans it from the

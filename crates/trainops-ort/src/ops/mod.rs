@@ -56,6 +56,7 @@ pub fn device_support(domain: &CStr, op: &CStr) -> Option<DeviceSupport> {
     let support = |host_inputs, types, cuda| Some(DeviceSupport { host_inputs, types, cuda });
     match (domain.to_bytes(), op.to_bytes()) {
         (b"ai.onnx.preview.training", b"Adam" | b"Adagrad" | b"Momentum") => support(SCALARS, &[DType::Float], true),
+        (b"com.trainops", b"AdamW") => support(SCALARS, &[DType::Float], true),
         // The state (and the shape, the ratio, training_mode) are host inputs: the host plans
         // the call with the CPU's functions (`random::device`), the device draws the words.
         (b"com.trainops", b"Philox") => support(&[0, 1], &[DType::Uint32], true),
@@ -113,6 +114,7 @@ mod tests {
                 (t, "Momentum", vec![0, 1]),
                 (c.clone(), "Philox", vec![0, 1]),
                 (c.clone(), "PhiloxDropout", vec![1, 2, 3]),
+                (c.clone(), "AdamW", vec![0, 1]),
                 (c.clone(), "MixedPrecisionAdam", vec![0, 1]),
                 (c.clone(), "DynamicLossScale", vec![]),
                 (c.clone(), "AllFinite", vec![]),

@@ -50,6 +50,10 @@ impl Kernel for CudaOptimizer {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
         let runtime = |message: String| Error::Runtime { op: self.op, call: "CUDA", message };
         let (r, t) = host_r_t(self.op, ctx)?;
+        if t < self.step.min_t {
+            let want = format!("an update count >= {} (1 on the first update, as torch's step)", self.step.min_t);
+            return Err(Error::input(self.op, 1, "T", want, t.to_string()));
+        }
         let streams = self.step.streams;
         let count = ctx.input_count()?;
         let n = count.saturating_sub(2) / (streams + 1);
