@@ -146,6 +146,7 @@ def cast_bf16(x: np.ndarray) -> np.ndarray:
     return r.astype(np.uint16).view(BF16)
 
 
+@np.errstate(all="ignore")  # the transcriptions meet Inf and NaN on purpose
 def mirror_mp_adam(r, t, scale, xs, gs, vs, hs, copy_dtype, alpha=0.9, beta=0.999, epsilon=1e-6,
                    norm_coefficient=0.0, norm_coefficient_post=0.0):
     """The host's coefficients (Adam::coeffs: float attributes and R widened, double, rounded
@@ -249,6 +250,7 @@ def test_all_finite_kernel_arithmetic(make_session, dtypes, bad):
         assert bool(got) == want == (bad is None or n == 0), f"n = {n}"
 
 
+@np.errstate(all="ignore")  # the transcriptions meet Inf and NaN on purpose
 def mirror_loss_scale(scale, good, finite, growth_interval=2000, growth_factor=2.0, backoff_factor=0.5, min_scale=0.0):
     """trainops_loss_scale, one thread: float32 products, fmaxf, a saturating increment."""
     s = f32(scale)
@@ -287,6 +289,7 @@ from trainops.models import node_model, philox_model  # noqa: E402
 UNIFORM_TYPES = {np.float32: (1, 0x7FFFFF, 0), F16: (10, 0x3FF, 13), BF16: (16, 0x7F, 16), np.float64: (11, 0, 0)}
 
 
+@np.errstate(all="ignore")  # the transcriptions meet Inf and NaN on purpose
 def mirror_uniform(words: np.ndarray, dtype, low: float, high: float) -> np.ndarray:
     _, mask, shift = UNIFORM_TYPES[dtype]
     if dtype == np.float64:
@@ -366,6 +369,7 @@ def test_fma32_is_exact_on_ties():
         assert g == best, (x, y, z)
 
 
+@np.errstate(all="ignore")  # the transcriptions meet Inf and NaN on purpose
 def mirror_adamw(lr, t, xs, gs, ms, vs, vmaxs, beta1=0.9, beta2=0.999, epsilon=1e-8, weight_decay=1e-2, maximize=0):
     written = lambda v: float(str(np.float32(v)))  # adamw::as_written  # noqa: E731
     beta1, beta2, epsilon, weight_decay = (written(v) for v in (beta1, beta2, epsilon, weight_decay))
