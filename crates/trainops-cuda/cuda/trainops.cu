@@ -12,6 +12,39 @@ typedef unsigned short u16;
 #define GRID_STRIDE(i, n) \
   for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (u64)blockDim.x * gridDim.x)
 
+// 16-bit values as the CPU converts them: float16 -> float exactly, float -> float16 rounded to
+// nearest even (PTX cvt, IEEE), bfloat16 -> float exactly (the top half of the float's bits).
+__device__ __forceinline__ float f16_to_f32(u16 h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+__device__ __forceinline__ u16 f32_to_f16(float f) {
+  u32 b = __float_as_uint(f);
+  // NaN as the CPU's `half` crate (and x86 F16C) make it: sign, quiet bit, top payload bits
+  // (PTX cvt would give the canonical NaN).
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (u16)(((b >> 16) & 0x8000u) | 0x7E00u | ((b & 0x7FFFFFu) >> 13));
+  u16 h;
+  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+  return h;
+}
+
+// float -> bfloat16 as the CPU's `half` crate rounds (bf16::from_f32): NaN keeps its top bits
+// with the quiet bit set; otherwise round to nearest, ties to even.
+__device__ __forceinline__ u16 f32_to_bf16(float f) {
+  u32 b = __float_as_uint(f);
+  if ((b & 0x7FFFFFFFu) > 0x7F800000u) return (u16)((b >> 16) | 0x0040u);
+  if ((b & 0x8000u) != 0 && (b & 0x17FFFu) != 0) return (u16)((b >> 16) + 1);
+  return (u16)(b >> 16);
+}
+
+// Element i of a tensor of type dtype as float: 0 float32, 1 float16, 2 bfloat16.
+__device__ __forceinline__ float load_f32(const void* p, int dtype, u64 i) {
+  if (dtype == 1) return f16_to_f32(((const u16*)p)[i]);
+  if (dtype == 2) return __uint_as_float((u32)((const u16*)p)[i] << 16);
+  return ((const float*)p)[i];
+}
+
 // One element of ONNX Adam (crates/trainops-kernels/src/optim/adam/mod.rs `update`), gradient gi.
 __device__ __forceinline__ void adam_element(float* x, float* v, float* h, u64 i, float gi, float norm, float alpha,
                                              float one_minus_alpha, float beta, float one_minus_beta,
@@ -35,6 +68,51 @@ extern "C" __global__ void trainops_adam_f32(float* x, const float* g, float* v,
   GRID_STRIDE(i, n) {
     adam_element(x, v, h, i, g[i], norm, alpha, one_minus_alpha, beta, one_minus_beta, epsilon, r_adjusted,
                  one_minus_post);
+  }
+}
+
+// One element of torch.optim.AdamW (crates/trainops-kernels/src/optim/adamw/mod.rs `moments`,
+// `apply`, `keep_max`), gradient gi; vmax null without amsgrad. flags: bit 0 maximize, bit 1
+// lerp from the end (g + lerp * (g - m), else m + lerp * (g - m)). torch's lerp and addcmul
+// are fused multiply-adds (Rust's mul_add): __fmaf_rn, one rounding, as there.
+__device__ __forceinline__ void adamw_element(float* x, float* m, float* v, float* vmax, u64 i, float gi, float decay,
+                                              float lerp, float beta2, float one_minus_beta2, float bc2_sqrt,
+                                              float epsilon, float step_size, int flags) {
+  float g = (flags & 1) ? -gi : gi;
+  float xi = __fmul_rn(x[i], decay);
+  float mi = m[i], vi = v[i];
+  float base = (flags & 2) ? g : mi;
+  float m_new = __fmaf_rn(lerp, __fsub_rn(g, mi), base);
+  float v_new = __fmaf_rn(__fmul_rn(one_minus_beta2, g), g, __fmul_rn(vi, beta2));
+  float s = v_new;
+  if (vmax) {
+    float a = vmax[i];
+    s = (a > v_new || a != a) ? a : v_new;
+    vmax[i] = s;
+  }
+  float denom = __fadd_rn(__fdiv_rn(__fsqrt_rn(s), bc2_sqrt), epsilon);
+  x[i] = __fsub_rn(xi, __fdiv_rn(__fmul_rn(step_size, m_new), denom));
+  m[i] = m_new;
+  v[i] = v_new;
+}
+
+// AdamW, float32, streams X, M, V; the coefficients are AdamWCoeffs::<f32>'s.
+extern "C" __global__ void trainops_adamw_f32(float* x, const float* g, float* m, float* v, u64 n, float decay,
+                                              float lerp, float beta2, float one_minus_beta2, float bc2_sqrt,
+                                              float epsilon, float step_size, int flags) {
+  GRID_STRIDE(i, n) {
+    adamw_element(x, m, v, (float*)0, i, g[i], decay, lerp, beta2, one_minus_beta2, bc2_sqrt, epsilon, step_size,
+                  flags);
+  }
+}
+
+// AdamW with amsgrad, float32, streams X, M, V, Vmax.
+extern "C" __global__ void trainops_adamw_amsgrad_f32(float* x, const float* g, float* m, float* v, float* vmax,
+                                                      u64 n, float decay, float lerp, float beta2,
+                                                      float one_minus_beta2, float bc2_sqrt, float epsilon,
+                                                      float step_size, int flags) {
+  GRID_STRIDE(i, n) {
+    adamw_element(x, m, v, vmax, i, g[i], decay, lerp, beta2, one_minus_beta2, bc2_sqrt, epsilon, step_size, flags);
   }
 }
 
@@ -130,59 +208,125 @@ extern "C" __global__ void trainops_dropout_f32(const float* data, float* out, u
   }
 }
 
+// PhiloxUniform (crates/trainops-kernels/src/random/uniform.rs `reference`) over `words` words:
+// dtype 0 float32, 1 float16, 2 bfloat16: element i from word i, u = bitcast<float>(0x3F800000 |
+// (word & mask) << shift) - 1 (exact), then u * range + low in float32, rounded once to the
+// 16-bit type; dtype 3 float64: element i from words 2i, 2i+1, u = bitcast<double>(0x3FF... |
+// (word0 & 0xFFFFF) << 32 | word1) - 1, then u * range64 + low64 in float64 (words is even).
+// range, range64 = high - low computed by the host in each type.
+extern "C" __global__ void trainops_uniform(void* out, int dtype, u64 words, u32 s0, u32 s1, u32 s2, u32 s3,
+                                            u32 k0, u32 k1, u32 mask, u32 shift, float range, float low,
+                                            double range64, double low64) {
+  u64 blocks = (words + 3) / 4;
+  GRID_STRIDE(b, blocks) {
+    u32 w[4];
+    philox_block(s0, s1, s2, s3, k0, k1, b, w);
+    u64 base = b * 4;
+    if (dtype == 3) {
+      for (int k = 0; k + 1 < 4 && base + k + 1 < words; k += 2) {
+        u64 bits = 0x3FF0000000000000ull | ((u64)(w[k] & 0xFFFFFu) << 32) | (u64)w[k + 1];
+        double u = __dsub_rn(__longlong_as_double((long long)bits), 1.0);
+        ((double*)out)[(base + k) / 2] = __dadd_rn(__dmul_rn(u, range64), low64);
+      }
+      continue;
+    }
+    for (int k = 0; k < 4 && base + k < words; ++k) {
+      float u = __fsub_rn(__uint_as_float(0x3F800000u | ((w[k] & mask) << shift)), 1.0f);
+      float v = __fadd_rn(__fmul_rn(u, range), low);
+      u64 i = base + k;
+      if (dtype == 0) {
+        ((float*)out)[i] = v;
+      } else if (dtype == 1) {
+        ((u16*)out)[i] = f32_to_f16(v);
+      } else {
+        ((u16*)out)[i] = f32_to_bf16(v);
+      }
+    }
+  }
+}
+
 // A Philox op's state_out, computed on the host, written on the op's stream (one thread).
 extern "C" __global__ void trainops_store_state(u32* out, u32 s0, u32 s1, u32 s2, u32 s3, u32 k0, u32 k1) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   out[0] = s0; out[1] = s1; out[2] = s2; out[3] = s3; out[4] = k0; out[5] = k1;
 }
 
-// AllFinite: sets *bad to 1 when any element is Inf or NaN (the verdict stays on the device;
-// *bad is zeroed by the host with cuMemsetD32Async on the same stream before the first call).
-extern "C" __global__ void trainops_all_finite_f32(const float* g, u64 n, u32* bad) {
+// A one-byte flag (a bool output) set to v, on the op's stream before the checks.
+extern "C" __global__ void trainops_set_flag(unsigned char* flag, unsigned char v) {
+  if (blockIdx.x == 0 && threadIdx.x == 0) *flag = v;
+}
+
+// AllFinite and MixedPrecisionAdam's verdict (crates/trainops-kernels/src/loss_scale/finite.rs):
+// *flag = 0 when any element (dtype 0 float32, 1 float16, 2 bfloat16, 3 float64), divided by
+// *scale in float32 when scale is not null, is Inf or NaN. Every thread that finds one stores
+// the same byte; the host set *flag = 1 first on the same stream.
+extern "C" __global__ void trainops_finite(const void* g, int dtype, u64 n, const float* scale, unsigned char* flag) {
   GRID_STRIDE(i, n) {
-    u32 bits = __float_as_uint(g[i]);
-    if ((bits & 0x7F800000u) == 0x7F800000u) atomicOr(bad, 1u);
+    bool ok;
+    if (dtype == 3) {
+      ok = isfinite(((const double*)g)[i]);
+    } else {
+      float gi = load_f32(g, dtype, i);
+      ok = isfinite(scale ? __fdiv_rn(gi, *scale) : gi);
+    }
+    if (!ok) *flag = 0;
   }
 }
 
-extern "C" __global__ void trainops_all_finite_f16(const u16* g, u64 n, u32* bad) {
-  GRID_STRIDE(i, n) {
-    if ((g[i] & 0x7C00u) == 0x7C00u) atomicOr(bad, 1u);
-  }
-}
-
-// MixedPrecisionAdam, float32 master weights: Adam on g / scale, skipped on every element when
-// *bad (no host synchronisation: each thread reads the device verdict).
-extern "C" __global__ void trainops_mp_adam_f32(float* x, const float* g, float* v, float* h, u64 n,
-                                                const float* scale, const u32* bad, float norm, float alpha,
-                                                float one_minus_alpha, float beta, float one_minus_beta,
-                                                float epsilon, float r_adjusted, float one_minus_post) {
-  if (*bad) return;
+// MixedPrecisionAdam, float32 master weights, gradient of type gtype (as load_f32): Adam on
+// g / *scale (crates/trainops-kernels/src/optim/adam/mod.rs `update` with a loss scale), every
+// element skipped when *finite is 0 (the verdict of trainops_finite over every gradient of the
+// node, on the same stream: no host synchronisation). x, v, h are the outputs, already holding
+// the inputs.
+extern "C" __global__ void trainops_mp_adam(float* x, const void* g, int gtype, float* v, float* h, u64 n,
+                                            const float* scale, const unsigned char* finite, float norm, float alpha,
+                                            float one_minus_alpha, float beta, float one_minus_beta, float epsilon,
+                                            float r_adjusted, float one_minus_post) {
+  if (!*finite) return;
   float s = *scale;
   GRID_STRIDE(i, n) {
-    adam_element(x, v, h, i, __fdiv_rn(g[i], s), norm, alpha, one_minus_alpha, beta, one_minus_beta, epsilon,
-                 r_adjusted, one_minus_post);
+    adam_element(x, v, h, i, __fdiv_rn(load_f32(g, gtype, i), s), norm, alpha, one_minus_alpha, beta,
+                 one_minus_beta, epsilon, r_adjusted, one_minus_post);
   }
 }
 
-// DynamicLossScale (GradScaler's rule), one thread: scale and good_steps updated in place from
-// the device verdict.
-extern "C" __global__ void trainops_dynamic_loss_scale(float* scale, long long* good_steps, const u32* bad,
-                                                       long long growth_interval, float growth_factor,
-                                                       float backoff_factor, float min_scale) {
+// MixedPrecisionAdam's float16 copies: out[i] = x[i] rounded to float16 (nearest even).
+extern "C" __global__ void trainops_cast_f16(const float* x, u16* out, u64 n) {
+  GRID_STRIDE(i, n) { out[i] = f32_to_f16(x[i]); }
+}
+
+// MixedPrecisionAdam's bfloat16 copies (f32_to_bf16).
+extern "C" __global__ void trainops_cast_bf16(const float* x, u16* out, u64 n) {
+  GRID_STRIDE(i, n) { out[i] = f32_to_bf16(x[i]); }
+}
+
+// DynamicLossScale (crates/trainops-kernels/src/loss_scale/rule.rs `LossScaleRule::next`), one
+// thread: the inputs are read before any output is written (outputs may alias them).
+extern "C" __global__ void trainops_loss_scale(const float* scale, const long long* good_steps,
+                                               const unsigned char* finite, float* new_scale,
+                                               long long* new_good_steps, long long growth_interval,
+                                               float growth_factor, float backoff_factor, float min_scale) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   float s = *scale;
-  if (*bad) {
-    *scale = fmaxf(__fmul_rn(s, backoff_factor), min_scale);
-    *good_steps = 0;
-    return;
-  }
-  long long steps = *good_steps + 1;
-  if (steps == growth_interval) {
-    float grown = __fmul_rn(s, growth_factor);
-    *scale = isfinite(grown) ? grown : s;
-    *good_steps = 0;
+  long long good = *good_steps;
+  bool ok = *finite != 0;
+  float out_scale;
+  long long out_good;
+  if (!ok) {
+    // Rust's f32::max: the other operand when one is NaN, as fmaxf.
+    out_scale = fmaxf(__fmul_rn(s, backoff_factor), min_scale);
+    out_good = 0;
   } else {
-    *good_steps = steps;
+    long long steps = good == 0x7FFFFFFFFFFFFFFFll ? good : good + 1;  // saturating_add(1)
+    if (steps == growth_interval) {
+      float grown = __fmul_rn(s, growth_factor);
+      out_scale = isfinite(grown) ? grown : s;
+      out_good = 0;
+    } else {
+      out_scale = s;
+      out_good = steps;
+    }
   }
+  *new_scale = out_scale;
+  *new_good_steps = out_good;
 }

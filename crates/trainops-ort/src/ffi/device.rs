@@ -21,6 +21,8 @@ pub struct DeviceStep {
     /// The coefficients of one call with learning rate `r` and update count `t`, in the
     /// kernel's argument order.
     pub coeffs: CoeffFn,
+    /// The smallest `T` the op takes (`Optimizer::MIN_T`: 1 for AdamW, torch's step).
+    pub min_t: i64,
 }
 
 /// One call of a Philox-stream op on the device, as the op's host code plans it from the
@@ -39,8 +41,38 @@ pub struct StreamPlan {
     pub dropout: Option<(u32, f32)>,
 }
 
+/// `PhiloxUniform`'s arithmetic for `trainops_uniform`: the output type's code (0 float32,
+/// 1 float16, 2 bfloat16, 3 float64), the word bits of its uniform, and `high - low` and `low`
+/// in float32 and in float64.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct UniformArgs {
+    /// The output type's code.
+    pub dtype: i32,
+    /// `u = bitcast<f32>(0x3F800000 | (word & mask) << shift) - 1`.
+    pub mask: u32,
+    /// See `mask`.
+    pub shift: u32,
+    /// `high - low` in float32.
+    pub range: f32,
+    /// `low`.
+    pub low: f32,
+    /// `f64(high) - f64(low)`.
+    pub range64: f64,
+    /// `f64(low)`.
+    pub low64: f64,
+}
+
 /// Plans one call from the node's inputs (host memory for the planned ones).
 pub type PlanFn = Box<dyn Fn(&Context<'_>) -> Result<StreamPlan> + Send + Sync>;
+
+/// `MixedPrecisionAdam` on a CUDA device: Adam's coefficients of one call (as
+/// [`DeviceStep::coeffs`], for `trainops_mp_adam`) and the type of the weights' copies.
+pub struct MixedAdamStep {
+    /// The coefficients of one call with learning rate `r` and update count `t`.
+    pub coeffs: CoeffFn,
+    /// `copy_dtype`: `None`, float16 or bfloat16.
+    pub copy: Option<DType>,
+}
 
 /// How a node runs on a CUDA device.
 pub enum DeviceOp {
@@ -51,6 +83,15 @@ pub enum DeviceOp {
     /// `PhiloxDropout` on float32 data: output 0 the data, output 1 (optional) the mask,
     /// output 2 (optional) the next state.
     Dropout(PlanFn),
+    /// `PhiloxUniform`: output 0 the values, output 1 (optional) the next state.
+    Uniform(PlanFn, UniformArgs),
+    /// `AllFinite`: the one bool output set on the device from every input.
+    AllFinite,
+    /// `DynamicLossScale` with the node's rule: scale, good_steps and finite on the device.
+    LossScale(trainops_kernels::loss_scale::LossScaleRule),
+    /// `MixedPrecisionAdam`: float32 weights, float32/float16/bfloat16 gradients, the loss
+    /// scale and the `finite` flag on the device; R and T host inputs.
+    MixedAdam(MixedAdamStep),
 }
 
 /// What the device kernels of an op accept: the formal inputs kept in host memory, and the

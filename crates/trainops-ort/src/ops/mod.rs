@@ -56,15 +56,18 @@ pub fn device_support(domain: &CStr, op: &CStr) -> Option<DeviceSupport> {
     let support = |host_inputs, types, cuda| Some(DeviceSupport { host_inputs, types, cuda });
     match (domain.to_bytes(), op.to_bytes()) {
         (b"ai.onnx.preview.training", b"Adam" | b"Adagrad" | b"Momentum") => support(SCALARS, &[DType::Float], true),
+        (b"com.trainops", b"AdamW") => support(SCALARS, &[DType::Float], true),
         // The state (and the shape, the ratio, training_mode) are host inputs: the host plans
         // the call with the CPU's functions (`random::device`), the device draws the words.
         (b"com.trainops", b"Philox") => support(&[0, 1], &[DType::Uint32], true),
         (b"com.trainops", b"PhiloxDropout") => support(&[1, 2, 3], &[DType::Float], true),
-        // Not wired to a CUDA kernel yet (fake mode only): on the CUDA execution provider they
-        // run on the CPU, ONNX Runtime copying their inputs and outputs.
-        (b"com.trainops", b"MixedPrecisionAdam") => support(SCALARS, &[DType::Float, DType::Float16], false),
-        (b"com.trainops", b"AllFinite") => support(&[], &[DType::Float, DType::Float16], false),
-        (b"com.trainops", b"DynamicLossScale") => support(&[], &[DType::Float, DType::Int64, DType::Bool], false),
+        // Every output type: the host plans the words, `trainops_uniform` converts them.
+        (b"com.trainops", b"PhiloxUniform") => support(&[0, 1], &[DType::Uint32], true),
+        // The mixed-precision ops keep loss_scale, the verdicts and the scale state on the
+        // device (`ffi::ep::mixed`); only R and T of MixedPrecisionAdam are host inputs.
+        (b"com.trainops", b"MixedPrecisionAdam") => support(SCALARS, &[DType::Float, DType::Float16], true),
+        (b"com.trainops", b"AllFinite") => support(&[], &[DType::Float, DType::Float16], true),
+        (b"com.trainops", b"DynamicLossScale") => support(&[], &[DType::Float, DType::Int64, DType::Bool], true),
         _ => None,
     }
 }
@@ -110,13 +113,19 @@ mod tests {
                 (t.clone(), "Adagrad", vec![0, 1]),
                 (t, "Momentum", vec![0, 1]),
                 (c.clone(), "Philox", vec![0, 1]),
-                (c, "PhiloxDropout", vec![1, 2, 3]),
+                (c.clone(), "PhiloxDropout", vec![1, 2, 3]),
+                (c.clone(), "AdamW", vec![0, 1]),
+                (c.clone(), "MixedPrecisionAdam", vec![0, 1]),
+                (c.clone(), "DynamicLossScale", vec![]),
+                (c.clone(), "AllFinite", vec![]),
             ]
+            .into_iter()
+            // PhiloxUniform: its four output types and the registration of any other type.
+            .chain(std::iter::repeat_n((c, "PhiloxUniform", vec![0, 1]), 5))
+            .collect::<Vec<_>>()
         );
-        // Not wired: the mixed-precision ops, the distributions, the benchmark op.
-        for op in [c"MixedPrecisionAdam", c"AllFinite", c"DynamicLossScale", c"PhiloxUniform", c"PhiloxNormal"] {
-            assert!(device_support(c"com.trainops", op).is_none_or(|s| !s.cuda), "{op:?}");
-        }
+        // Not wired: PhiloxNormal (float64 libm on the CPU), the benchmark op.
+        assert!(device_support(c"com.trainops", c"PhiloxNormal").is_none_or(|s| !s.cuda));
         assert!(device_support(c"com.trainops.bench", c"MemoryCeiling").is_none());
     }
 }

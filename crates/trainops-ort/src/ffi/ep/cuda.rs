@@ -15,22 +15,14 @@ use core::ffi::c_void;
 
 /// The step type, re-exported where the op modules first found it.
 pub use super::super::device::DeviceStep;
-use super::super::device::{launch_shape, DeviceOp, PlanFn, StreamPlan};
+use super::super::device::{launch_shape, DeviceOp, PlanFn, StreamPlan, UniformArgs};
 use super::super::op::DeviceKernels;
 use super::super::{Context, Kernel, KernelInfo, OpSpec};
+pub use super::launch::StreamFrom;
+use super::launch::{arg, host_r_t};
+use super::mixed::{CudaAllFinite, CudaLossScale, CudaMixedAdam};
 use crate::error::{Error, Result};
 use crate::ffi::tensor::{DType, Tensor};
-
-/// Where kernels are launched.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StreamFrom {
-    /// The legacy default stream, synchronised before the kernel returns (the plugin EP is not
-    /// stream aware: its work must be complete when the callback returns).
-    DefaultSynchronised,
-    /// The CUDA execution provider's compute stream (`KernelContext_GetGPUComputeStream`);
-    /// ONNX Runtime orders later work on it.
-    ComputeStream,
-}
 
 /// The CUDA kernel of one optimizer node.
 pub struct CudaOptimizer {
@@ -45,10 +37,6 @@ impl CudaOptimizer {
         Self { op: spec.op(), step, stream }
     }
 
-    fn host_scalar(&self, ctx: &Context<'_>, index: usize) -> Result<Tensor> {
-        ctx.input(index)?.ok_or_else(|| Error::input(self.op, index, "R/T", "a scalar", "absent"))
-    }
-
     fn float(&self, t: &Tensor, index: usize, what: &'static str) -> Result<()> {
         if t.dtype == DType::Float {
             Ok(())
@@ -58,30 +46,14 @@ impl CudaOptimizer {
     }
 }
 
-/// A raw kernel-argument slot.
-fn arg<T>(v: &mut T) -> *mut c_void {
-    (v as *mut T).cast()
-}
-
 impl Kernel for CudaOptimizer {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
         let runtime = |message: String| Error::Runtime { op: self.op, call: "CUDA", message };
-        let (r_t, t_t) = (self.host_scalar(ctx, 0)?, self.host_scalar(ctx, 1)?);
-        // SAFETY: R and T are OrtMemTypeCPUInput: host memory, read-only here.
-        let r = unsafe {
-            match r_t.dtype {
-                DType::Float => f64::from(*r_t.slice::<f32>().first().unwrap_or(&0.0)),
-                DType::Double => *r_t.slice::<f64>().first().unwrap_or(&0.0),
-                other => return Err(Error::input(self.op, 0, "R", "float or double", other.name())),
-            }
-        };
-        // SAFETY: as above.
-        let t = unsafe {
-            match t_t.dtype {
-                DType::Int64 => *t_t.slice::<i64>().first().unwrap_or(&0),
-                other => return Err(Error::input(self.op, 1, "T", "int64", other.name())),
-            }
-        };
+        let (r, t) = host_r_t(self.op, ctx)?;
+        if t < self.step.min_t {
+            let want = format!("an update count >= {} (1 on the first update, as torch's step)", self.step.min_t);
+            return Err(Error::input(self.op, 1, "T", want, t.to_string()));
+        }
         let streams = self.step.streams;
         let count = ctx.input_count()?;
         let n = count.saturating_sub(2) / (streams + 1);
@@ -151,10 +123,11 @@ impl Kernel for CudaOptimizer {
 }
 
 /// Which stream op a [`CudaStreamOp`] is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum StreamKind {
     Philox,
     Dropout,
+    Uniform(UniformArgs),
 }
 
 /// Philox or PhiloxDropout on the device: the op's host code plans the call from its host
@@ -225,6 +198,28 @@ impl Kernel for CudaStreamOp {
                 }
                 self.store_state(ctx, 1, &plan, ordinal, stream)?;
             }
+            StreamKind::Uniform(u) => {
+                let words = out.numel * if u.dtype == 3 { 2 } else { 1 };
+                if words > 0 {
+                    let function =
+                        trainops_cuda::function(ordinal, "trainops_uniform").map_err(|e| runtime(e.to_string()))?;
+                    let (_, grid) = launch_shape(words);
+                    let (mut p, mut code, mut count) = (out.ptr, u.dtype, words as u64);
+                    let (mut mask, mut shift, mut range, mut low, mut range64, mut low64) =
+                        (u.mask, u.shift, u.range, u.low, u.range64, u.low64);
+                    let mut args: Vec<*mut c_void> = vec![arg(&mut p), arg(&mut code), arg(&mut count)];
+                    args.extend(state_args(&mut state));
+                    args.extend([arg(&mut mask), arg(&mut shift), arg(&mut range), arg(&mut low)]);
+                    args.extend([arg(&mut range64), arg(&mut low64)]);
+                    // SAFETY: trainops_uniform(void* out, int dtype, u64 words, six u32, u32 mask,
+                    // u32 shift, float range, float low, double range64, double low64): the
+                    // output holds `words` (float64: words / 2) elements of the type `dtype`
+                    // names (the node's registration); the arguments outlive the launch.
+                    unsafe { trainops_cuda::launch(ordinal, &function, grid, stream, &mut args) }
+                        .map_err(|e| runtime(e.to_string()))?;
+                }
+                self.store_state(ctx, 1, &plan, ordinal, stream)?;
+            }
             StreamKind::Dropout => {
                 let data = ctx.input(0)?.ok_or_else(|| runtime("missing data".into()))?;
                 let mask = if ctx.output_count()? > 1 { ctx.output_opt(1, &plan.dims)? } else { None };
@@ -283,6 +278,12 @@ fn cuda_kernel(
         Some(DeviceOp::Optimizer(step)) => Ok(Box::new(CudaOptimizer::new(spec, step, stream))),
         Some(DeviceOp::Philox(plan)) => Ok(Box::new(CudaStreamOp { op, kind: StreamKind::Philox, plan, stream })),
         Some(DeviceOp::Dropout(plan)) => Ok(Box::new(CudaStreamOp { op, kind: StreamKind::Dropout, plan, stream })),
+        Some(DeviceOp::Uniform(plan, args)) => {
+            Ok(Box::new(CudaStreamOp { op, kind: StreamKind::Uniform(args), plan, stream }))
+        }
+        Some(DeviceOp::AllFinite) => Ok(Box::new(CudaAllFinite { op, stream })),
+        Some(DeviceOp::LossScale(rule)) => Ok(Box::new(CudaLossScale { op, rule, stream })),
+        Some(DeviceOp::MixedAdam(step)) => Ok(Box::new(CudaMixedAdam { op, step, stream })),
         None => Err(Error::Runtime {
             op,
             call: door,

@@ -14,7 +14,9 @@ pub mod abi;
 pub mod bus;
 pub mod cuda;
 mod factory;
+pub mod launch;
 mod memory;
+mod mixed;
 
 use core::ffi::{c_char, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};

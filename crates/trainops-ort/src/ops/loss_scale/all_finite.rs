@@ -27,6 +27,10 @@ impl OpSpec for AllFinite {
     fn create(&'static self, _info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
         Ok(Box::new(AllFiniteKernel))
     }
+
+    fn device_op(&'static self, _info: &KernelInfo<'_>) -> Result<Option<crate::ffi::device::DeviceOp>> {
+        Ok(Some(crate::ffi::device::DeviceOp::AllFinite))
+    }
 }
 
 struct AllFiniteKernel;

@@ -23,27 +23,11 @@ impl OpSpec for DynamicLossScale {
     }
 
     fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
-        let d = LossScaleRule::default();
-        let rule = LossScaleRule {
-            growth_interval: info.i64_opt("growth_interval")?.unwrap_or(d.growth_interval),
-            growth_factor: info.f32_or("growth_factor", d.growth_factor)?,
-            backoff_factor: info.f32_or("backoff_factor", d.backoff_factor)?,
-            min_scale: info.f32_or("min_scale", d.min_scale)?,
-        };
-        if rule.growth_interval < 1 {
-            let what = format!("expected a positive interval, got {}", rule.growth_interval);
-            return Err(Error::Attribute { op: OP, name: "growth_interval", what });
-        }
-        for (name, v) in [
-            ("growth_factor", rule.growth_factor),
-            ("backoff_factor", rule.backoff_factor),
-            ("min_scale", rule.min_scale),
-        ] {
-            if !v.is_finite() || v < 0.0 {
-                return Err(Error::Attribute { op: OP, name, what: format!("expected a finite value >= 0, got {v}") });
-            }
-        }
-        Ok(Box::new(DynamicLossScaleKernel { rule }))
+        Ok(Box::new(DynamicLossScaleKernel { rule: read_rule(info)? }))
+    }
+
+    fn device_op(&'static self, info: &KernelInfo<'_>) -> Result<Option<crate::ffi::device::DeviceOp>> {
+        Ok(Some(crate::ffi::device::DeviceOp::LossScale(read_rule(info)?)))
     }
 
     fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
@@ -54,6 +38,29 @@ impl OpSpec for DynamicLossScale {
         }
         Ok(())
     }
+}
+
+/// The node's rule from its attributes, checked.
+fn read_rule(info: &KernelInfo<'_>) -> Result<LossScaleRule> {
+    let d = LossScaleRule::default();
+    let rule = LossScaleRule {
+        growth_interval: info.i64_opt("growth_interval")?.unwrap_or(d.growth_interval),
+        growth_factor: info.f32_or("growth_factor", d.growth_factor)?,
+        backoff_factor: info.f32_or("backoff_factor", d.backoff_factor)?,
+        min_scale: info.f32_or("min_scale", d.min_scale)?,
+    };
+    if rule.growth_interval < 1 {
+        let what = format!("expected a positive interval, got {}", rule.growth_interval);
+        return Err(Error::Attribute { op: OP, name: "growth_interval", what });
+    }
+    for (name, v) in
+        [("growth_factor", rule.growth_factor), ("backoff_factor", rule.backoff_factor), ("min_scale", rule.min_scale)]
+    {
+        if !v.is_finite() || v < 0.0 {
+            return Err(Error::Attribute { op: OP, name, what: format!("expected a finite value >= 0, got {v}") });
+        }
+    }
+    Ok(rule)
 }
 
 struct DynamicLossScaleKernel {

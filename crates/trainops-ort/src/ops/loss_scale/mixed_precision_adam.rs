@@ -6,6 +6,7 @@ use trainops_kernels::optim::adam::{Adam, AdamAttrs};
 use trainops_kernels::optim::Optimizer;
 
 use crate::error::{Error, Result};
+use crate::ffi::device::{CoeffFn, DeviceOp, MixedAdamStep};
 use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
 use crate::ops::optim::adam::read_attrs;
 use crate::ops::optim::call::Call;
@@ -40,22 +41,37 @@ impl OpSpec for MixedPrecisionAdam {
     }
 
     fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
-        let attrs = read_attrs(info)?;
-        let copy = match info.i64_opt("copy_dtype")?.unwrap_or(0) {
-            0 => None,
-            10 => Some(DType::Float16),
-            16 => Some(DType::BFloat16),
-            other => {
-                let what = format!("expected 0 (no copies), 10 (float16) or 16 (bfloat16), got {other}");
-                return Err(Error::Attribute { op: LAYOUT.op, name: "copy_dtype", what });
-            }
-        };
+        let (attrs, copy) = read_node(info)?;
         Ok(Box::new(MixedPrecisionAdamKernel { attrs, copy }))
+    }
+
+    fn device_op(&'static self, info: &KernelInfo<'_>) -> Result<Option<DeviceOp>> {
+        let (attrs, copy) = read_node(info)?;
+        let coeffs: CoeffFn = Box::new(move |r, t| {
+            let c = Adam::coeffs::<f32>(&attrs, r, t);
+            (vec![c.norm, c.alpha, c.one_minus_alpha, c.beta, c.one_minus_beta, c.epsilon, c.rate, c.keep], None)
+        });
+        Ok(Some(DeviceOp::MixedAdam(MixedAdamStep { coeffs, copy })))
     }
 
     fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
         LAYOUT.infer(ctx)
     }
+}
+
+/// Adam's attributes and `copy_dtype` of a node.
+fn read_node(info: &KernelInfo<'_>) -> Result<(AdamAttrs, Option<DType>)> {
+    let attrs = read_attrs(info)?;
+    let copy = match info.i64_opt("copy_dtype")?.unwrap_or(0) {
+        0 => None,
+        10 => Some(DType::Float16),
+        16 => Some(DType::BFloat16),
+        other => {
+            let what = format!("expected 0 (no copies), 10 (float16) or 16 (bfloat16), got {other}");
+            return Err(Error::Attribute { op: LAYOUT.op, name: "copy_dtype", what });
+        }
+    };
+    Ok((attrs, copy))
 }
 
 struct MixedPrecisionAdamKernel {

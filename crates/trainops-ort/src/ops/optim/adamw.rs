@@ -93,6 +93,14 @@ impl OpSpec for AdamWOp {
         }
     }
 
+    fn device_step(&'static self, info: &KernelInfo<'_>) -> Result<Option<crate::ffi::device::DeviceStep>> {
+        if flag("amsgrad", info.i64_opt("amsgrad")?)? {
+            self.amsgrad.device_step(info)
+        } else {
+            self.plain.device_step(info)
+        }
+    }
+
     fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
         if flag("amsgrad", ctx.attr_i64(c"amsgrad"))? {
             self.amsgrad.infer(ctx)

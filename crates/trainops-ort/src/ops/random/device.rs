@@ -12,7 +12,7 @@ use super::state::{read_state, OutputShape};
 use crate::error::{Error, Result};
 #[cfg(test)]
 use crate::ffi::device::launch_shape;
-use crate::ffi::device::{PlanFn, StreamPlan};
+use crate::ffi::device::{PlanFn, StreamPlan, UniformArgs};
 use crate::ffi::{Context, DType};
 use crate::ops::io;
 
@@ -23,6 +23,38 @@ pub fn philox(shape: OutputShape) -> PlanFn {
         let (dims, count) = shape.dims(ctx)?;
         Ok(StreamPlan { dims, state, next: advance(&state, blocks_for(count)), dropout: None })
     })
+}
+
+/// The plan of a `PhiloxUniform` node with output shape `shape` and type `dtype`: one word an
+/// element, two for float64 (as `uniform::words_for`).
+pub fn uniform(shape: OutputShape, dtype: DType) -> PlanFn {
+    let per = if dtype == DType::Double { 2 } else { 1 };
+    Box::new(move |ctx: &Context<'_>| {
+        let (state, _) = read_state(ctx, "PhiloxUniform")?;
+        let (dims, count) = shape.dims(ctx)?;
+        Ok(StreamPlan { dims, state, next: advance(&state, blocks_for(count * per)), dropout: None })
+    })
+}
+
+/// `trainops_uniform`'s arguments for output type `dtype` and the node's `low`, `high`: the
+/// word bits of each type's uniform (`trainops_kernels::random::convert`'s `F32_BITS`,
+/// `F16_BITS`, `BF16_BITS`) and the range in each compute type, as `uniform::fill` makes it.
+pub fn uniform_args(dtype: DType, low: f32, high: f32) -> UniformArgs {
+    let (code, mask, shift) = match dtype {
+        DType::Float16 => (1, 0x03FF, 13),
+        DType::BFloat16 => (2, 0x007F, 16),
+        DType::Double => (3, 0, 0),
+        _ => (0, 0x007F_FFFF, 0),
+    };
+    UniformArgs {
+        dtype: code,
+        mask,
+        shift,
+        range: high - low,
+        low,
+        range64: f64::from(high) - f64::from(low),
+        low64: f64::from(low),
+    }
 }
 
 const DROPOUT: &str = "PhiloxDropout";
@@ -154,6 +186,56 @@ mod tests {
         }
         let off = plan_dropout(vec![3], 3, STATE, 0.5, false);
         assert_eq!((off.next, off.dropout), (STATE, None));
+    }
+
+    /// trainops_uniform's element arithmetic on the emulated words, against the CPU op's
+    /// `uniform::fill`, for the four output types (float64: two words an element).
+    #[test]
+    fn uniform_plan_and_elements_are_the_cpus() {
+        use half::{bf16, f16};
+        use trainops_kernels::random::draw::Output;
+        use trainops_kernels::random::uniform;
+
+        let (low, high) = (-1.75f32, 3.5f32);
+        for n in LENGTHS {
+            let f32_of = |w: u32, a: &UniformArgs| {
+                let u = f32::from_bits(0x3F80_0000 | (w & a.mask) << a.shift) - 1.0;
+                u * a.range + a.low
+            };
+            let a = uniform_args(DType::Float, low, high);
+            let words = emulate(&STATE, n);
+            let mut cpu = vec![0f32; n];
+            let next = uniform::fill(&STATE, low, high, Output::F32(&mut cpu), &Serial);
+            let dev: Vec<u32> = words.iter().map(|&w| f32_of(w, &a).to_bits()).collect();
+            assert_eq!(dev, cpu.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "float32 n = {n}");
+            assert_eq!(advance(&STATE, blocks_for(n)), next);
+
+            let a = uniform_args(DType::Float16, low, high);
+            let mut cpu = vec![f16::ZERO; n];
+            uniform::fill(&STATE, low, high, Output::F16(&mut cpu), &Serial);
+            let dev: Vec<u16> = words.iter().map(|&w| f16::from_f32(f32_of(w, &a)).to_bits()).collect();
+            assert_eq!(dev, cpu.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "float16 n = {n}");
+
+            let a = uniform_args(DType::BFloat16, low, high);
+            let mut cpu = vec![bf16::ZERO; n];
+            uniform::fill(&STATE, low, high, Output::BF16(&mut cpu), &Serial);
+            let dev: Vec<u16> = words.iter().map(|&w| bf16::from_f32(f32_of(w, &a)).to_bits()).collect();
+            assert_eq!(dev, cpu.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "bfloat16 n = {n}");
+
+            let a = uniform_args(DType::Double, low, high);
+            let words = emulate(&STATE, 2 * n);
+            let mut cpu = vec![0f64; n];
+            let next = uniform::fill(&STATE, low, high, Output::F64(&mut cpu), &Serial);
+            let dev: Vec<u64> = words
+                .chunks_exact(2)
+                .map(|w| {
+                    let u = f64::from_bits(0x3FF0_0000_0000_0000 | u64::from(w[0] & 0xF_FFFF) << 32 | u64::from(w[1]));
+                    ((u - 1.0) * a.range64 + a.low64).to_bits()
+                })
+                .collect();
+            assert_eq!(dev, cpu.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "float64 n = {n}");
+            assert_eq!(advance(&STATE, blocks_for(2 * n)), next);
+        }
     }
 
     #[test]

@@ -128,6 +128,11 @@ impl OpSpec for BadDtype {
         Err(Error::Attribute { op, name: "dtype", what })
     }
 
+    fn device_op(&'static self, info: &KernelInfo<'_>) -> Result<Option<crate::ffi::device::DeviceOp>> {
+        // The CUDA registration of PhiloxUniform covers this one too: the same error.
+        self.create(info).map(|_| None)
+    }
+
     fn infers_output_types(&self) -> bool {
         true
     }
@@ -204,6 +209,19 @@ impl OpSpec for DistOp {
             return Err(Error::Attribute { op, name: "dtype", what });
         }
         Ok(Box::new(DistKernel { op, shape: OutputShape::from_node(op, info)?, dtype, dist }))
+    }
+
+    fn device_op(&'static self, info: &KernelInfo<'_>) -> Result<Option<crate::ffi::device::DeviceOp>> {
+        // PhiloxUniform only: PhiloxNormal's float64 libm has no bit-identical CUDA twin.
+        let Kind::Uniform = self.kind else { return Ok(None) };
+        let (low, high) = (info.f32_or("low", 0.0)?, info.f32_or("high", 1.0)?);
+        let dtype = dtype_attr(info, self.op())?;
+        if dtype != self.dtype {
+            let what = format!("{} does not match the output's type {}", dtype.name(), self.dtype.name());
+            return Err(Error::Attribute { op: self.op(), name: "dtype", what });
+        }
+        let plan = super::device::uniform(OutputShape::from_node(self.op(), info)?, dtype);
+        Ok(Some(crate::ffi::device::DeviceOp::Uniform(plan, super::device::uniform_args(dtype, low, high))))
     }
 
     fn infers_output_types(&self) -> bool {
