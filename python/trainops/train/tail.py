@@ -20,7 +20,25 @@ from .clip import clip_grad_norm
 from .spec import PREFIX as _P
 from .spec import StateEntry, StepOptions
 
-__all__ = ["Tail", "assemble", "optimizer_domain", "update_tail"]
+__all__ = ["OPTIMIZER_SEED_INDEX", "Tail", "assemble", "optimizer_attributes",
+           "optimizer_domain", "update_tail"]
+
+# The bfloat16-state ops' ``seed`` attribute (their stochastic rounding) is
+# ``trainops.random.node_key(key_seed, OPTIMIZER_SEED_INDEX)``: a key of its own, apart
+# from the Philox nodes' (indices 0, 1, ... in graph order).
+OPTIMIZER_SEED_INDEX = 0xFFFFFFFF
+
+
+def optimizer_attributes(optimizer, key_seed: int) -> dict:
+    """The optimizer node's attributes: ``optimizer.attributes()``, and under
+    ``state_dtype="bfloat16"`` the ``seed`` keyed by ``key_seed`` (a signed int64)."""
+    attrs = optimizer.attributes()
+    if getattr(optimizer, "state_dtype", "float32") == "bfloat16":
+        from ..random import node_key
+
+        k = node_key(key_seed, OPTIMIZER_SEED_INDEX)
+        attrs["seed"] = k - (1 << 64) if k >= 1 << 63 else k
+    return attrs
 
 
 def optimizer_domain(optimizer) -> str:
@@ -108,7 +126,7 @@ def update_tail(options: StepOptions, grads: list[str], values: dict, ptypes: di
         writers.append(helper.make_node(
             opt.op_type, [r_name, t_name] + ps + grads + state_in,
             [new[p] for p in ps] + state_out, domain=optimizer_domain(opt),
-            name=f"{_P}/{opt.op_type.lower()}", **opt.attributes()))
+            name=f"{_P}/{opt.op_type.lower()}", **optimizer_attributes(opt, options.key_seed)))
         domains[optimizer_domain(opt)] = 1
     r_type = TensorProto.DOUBLE if any(ptypes[p] == TensorProto.DOUBLE for p in ps) \
         and not mixed else TensorProto.FLOAT
