@@ -132,3 +132,16 @@ def test_errors(library_path):
                 policy="mixed_float16")
     assert optim.from_dict(optim.AdamW(state_dtype="bfloat16").to_dict()).op_type == \
         "AdamWBf16State"
+
+
+def test_accumulate_keeps_bf16_state_until_the_update(library_path):
+    """accumulate=2 (its own runtime binds the bfloat16 state too): the state is untouched
+    by the first micro-batch and updated by the second."""
+    tr = Trainer(mlp_model(), "loss", optim.AdamW(lr=0.01, state_dtype="bfloat16"), threads=1,
+                 seed=0, accumulate=2)
+    tr.step(data(seed=1))
+    assert not any(v.astype(np.float32).any() for v in tr.optimizer_state().values())
+    tr.step(data(seed=2))
+    state = tr.optimizer_state()
+    assert all(v.dtype == np.dtype(ml_dtypes.bfloat16) for v in state.values())
+    assert all(v.astype(np.float32).any() for v in state.values())
