@@ -145,3 +145,9 @@ def test_accumulate_keeps_bf16_state_until_the_update(library_path):
     state = tr.optimizer_state()
     assert all(v.dtype == np.dtype(ml_dtypes.bfloat16) for v in state.values())
     assert all(v.astype(np.float32).any() for v in state.values())
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "int8"])
+def test_comm_rejects_compact_state(library_path, dtype):
+    with pytest.raises(NotImplementedError, match=f"comm= with state_dtype '{dtype}'"):
+        Trainer(mlp_model(), "loss", optim.AdamW(state_dtype=dtype), comm=object())
