@@ -126,3 +126,41 @@ def test_optim_row_state_is_adamws(make_session):
     x, m, v = make_session(row.model(64)).run(None, feeds)
     np.testing.assert_allclose(m, (1 - 0.9) * feeds["G_1"], rtol=1e-6)
     np.testing.assert_allclose(v, (1 - 0.999) * feeds["G_1"].astype(np.float64) ** 2, rtol=1e-5)
+
+
+def test_optim_rows_include_bf16_and_8bit_state():
+    from trainops.bench.optim import ROWS
+
+    rows = {r.name: r for r in ROWS}
+    assert {"AdamW float32", "AdamWBf16State", "AdamW8bit"} <= set(rows)
+    assert rows["AdamWBf16State"].bytes_per_param == 20
+    assert rows["AdamW8bit"].bytes_per_param == 16
+    # the 8-bit row's ceiling is the nearest MemoryCeiling above it, and says so
+    assert rows["AdamW8bit"].ceiling_bytes_per_param == 20
+    for name in ("AdamWBf16State", "AdamW8bit"):
+        model, arrays, _ = rows[name].ceiling(64)
+        node = model.graph.node[0]
+        assert node.op_type == "MemoryCeiling" and set(arrays) == {"R", "T", "X_1", "G_1", "H_1"}
+        # X (read, written), G (read), H (read, written): 20 bytes per parameter
+        size = {k: arrays[k].itemsize for k in ("X_1", "G_1", "H_1")}
+        assert 2 * size["X_1"] + size["G_1"] + 2 * size["H_1"] == 20
+
+
+@pytest.mark.parametrize("name", ["AdamWBf16State", "AdamW8bit"])
+def test_optim_state_rows_step_like_adamw(make_session, name):
+    """From zero moments the bf16- and 8-bit-state rows' first step is float32 AdamW's
+    (their weights come from the unrounded moments); reference: numpy float64 AdamW."""
+    from trainops.bench.optim import ROWS
+    from trainops.bfloat16 import run
+
+    row = {r.name: r for r in ROWS}[name]
+    n = 1000
+    feeds = row.state(n)
+    sess = make_session(row.model(n))
+    out = dict(zip([o.name for o in sess.get_outputs()], run(sess, feeds)))
+    assert set(out) == {f"{k}_new" for k in row.rewritten}
+    x, g = feeds["X_1"].astype(np.float64), feeds["G_1"].astype(np.float64)
+    lr, wd, b1, b2, eps = 1e-3, 1e-2, 0.9, 0.999, 1e-8
+    m, v = (1 - b1) * g, (1 - b2) * g * g
+    want = x * (1 - lr * wd) - lr / (1 - b1) * m / (np.sqrt(v) / np.sqrt(1 - b2) + eps)
+    np.testing.assert_allclose(out["X_1_new"], want, rtol=1e-5, atol=1e-7)

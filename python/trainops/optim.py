@@ -2,7 +2,9 @@
 attribute names (``ai.onnx.preview.training::Adam``, ``Adagrad``, ``Momentum``), and
 PyTorch's AdamW with PyTorch's names (``com.trainops::AdamW``); ``Adam`` and ``AdamW`` keep
 their moments in 8 bits with ``state_dtype="int8"`` (``com.trainops::Adam8bit`` /
-``AdamW8bit``, :mod:`trainops.quantized`).
+``AdamW8bit``, :mod:`trainops.quantized`; tensors under :data:`SMALL_TENSOR` values keep
+float32 state) or in bfloat16 with ``state_dtype="bfloat16"`` (``AdamBf16State`` /
+``AdamWBf16State``, stochastic rounding).
 
 The learning rate ``lr`` is the node's ``R`` input, fed on every step, so it can change
 between steps (``trainer.learning_rate = ...``). The update count ``T`` is 1 on the first
@@ -18,8 +20,8 @@ from typing import ClassVar
 
 from .onnx_defs import TRAINING_DOMAIN, TRAINOPS_DOMAIN
 
-__all__ = ["Adam", "AdamW", "Adagrad", "Momentum", "Optimizer", "STATE_DTYPES", "check_lr",
-           "check_optimizer", "from_dict", "initial_state"]
+__all__ = ["Adam", "AdamW", "Adagrad", "Momentum", "Optimizer", "SMALL_TENSOR", "STATE_DTYPES",
+           "check_lr", "check_optimizer", "float_state", "from_dict", "initial_state"]
 
 
 def check_lr(lr, where: str) -> float:
@@ -68,7 +70,10 @@ class Adam(Optimizer):
 
     ``state_dtype="int8"``: the moments in 8 bits (``com.trainops::Adam8bit``: the same
     formula on blockwise-quantised moments, state ``M_q, M_absmax, V_q, V_absmax``: 2.03
-    bytes per parameter instead of 8; float32 parameters; not with ``mixed_float16``)."""
+    bytes per parameter instead of 8; float32 parameters; not with ``mixed_float16``;
+    parameters under :data:`SMALL_TENSOR` values keep float32 state, in an ``Adam`` node).
+    ``state_dtype="bfloat16"``: the moments ``M``, ``V`` in bfloat16, stochastically
+    rounded (``com.trainops::AdamBf16State``: 4 bytes per parameter)."""
 
     lr: float = 1e-3
     alpha: float = 0.9
@@ -84,15 +89,15 @@ class Adam(Optimizer):
 
     @property
     def op_type(self) -> str:  # type: ignore[override]
-        return "Adam8bit" if self.state_dtype == "int8" else "Adam"
+        return {"int8": "Adam8bit", "bfloat16": "AdamBf16State"}.get(self.state_dtype, "Adam")
 
     @property
     def domain(self) -> str:  # type: ignore[override]
-        return TRAINOPS_DOMAIN if self.state_dtype == "int8" else TRAINING_DOMAIN
+        return TRAINING_DOMAIN if self.state_dtype == "float32" else TRAINOPS_DOMAIN
 
     @property
     def state(self) -> tuple[str, ...]:  # type: ignore[override]
-        return _STATE_8BIT if self.state_dtype == "int8" else ("V", "H")
+        return {"int8": _STATE_8BIT, "bfloat16": ("M", "V")}.get(self.state_dtype, ("V", "H"))
 
     def attributes(self) -> dict:
         """The node's attributes (ONNX Adam's five, for ``Adam8bit`` too)."""
@@ -136,7 +141,10 @@ class AdamW(Optimizer):
 
     ``state_dtype="int8"``: the moments in 8 bits (``com.trainops::AdamW8bit``, torchao's
     ``AdamW8bit``: state ``M_q, M_absmax, V_q, V_absmax``, 2.03 bytes per parameter instead
-    of 8; float32 parameters; no ``amsgrad``)."""
+    of 8; float32 parameters; no ``amsgrad``; parameters under :data:`SMALL_TENSOR` values
+    keep float32 state, in an ``AdamW`` node). ``state_dtype="bfloat16"``: ``M``, ``V`` in
+    bfloat16, stochastically rounded (``com.trainops::AdamWBf16State``: 4 bytes per
+    parameter; no ``amsgrad``)."""
 
     lr: float = 1e-3
     betas: tuple[float, float] = (0.9, 0.999)
@@ -157,12 +165,14 @@ class AdamW(Optimizer):
 
     @property
     def op_type(self) -> str:  # type: ignore[override]
-        return "AdamW8bit" if self.state_dtype == "int8" else "AdamW"
+        return {"int8": "AdamW8bit", "bfloat16": "AdamWBf16State"}.get(self.state_dtype, "AdamW")
 
     @property
     def state(self) -> tuple[str, ...]:  # type: ignore[override]
         if self.state_dtype == "int8":
             return _STATE_8BIT
+        if self.state_dtype == "bfloat16":
+            return ("M", "V")
         return ("M", "V", "Vmax") if self.amsgrad else ("M", "V")
 
     def attributes(self) -> dict:
@@ -179,9 +189,15 @@ class AdamW(Optimizer):
         return d
 
 
-# --- optimizer state in 8 bits (state_dtype="int8"): com.trainops::Adam8bit / AdamW8bit ---
+# --- optimizer state in 8 bits (state_dtype="int8"): com.trainops::Adam8bit / AdamW8bit,
+# in bfloat16 (state_dtype="bfloat16"): com.trainops::AdamBf16State / AdamWBf16State ---
 
-STATE_DTYPES = ("float32", "int8")
+STATE_DTYPES = ("float32", "int8", "bfloat16")
+# With state_dtype="int8", parameters with fewer values keep float32 state (the float
+# optimizer: Adam / AdamW), as bitsandbytes' and torchao's 8-bit optimizers do: a small
+# tensor's second moment quantised to zero under a non-zero first moment makes a step of
+# lr * m / eps, and its state is too small to be worth quantising.
+SMALL_TENSOR = 4096
 # The 8-bit ops' state per parameter (trainops.quantized.STATE's names): uint8 codes shaped
 # like the parameter and float32 scales, one per 256 elements, for each moment.
 _STATE_8BIT = ("M_q", "M_absmax", "V_q", "V_absmax")
@@ -190,32 +206,51 @@ _STATE_8BIT = ("M_q", "M_absmax", "V_q", "V_absmax")
 def _check_state_dtype(opt) -> None:
     name = type(opt).__name__
     if opt.state_dtype not in STATE_DTYPES:
-        raise ValueError(f"{name}: state_dtype {opt.state_dtype!r}: expected 'float32' or "
-                         "'int8'")
+        raise ValueError(f"{name}: state_dtype {opt.state_dtype!r}: expected 'float32', "
+                         "'int8' or 'bfloat16'")
     if opt.state_dtype == "int8" and getattr(opt, "amsgrad", False):
         raise ValueError(f"{name}: amsgrad has no 8-bit op: use state_dtype='float32'")
+    if opt.state_dtype == "bfloat16" and getattr(opt, "amsgrad", False):
+        raise ValueError(f"{name}: amsgrad has no bfloat16-state op: use "
+                         "state_dtype='float32'")
 
 
 def _attributes(opt, attrs: dict) -> dict:
     attrs = {k: v for k, v in attrs.items() if k != "state_dtype"}
-    if opt.state_dtype == "int8":
+    if opt.state_dtype != "float32":
         attrs.pop("amsgrad", None)
     return attrs
 
 
+def float_state(opt: Optimizer) -> Optimizer:
+    """``opt`` with float32 state (``state_dtype="float32"``): the optimizer of the
+    parameters under :data:`SMALL_TENSOR` values when ``opt`` keeps 8-bit state."""
+    import dataclasses
+
+    if getattr(opt, "state_dtype", "float32") == "float32":
+        return opt
+    return dataclasses.replace(opt, state_dtype="float32")
+
+
 def initial_state(opt: Optimizer, value) -> dict:
     """The optimizer state of one parameter ``value`` (numpy) before the first step, by
-    state name: zeros like it, or under ``state_dtype="int8"`` the 8-bit ops' zero state
-    (:func:`trainops.quantized.zero_state`; float32 parameters only)."""
+    state name: zeros like it, under ``state_dtype="int8"`` the 8-bit ops' zero state
+    (:func:`trainops.quantized.zero_state`), under ``state_dtype="bfloat16"`` bfloat16
+    zeros shaped like it (float32 parameters only for both)."""
     import numpy as np
 
-    if getattr(opt, "state_dtype", "float32") != "int8":
+    dtype = getattr(opt, "state_dtype", "float32")
+    if dtype == "float32":
         return {s: np.zeros_like(value) for s in opt.state}
+    if value.dtype != np.float32:
+        raise ValueError(f"{type(opt).__name__}(state_dtype={dtype!r}): the {opt.op_type} op "
+                         f"takes float32 parameters, got {value.dtype}")
+    if dtype == "bfloat16":
+        from .onnx_defs import bfloat16_dtype
+
+        return {s: np.zeros(value.shape, bfloat16_dtype()) for s in opt.state}
     from .quantized import zero_state
 
-    if value.dtype != np.float32:
-        raise ValueError(f"{type(opt).__name__}(state_dtype='int8'): the 8-bit ops take "
-                         f"float32 parameters, got {value.dtype}")
     return zero_state(value.shape)
 
 

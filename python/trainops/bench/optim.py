@@ -6,10 +6,19 @@ interleaved with its ceiling (``com.trainops.bench::MemoryCeiling`` of the row's
 same threads) and with ``torch.optim``'s fused CPU step when torch is importable. ``--sizes``
 are parameter counts (default 16e6).
 
-Rows: AdamW float32 (reads x, g, m, v; writes x, m, v: 28 bytes per parameter, the traffic
-of ``MemoryCeiling streams=3``). An 8-bit-state row (``com.trainops::AdamW8bit``) is one
-more :class:`Row` in :data:`ROWS`: its model, its state arrays, its bytes per parameter, its
-ceiling (:func:`float_ceiling` or its own) and, optionally, its torch peer.
+Rows (:data:`ROWS`; one more is one more :class:`Row`):
+
+- AdamW float32 (reads x, g, m, v; writes x, m, v: 28 bytes per parameter, the traffic of
+  ``MemoryCeiling streams=3``), with torch's fused AdamW as its peer;
+- AdamWBf16State (``com.trainops::AdamWBf16State``: x read and written 8, g 4, bfloat16 m
+  and v read and written 8: 20 bytes per parameter, exactly ``MemoryCeiling streams=2``'s
+  float32 X, G, H);
+- AdamW8bit (``com.trainops::AdamW8bit``: x 8, g 4, codes read and written 4, scales 16 per
+  256: 16.06 bytes per parameter). No ``MemoryCeiling`` layout moves 16 bytes (the kernels
+  crate's ``ceiling_8bit`` is not an op): its ceiling is the nearest above,
+  ``streams=2`` float32 (20 bytes per parameter), so its ratio over that ceiling
+  understates its fraction of a 16-byte ceiling by up to 20/16 (the GB/s columns count each
+  peer's own bytes).
 """
 
 from __future__ import annotations
@@ -28,9 +37,10 @@ __all__ = ["TARGET", "ROWS", "Row", "build", "float_ceiling"]
 
 
 def _ortvalues(arrays: dict[str, np.ndarray]) -> dict[str, Any]:
-    import onnxruntime as ort
+    from ..bfloat16 import to_ortvalue
 
-    return {k: ort.OrtValue.ortvalue_from_numpy(a) for k, a in arrays.items()}
+    # to_ortvalue: bfloat16 arrays through a uint16 view, sharing memory like the rest
+    return {k: to_ortvalue(a) for k, a in arrays.items()}
 
 
 def _bind(sess, values: dict[str, Any], rewritten: list[str]):
@@ -61,7 +71,8 @@ class Row:
     """One optimizer row: ``model(n)`` and ``state(n)`` (every input array, by name, of a
     node over one tensor of ``n`` parameters), the inputs it rewrites, the bytes a step moves
     per parameter, its ceiling (``ceiling(n)`` as :func:`float_ceiling`) and, optionally,
-    ``torch(n)``: a PyTorch step doing the same update (or None when it has none)."""
+    ``torch(n)``: a PyTorch step doing the same update (or None when it has none), and
+    ``ceiling_bytes_per_param`` when the ceiling moves other bytes than the row."""
 
     name: str
     model: Callable[[int], Any]
@@ -70,6 +81,7 @@ class Row:
     bytes_per_param: int
     ceiling: Callable[[int], tuple[Any, dict[str, np.ndarray], list[str]]] = float_ceiling
     torch: Callable[[int], tuple[Callable[[], Any], Any, str]] | None = None
+    ceiling_bytes_per_param: int | None = None  # the ceiling's traffic, if not the row's
 
 
 def _adamw_model(n: int):
@@ -97,10 +109,76 @@ def _torch_adamw(n: int):
     return opt.step, (p, opt), f"torch {torch.__version__} AdamW(fused=True), CPU"
 
 
+def _node_model(op: str, specs: dict[str, tuple[Any, tuple[int, ...]]], outputs: list[str],
+                **attrs):
+    """A one-node ``com.trainops`` model: inputs of ``specs`` (name -> (numpy dtype,
+    shape)), outputs ``<name>_new`` of ``outputs``, each like its input."""
+    from onnx import helper
+
+    from ..onnx_defs import IR_VERSION, TRAINOPS_DOMAIN
+
+    def info(name, spec):
+        return helper.make_tensor_value_info(name, helper.np_dtype_to_tensor_dtype(spec[0]),
+                                             list(spec[1]))
+
+    node = helper.make_node(op, list(specs), [f"{k}_new" for k in outputs],
+                            domain=TRAINOPS_DOMAIN, **attrs)
+    graph = helper.make_graph([node], op, [info(k, v) for k, v in specs.items()],
+                              [info(f"{k}_new", specs[k]) for k in outputs])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                helper.make_opsetid(TRAINOPS_DOMAIN, 1)])
+    m.ir_version = IR_VERSION
+    return m
+
+
+def _specs(state: Callable[[int], dict[str, np.ndarray]], n: int) -> dict:
+    """``state(n)``'s (dtype, shape) by name, from ``state(1)`` (no arrays of ``n``)."""
+    return {k: (a.dtype, a.shape if a.ndim == 0 else
+                ((-(-n // 256),) if "absmax" in k else (n,)))
+            for k, a in state(1).items()}
+
+
+_BF16_REWRITTEN = ("X_1", "M_1", "V_1")
+_8BIT_REWRITTEN = ("X_1", "M_q_1", "M_absmax_1", "V_q_1", "V_absmax_1")
+
+
+def _bf16_state(n: int) -> dict[str, np.ndarray]:
+    from ..onnx_defs import bfloat16_dtype
+
+    s = _adamw_state(n)
+    s["M_1"] = np.zeros(n, bfloat16_dtype())
+    s["V_1"] = np.zeros(n, bfloat16_dtype())
+    return s
+
+
+def _bf16_model(n: int):
+    return _node_model("AdamWBf16State", _specs(_bf16_state, n), list(_BF16_REWRITTEN),
+                       seed=1)
+
+
+def _8bit_state(n: int) -> dict[str, np.ndarray]:
+    from ..quantized import zero_state
+
+    s = _adamw_state(n)
+    del s["M_1"], s["V_1"]
+    s.update({f"{k}_1": v for k, v in zero_state((n,)).items()})
+    return s
+
+
+def _8bit_model(n: int):
+    return _node_model("AdamW8bit", _specs(_8bit_state, n), list(_8BIT_REWRITTEN))
+
+
+def _ceiling2(n: int):
+    return float_ceiling(n, streams=2)
+
+
 ROWS: tuple[Row, ...] = (
     Row("AdamW float32", _adamw_model, _adamw_state, ("X_1", "M_1", "V_1"), 28,
         torch=_torch_adamw),
-    # AdamW8bit: Row("AdamW8bit ...", model, state, rewritten, bytes_per_param, ceiling, torch)
+    Row("AdamWBf16State", _bf16_model, _bf16_state, _BF16_REWRITTEN, 20, ceiling=_ceiling2),
+    Row("AdamW8bit", _8bit_model, _8bit_state, _8BIT_REWRITTEN, 16, ceiling=_ceiling2,
+        ceiling_bytes_per_param=20),
 )
 
 
@@ -142,9 +220,12 @@ def build(n: int, args: argparse.Namespace, rows: tuple[Row, ...] = ROWS) -> Cas
         for threads in args.threads:
             csess = ort_session(cmodel, threads, library, spin)
             cio = _bind(csess, cstate, crewritten)
+            cbytes = row.ceiling_bytes_per_param or row.bytes_per_param
             ceiling = Peer(f"ceiling of {row.name}", lambda s=csess, b=cio: s.run_with_iobinding(b),
-                           threads, f"MemoryCeiling: {row.bytes_per_param} bytes/param",
-                           keep=(csess, cio, cstate), nbytes=row.bytes_per_param * n)
+                           threads, f"MemoryCeiling: {cbytes} bytes/param"
+                           + ("" if cbytes == row.bytes_per_param else
+                              f" (the nearest to the row's {row.bytes_per_param})"),
+                           keep=(csess, cio, cstate), nbytes=cbytes * n)
             ceiling.baseline = ceiling.label
             sess = ort_session(row.model(n), threads, library, spin)
             io = _bind(sess, state, list(row.rewritten))
@@ -168,5 +249,6 @@ def build(n: int, args: argparse.Namespace, rows: tuple[Row, ...] = ROWS) -> Cas
 
 
 TARGET = Target("optim",
-                "PyTorch-style optimizers (AdamW) against their MemoryCeiling and torch's fused step",
+                "PyTorch-style optimizers (AdamW; AdamW with bfloat16 and 8-bit state) against "
+                "their MemoryCeiling and torch's fused step",
                 build, add_arguments, ("16e6",))

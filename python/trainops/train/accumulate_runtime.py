@@ -67,11 +67,11 @@ class AccumulatingRuntime:
             bind.bind_ortvalue_output(out, self._put(out, np.zeros(o.shape, NUMPY_TYPES[o.type])))
 
     def _put(self, name: str, arr) -> Any:
-        import onnxruntime as ort
+        from ..bfloat16 import to_ortvalue
 
         arr = np.array(arr, order="C", copy=True)
         self.arrays[name] = arr
-        self.values[name] = ort.OrtValue.ortvalue_from_numpy(arr)
+        self.values[name] = to_ortvalue(arr)  # shares arr's memory (bfloat16 state too)
         return self.values[name]
 
     @property

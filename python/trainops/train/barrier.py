@@ -54,19 +54,24 @@ def order_updates(nodes: list[onnx.NodeProto], writers: list[onnx.NodeProto],
                   rng: Sequence[tuple[str, str, Sequence[int]]],
                   opset: int) -> list[onnx.NodeProto]:
     """``nodes`` (the forward, backward and Philox nodes, each Philox op writing
-    :func:`pending_name` of its state output) and the state ``writers`` (the optimizer node
-    first; each reads ``t_name``) as one node list where every write comes last:
+    :func:`pending_name` of its state output) and the state ``writers`` (the optimizer
+    node(s) first, each reading ``t_name``) as one node list where every write comes last:
 
     - nodes that none of ``required`` (the loss output, the pending Philox states) and no
       writer input depends on are dropped;
-    - the writers read ``T`` through a ``T + 0`` that depends on every kept node they do
-      not already depend on;
+    - the writers read ``T`` through a ``T + 0`` that depends on every kept node not all of
+      the ``T``-reading writers already depend on;
     - ``rng``: (pending, state output, shape) of each Philox state: the state output is
       written from the pending tensor once the first writer has run."""
     writer_inputs = [x for w in writers for x in _all_inputs(w) if x != t_name]
     kept = _ancestors(nodes, list(required) + writer_inputs)
     nodes = [n for k, n in enumerate(nodes) if k in kept]
-    direct = _ancestors(nodes, writer_inputs)
+    # The nodes every T-reading writer depends on already: with two optimizer nodes (int8
+    # state and small tensors) a node only one of them needs may read a weight the other
+    # overwrites in place, so it must run before both.
+    t_writers = [w for w in writers if t_name in w.input] or writers
+    direct = set.intersection(*[_ancestors(nodes, [x for x in _all_inputs(w) if x != t_name])
+                                for w in t_writers])
     rest = [n for k, n in enumerate(nodes) if k not in direct]
     consumed = {x for n in rest for x in _all_inputs(n)}
     sinks = [next(o for o in n.output if o) for n in rest

@@ -28,8 +28,8 @@ class TrainerResults:
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """The optimizer state (copies) by name; under ``shard_optimizer``, this rank's
         flat slice of each state tensor (``trainops/<V|H>/shard``)."""
-        return {n: self._arrays[n].copy() for s in self.optimizer.state
-                for n in self.state_names[s]}
+        return {n: self._arrays[n].copy() for names in self.state_names.values()
+                for n in names}
 
     def running_stats(self) -> dict[str, np.ndarray]:
         """The BatchNormalization running means and variances (copies) by initializer

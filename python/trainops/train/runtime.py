@@ -106,13 +106,14 @@ class StepRuntime:
             bind.bind_ortvalue_output(out, self._put(out, np.zeros(o.shape, NUMPY_TYPES[o.type])))
 
     def _put(self, name: str, arr) -> Any:
-        import onnxruntime as ort
+        from ..bfloat16 import to_ortvalue
 
         # The OrtValue wraps this array's memory (and keeps it alive): the session
-        # updates it in place, and numpy reads it without a copy.
+        # updates it in place, and numpy reads it without a copy (a bfloat16 array
+        # through a uint16 view: the bfloat16-state optimizers' moments).
         arr = np.array(arr, order="C", copy=True)
         self.arrays[name] = arr
-        self.values[name] = ort.OrtValue.ortvalue_from_numpy(arr)
+        self.values[name] = to_ortvalue(arr)
         return self.values[name]
 
     def run(self, feeds: Mapping[str, Any], lr: float, t: int) -> float:

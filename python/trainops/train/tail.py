@@ -15,12 +15,30 @@ from onnx import TensorProto, helper
 
 from ..autodiff.backward import toposort
 from ..onnx_defs import TRAINING_DOMAIN, TRAINOPS_DOMAIN
-from ..optim import initial_state
+from ..optim import SMALL_TENSOR, float_state, initial_state
 from .clip import clip_grad_norm
 from .spec import PREFIX as _P
 from .spec import StateEntry, StepOptions
 
-__all__ = ["Tail", "assemble", "optimizer_domain", "update_tail"]
+__all__ = ["OPTIMIZER_SEED_INDEX", "Tail", "assemble", "optimizer_attributes",
+           "optimizer_domain", "optimizer_groups", "update_tail"]
+
+# The bfloat16-state ops' ``seed`` attribute (their stochastic rounding) is
+# ``trainops.random.node_key(key_seed, OPTIMIZER_SEED_INDEX)``: a key of its own, apart
+# from the Philox nodes' (indices 0, 1, ... in graph order).
+OPTIMIZER_SEED_INDEX = 0xFFFFFFFF
+
+
+def optimizer_attributes(optimizer, key_seed: int) -> dict:
+    """The optimizer node's attributes: ``optimizer.attributes()``, and under
+    ``state_dtype="bfloat16"`` the ``seed`` keyed by ``key_seed`` (a signed int64)."""
+    attrs = optimizer.attributes()
+    if getattr(optimizer, "state_dtype", "float32") == "bfloat16":
+        from ..random import node_key
+
+        k = node_key(key_seed, OPTIMIZER_SEED_INDEX)
+        attrs["seed"] = k - (1 << 64) if k >= 1 << 63 else k
+    return attrs
 
 
 def optimizer_domain(optimizer) -> str:
@@ -32,7 +50,8 @@ def optimizer_domain(optimizer) -> str:
 @dataclass
 class Tail:
     """The update: ``nodes`` (the clipping), ``writers`` (the nodes writing state in place:
-    the optimizer node first, then ``DynamicLossScale``); ``states`` (params, optimizer,
+    the optimizer node(s) first (two under ``state_dtype="int8"`` with small tensors), then
+    ``DynamicLossScale``); ``states`` (params, optimizer,
     loss scale, float16 copies,
     in ``KINDS`` order); ``inputs`` (lr, T: value infos); ``outputs`` (extra outputs:
     value infos: the finite flag, the gradient norm); ``finite``/``norm``: their names or
@@ -47,6 +66,18 @@ class Tail:
     norm: str | None
     lr_type: int
     domains: dict = field(default_factory=dict)
+
+
+def optimizer_groups(opt, params: list[str], values: dict) -> list[tuple]:
+    """``(optimizer, params)`` per optimizer node, in ``params`` order within each: one
+    group, except under ``state_dtype="int8"`` where the parameters with fewer than
+    :data:`trainops.optim.SMALL_TENSOR` values form a second group with float32 state
+    (:func:`trainops.optim.float_state`); a group is left out when empty."""
+    if getattr(opt, "state_dtype", "float32") != "int8":
+        return [(opt, list(params))]
+    big = [p for p in params if np.size(values[p]) >= SMALL_TENSOR]
+    small = [p for p in params if np.size(values[p]) < SMALL_TENSOR]
+    return [(o, g) for o, g in ((opt, big), (float_state(opt), small)) if g]
 
 
 def update_tail(options: StepOptions, grads: list[str], values: dict, ptypes: dict,
@@ -73,10 +104,16 @@ def update_tail(options: StepOptions, grads: list[str], values: dict, ptypes: di
         nodes += c.nodes
         grads, norm = c.grads, c.norm
         outs.append(helper.make_tensor_value_info(norm, c.norm_type, [1]))
-    initial = {p: initial_state(opt, values[p]) for p in ps}
-    opt_states = [StateEntry(f"{_P}/{s}/{p}", f"{_P}/new/{s}/{p}", "optimizer",
-                             initial[p][s], param=p, slot=s)
-                  for s in opt.state for p in ps]
+    groups = optimizer_groups(opt, ps, values) if not mixed else [(opt, ps, grads)]
+    if not mixed:
+        at = {p: k for k, p in enumerate(ps)}
+        groups = [(o, g, [grads[at[p]] for p in g]) for o, g in groups]
+    opt_states = []
+    for o, g, _ in groups:
+        initial = {p: initial_state(o, values[p]) for p in g}
+        opt_states += [StateEntry(f"{_P}/{s}/{p}", f"{_P}/new/{s}/{p}", "optimizer",
+                                  initial[p][s], param=p, slot=s)
+                       for s in o.state for p in g]
     state_in = [e.input for e in opt_states]
     state_out = [e.output for e in opt_states]
     params_states = [StateEntry(p, new[p], "param", values[p], param=p) for p in ps]
@@ -105,11 +142,15 @@ def update_tail(options: StepOptions, grads: list[str], values: dict, ptypes: di
         outs.insert(0, helper.make_tensor_value_info(finite, TensorProto.BOOL, []))
         domains[TRAINOPS_DOMAIN] = 1
     else:
-        writers.append(helper.make_node(
-            opt.op_type, [r_name, t_name] + ps + grads + state_in,
-            [new[p] for p in ps] + state_out, domain=optimizer_domain(opt),
-            name=f"{_P}/{opt.op_type.lower()}", **opt.attributes()))
-        domains[optimizer_domain(opt)] = 1
+        # One node per group (int8 state: the 8-bit op, then the float op of the small
+        # tensors); every one is a writer that .barrier orders after all other nodes.
+        for o, g, gg in groups:
+            st = [e for e in opt_states if e.param in set(g)]
+            writers.append(helper.make_node(
+                o.op_type, [r_name, t_name] + g + gg + [e.input for e in st],
+                [new[p] for p in g] + [e.output for e in st], domain=optimizer_domain(o),
+                name=f"{_P}/{o.op_type.lower()}", **optimizer_attributes(o, options.key_seed)))
+            domains[optimizer_domain(o)] = 1
     r_type = TensorProto.DOUBLE if any(ptypes[p] == TensorProto.DOUBLE for p in ps) \
         and not mixed else TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info(r_name, r_type, [1]),

@@ -170,6 +170,10 @@ class Trainer(TrainerResults):
                 raise NotImplementedError("comm= with policy 'mixed_float16' is not "
                                           "supported yet (the finite check and the loss "
                                           "scale would need to agree across ranks)")
+            if getattr(self.optimizer, "state_dtype", "float32") != "float32":
+                raise NotImplementedError("comm= with state_dtype "
+                                          f"{self.optimizer.state_dtype!r} is not supported "
+                                          "yet: use state_dtype='float32'")
             if self.clip_grad_norm is not None or self.accumulate > 1:
                 raise NotImplementedError("comm= with clip_grad_norm or accumulate is not "
                                           "supported yet")
@@ -213,8 +217,10 @@ class Trainer(TrainerResults):
                                           "leave providers, portable and device unset")
             self._rng = [(e.input, e.output, e.initial) for e in self.step_graph.of_kind("rng")]
             opt_states = self.step_graph.of_kind("optimizer")
+            # By slot, in the step graph's order (with int8 state the small tensors' float
+            # slots follow the 8-bit ones).
             self.state_names = {s: [e.input for e in opt_states if e.slot == s]
-                                for s in self.optimizer.state}
+                                for s in dict.fromkeys(e.slot for e in opt_states)}
             self._bn = [e.input for e in self.step_graph.of_kind("bn_stat")]
         else:
             from .dist_graph import build_distributed
@@ -317,8 +323,8 @@ class Trainer(TrainerResults):
         if self._dist is not None:
             return self.runtime.memory()
         params = sum(self._arrays[p].nbytes for p in self.param_names)
-        state = sum(self._arrays[n].nbytes for s in self.optimizer.state
-                    for n in self.state_names[s])
+        state = sum(self._arrays[n].nbytes for names in self.state_names.values()
+                    for n in names)
         out = {"parameters": params, "gradients": params, "optimizer_state": state}
         if self.accumulate > 1:
             out["accumulation"] = sum(self._arrays[e.input].nbytes
