@@ -284,6 +284,7 @@ def test_dynamic_loss_scale_kernel_arithmetic(make_session, attrs):
 # trainops_uniform on the words of the CPU Philox op (the device's words are the Rust emulation's
 # business, crates/trainops-ort/src/ops/random/device.rs), transcribed.
 
+from helpers.random_reference import skip_unless_typed  # noqa: E402
 from trainops.models import node_model, philox_model  # noqa: E402
 
 UNIFORM_TYPES = {np.float32: (1, 0x7FFFFF, 0), F16: (10, 0x3FF, 13), BF16: (16, 0x7F, 16), np.float64: (11, 0, 0)}
@@ -306,6 +307,7 @@ def mirror_uniform(words: np.ndarray, dtype, low: float, high: float) -> np.ndar
 def test_philox_uniform_kernel_arithmetic(make_session, dtype, low_high):
     low, high = low_high
     tp = UNIFORM_TYPES[dtype][0]
+    skip_unless_typed(tp)  # onnxruntime < 1.24: PhiloxUniform gives float outputs only
     state = np.array([0xFFFFFFFE, 0xFFFFFFFF, 0xFFFFFFFF, 7, 0x12345678, 0x9ABCDEF0], np.uint32)
     philox = make_session(philox_model())
     per = 2 if dtype == np.float64 else 1
