@@ -11,34 +11,18 @@ os.environ["TRAINOPS_FAKE_DEVICE"] = "1"  # read when the EP library is first re
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
-from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 ort = pytest.importorskip("onnxruntime")
 from trainops import Trainer, optim  # noqa: E402
 from trainops import device as td  # noqa: E402
-from trainops.onnx_defs import IR_VERSION, ONNX_OPSET  # noqa: E402
+from helpers.tiny import mlp as _mlp  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not td.plugin_ep_supported(),
                                 reason=f"onnxruntime {ort.__version__} has no plugin EPs (1.24+)")
 
 
 def mlp():
-    rng = np.random.default_rng(0)
-    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]),
-             helper.make_node("Relu", ["h"], ["a"]),
-             helper.make_node("Dropout", ["a", "ratio"], ["a1"]),
-             helper.make_node("MatMul", ["a1", "w2"], ["logits"]),
-             helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "t"], ["loss"])]
-    inits = [numpy_helper.from_array((rng.standard_normal(s) * 0.5).astype(np.float32), n)
-             for n, s in [("w1", (4, 6)), ("w2", (6, 3))]]
-    inits.append(numpy_helper.from_array(np.array(0.25, np.float32), "ratio"))
-    g = helper.make_graph(nodes, "mlp", [
-        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
-        helper.make_tensor_value_info("t", TensorProto.INT64, ["N"])],
-        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], inits)
-    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
-    m.ir_version = IR_VERSION
-    return m
+    return _mlp(dropout=True)  # the same model (its Dropout unnamed before: no effect)
 
 
 def batches(k=5, n=8):

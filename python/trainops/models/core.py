@@ -37,6 +37,15 @@ __all__ = [
 Shape = Optional[Sequence[Union[int, str, None]]]  # typing forms: Python 3.9 evaluates this at import
 
 
+def tensor_shapes(n_or_shapes: int | Sequence[Shape]) -> tuple[int, list[Shape]]:
+    """``(n, shapes)`` of a model builder's ``n_or_shapes``: a count (every shape unknown)
+    or one shape (None: unknown) per tensor."""
+    if isinstance(n_or_shapes, (int, np.integer)):
+        return int(n_or_shapes), [None] * int(n_or_shapes)
+    shapes: list[Shape] = [None if s is None else tuple(s) for s in n_or_shapes]
+    return len(shapes), shapes
+
+
 def adam_names(n: int) -> tuple[list[str], list[str]]:
     """(input names, output names) of an Adam node over ``n`` tensors."""
     idx = range(1, n + 1)
@@ -104,12 +113,7 @@ def adam_model(
     ``norm_coefficient_post``) are passed to ``onnx.helper.make_node`` as given, so
     ``alpha=1`` makes an INT attribute.
     """
-    if isinstance(n_or_shapes, (int, np.integer)):
-        n = int(n_or_shapes)
-        shapes: list[Shape] = [None] * n
-    else:
-        shapes = [None if s is None else tuple(s) for s in n_or_shapes]
-        n = len(shapes)
+    n, shapes = tensor_shapes(n_or_shapes)
     if n < 1:
         raise ValueError("Adam needs at least one tensor")
     if g_shapes is None:
@@ -228,11 +232,7 @@ def _optimizer_model(op: str, groups: Sequence[str], n_or_shapes: int | Sequence
     groups named by ``groups`` (``"XGH"``: ``X_1..X_n, G_1..G_n, H_1..H_n``, or a list of
     names; the second is the gradient), and whose outputs rewrite every group but the
     gradient. A ``domain`` keyword goes to :func:`node_model`."""
-    if isinstance(n_or_shapes, (int, np.integer)):
-        shapes: list[Shape] = [None] * int(n_or_shapes)
-    else:
-        shapes = [None if s is None else tuple(s) for s in n_or_shapes]
-    n = len(shapes)
+    n, shapes = tensor_shapes(n_or_shapes)
     if n < 1:
         raise ValueError(f"{op} needs at least one tensor")
     g_shapes = list(shapes if g_shapes is None else g_shapes)

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..onnx_defs import TRAINOPS_DOMAIN
-from .core import Shape, adam_feeds, node_model
+from .core import Shape, adam_feeds, node_model, tensor_shapes
 
 __all__ = [
     "mixed_precision_adam_names",
@@ -54,12 +54,7 @@ def mixed_precision_adam_model(
     when it is non-zero (or when ``copies`` says so), with type ``copy_output_dtype``
     (default: ``copy_dtype`` itself). ``dtype``: X/V/H's type. ``dynamic``: every shape
     unknown. Other keyword arguments are node attributes, passed as given."""
-    if isinstance(n_or_shapes, (int, np.integer)):
-        n = int(n_or_shapes)
-        shapes: list[Shape] = [None] * n
-    else:
-        shapes = [None if s is None else tuple(s) for s in n_or_shapes]
-        n = len(shapes)
+    n, shapes = tensor_shapes(n_or_shapes)
     if n < 1:
         raise ValueError("MixedPrecisionAdam needs at least one tensor")
     g_dtypes = list(g_dtype) if isinstance(g_dtype, (list, tuple)) else [g_dtype] * n
