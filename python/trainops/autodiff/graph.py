@@ -50,6 +50,9 @@ class Builder:
         self.prefix = prefix
         self._used: set[str] = set()
         self._count = 0
+        # Rules may emit trainops' gradient kernels (com.trainops) instead of their
+        # standard-op forms: set by the Trainer for the CPU placement (StepOptions.fused).
+        self.fused = False
         self.types: dict[str, int] = {}
         self.shapes: dict[str, list[Any] | None] = {}
         self.consts: dict[str, np.ndarray] = {}
@@ -99,6 +102,11 @@ class Builder:
         if isinstance(outputs, int) and outputs == 1:
             return names[0]
         return names
+
+    def fuses(self, *names: str) -> bool:
+        """True when a rule should emit trainops' gradient kernel (``com.trainops``):
+        :attr:`fused` is set and every tensor in ``names`` is float32 (the kernels' type)."""
+        return self.fused and all(self.types.get(n) == TensorProto.FLOAT for n in names)
 
     def const(self, value, dtype=None, hint: str = "const") -> str:
         arr = np.asarray(value, dtype=dtype)

@@ -166,6 +166,7 @@ def forward_backward(model: onnx.ModelProto, options: StepOptions) -> Backward:
     wrt = [copies.get(p, p) for p in params]
 
     b = Builder(inferred, opset, prefix=f"{_P}/grad")
+    b.fused = options.fused
     loss_t = b.dtype(loss)
     if loss_t not in FLOATS:
         raise GradientError(f"loss {loss!r} must be a float tensor (its type is {loss_t})")

@@ -15,7 +15,6 @@ import onnx
 from onnx import TensorProto, helper
 
 from ..autodiff.backward import toposort
-from ..onnx_defs import TRAINOPS_DOMAIN
 from .backward import forward_backward, resolve_params
 from .graph import optimizer_domain
 from .spec import PREFIX as _P
@@ -107,8 +106,8 @@ def build_distributed(model: onnx.ModelProto, options: StepOptions, ranks: int,
     del g.node[:]
     g.node.extend(toposort(nodes, available))
     imports = list(model.opset_import)
-    if bw.rng and not any(o.domain == TRAINOPS_DOMAIN for o in imports):
-        imports.append(helper.make_opsetid(TRAINOPS_DOMAIN, 1))
+    used = {n.domain for n in g.node} - {"", "ai.onnx"} - {o.domain for o in imports}
+    imports += [helper.make_opsetid(d, 1) for d in sorted(used)]
     gm = helper.make_model(g, opset_imports=imports, producer_name="trainops.Trainer")
     gm.ir_version = model.ir_version
 

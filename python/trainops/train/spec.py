@@ -21,7 +21,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 __all__ = ["BATCHNORM_MODES", "KINDS", "PREFIX", "StateEntry", "StepGraph", "StepOptions",
-           "check_policy", "check_update_options"]
+           "check_policy", "check_update_options", "fused_grads_enabled"]
 
 PREFIX = "trainops"  # prefix of the names the builders add to a model
 
@@ -86,6 +86,10 @@ class StepOptions:
       (:mod:`.accumulate`); 1: every step.
     - ``batchnorm``: ``"train"`` (batch statistics; the running statistics are ``bn_stat``
       states updated each step) or ``"frozen"`` (the inference form).
+    - ``fused``: the backward uses trainops' gradient kernels (``com.trainops``: the
+      convolution's, ReLU's, MaxPool's, ...) where a rule has one for the tensors' type;
+      False: standard ONNX ops only (the Trainer sets it for the CPU placement alone: the
+      kernels are CPU kernels).
     """
 
     loss: str
@@ -96,6 +100,7 @@ class StepOptions:
     clip_grad_norm: float | None = None
     accumulate: int = 1
     batchnorm: str = "train"
+    fused: bool = False
 
     def __post_init__(self) -> None:
         self.policy = check_policy(self.policy, self.optimizer)
@@ -241,3 +246,12 @@ class StepGraph:
                    manifest["lr_input"], np.dtype(manifest["lr_dtype"]).type,
                    manifest["step_input"], states, list(manifest["extra_outputs"]),
                    manifest["finite_output"], manifest.get("norm_output"), apply_model)
+
+
+def fused_grads_enabled() -> bool:
+    """False when the environment sets ``TRAINOPS_FUSED_GRADS=0``: the CPU Trainer then
+    builds its backward from standard ONNX ops only, as for the portable graph (to compare
+    the two, or to rule the gradient kernels out when chasing a problem)."""
+    import os
+
+    return os.environ.get("TRAINOPS_FUSED_GRADS", "1") != "0"

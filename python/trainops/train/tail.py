@@ -192,6 +192,9 @@ def assemble(graph: onnx.GraphProto, nodes: list, states: list[StateEntry], inpu
     opsets[TRAINING_DOMAIN] = 1
     for d, v in domains.items():
         opsets.setdefault(d, v)
+    for n in graph.node:  # trainops' gradient kernels (StepOptions.fused) among them
+        if n.domain not in ("", "ai.onnx"):
+            opsets.setdefault(n.domain, 1)
     m = helper.make_model(graph, opset_imports=[helper.make_opsetid(d, v)
                                                 for d, v in opsets.items()],
                           producer_name="trainops.Trainer")

@@ -44,7 +44,8 @@ from .placement import resolve as resolve_placement
 from .prepare import choose_params, prepare
 from .results import TrainerResults
 from .runtime import StepRuntime
-from .spec import BATCHNORM_MODES, StepGraph, StepOptions, check_policy, check_update_options
+from .spec import (BATCHNORM_MODES, StepGraph, StepOptions, check_policy, check_update_options,
+                   fused_grads_enabled)
 
 __all__ = ["Trainer"]
 
@@ -198,7 +199,8 @@ class Trainer(TrainerResults):
         chosen, self.coverage = choose_params(self._train_model, self.loss_name, params,
                                               batchnorm)
         options = StepOptions(self.loss_name, self.optimizer, chosen, self.policy, key_seed,
-                              self.clip_grad_norm, self.accumulate, batchnorm)
+                              self.clip_grad_norm, self.accumulate, batchnorm,
+                              fused=self.placement.is_cpu and fused_grads_enabled())
         self.input_names = data_inputs(self._train_model)
         self.step_graph: StepGraph | None = None
         if self._dist is None:
