@@ -218,7 +218,7 @@ def run(argv=None) -> int:
               f"one training step (forward, loss, backward, Adam), median of {args.repeat} "
               f"x {args.steps} steps, peers interleaved in one process; onnxruntime "
               f"{ort.__version__}, torch {torch_version or 'not installed'}; BatchNorm in "
-              "its inference form (running statistics) in both")
+              "training mode (batch statistics) in both")
     cols = ["model", "batch", "threads", "trainops"]
     for p in others:
         cols += [LABELS[p], f"{LABELS[p]} / trainops"]

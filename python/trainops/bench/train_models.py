@@ -29,7 +29,7 @@ from ..onnx_defs import IR_VERSION, ONNX_OPSET
 
 __all__ = ["Family", "FAMILIES", "family", "DEFAULT_BATCH"]
 
-DEFAULT_BATCH = {"mlp": 64, "cnn": 64, "bncnn": 64, "transformer": 32, "gru": 64, "resnet": 8}
+DEFAULT_BATCH = {"mlp": 64, "cnn": 64, "bncnn": 256, "transformer": 32, "gru": 64, "resnet": 8}
 
 
 @dataclass

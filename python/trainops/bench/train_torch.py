@@ -2,8 +2,9 @@
 PyTorch users write it (``nn`` modules), loaded with the ONNX model's initial weights. Only
 the benchmark imports this module, and only where torch is installed.
 
-BatchNorm modules run in ``eval()`` mode (running statistics), the form the Trainer
-differentiates; everything else is in training mode (no dropout in these models)."""
+Every module runs in training mode, as the Trainer's default (``batchnorm="train"``):
+BatchNorm normalises with the batch statistics and updates its running statistics (no
+dropout in these models)."""
 
 from __future__ import annotations
 
@@ -181,12 +182,7 @@ _MIRRORS = {"mlp": _mlp, "cnn": _cnn, "bncnn": _bncnn, "transformer": _transform
 
 def torch_model(fam):
     """The torch ``nn.Module`` of family ``fam`` (a :class:`~.train_models.Family`), in
-    training mode but for its BatchNorm modules (``eval()``: running statistics)."""
-    import torch
-
+    training mode (BatchNorm with batch statistics, as the Trainer's ``batchnorm="train"``)."""
     net = _MIRRORS[fam.kind](fam.weights)
     net.train()
-    for m in net.modules():
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-            m.eval()
     return net
