@@ -88,6 +88,9 @@ def _ort_training_peer(fam, threads: int, lr: float) -> Callable[[], Any]:
     del m.graph.output[:]
     m.graph.output.append(helper.make_tensor_value_info(logits, TensorProto.FLOAT, ["N", 10]))
     del m.graph.input[1:]  # the labels become the loss block's input
+    for i, n in enumerate(m.graph.node):  # its LayerNormGrad reads the saved statistics
+        if n.op_type == "LayerNormalization":
+            n.output.extend(f"ortt/ln{i}/{k}" for k in ("mean", "inv_std")[len(n.output) - 1:])
     params = list(fam.params)
     ort.set_default_logger_severity(3)
     d = tempfile.mkdtemp(prefix="trainops-bench-ortt-")
