@@ -109,6 +109,36 @@ class Placement:
         if needs_library and not self.ep_supplies_domains:
             so.register_custom_ops_library(library or get_library_path())
 
+    def state_memory(self):
+        """Where the states of a step on this placement live
+        (:class:`~trainops.train.buffers.Memory`), or None for host buffers: the CUDA EP's
+        memory on its ``device_id`` (the provider option, default 0) when
+        ``CUDAExecutionProvider`` runs the step; the memory of the ``TrainopsExecutionProvider``
+        GPU device given (``ep_device.memory_info``: its device id and vendor; ONNX Runtime
+        allocates with the EP's allocator); None on the CPU and for other execution
+        providers and devices (their states stay host buffers, re-bound every step: their
+        device memory is not verified here)."""
+        from .buffers import Memory
+
+        if self.is_cpu:
+            return None
+        if self.ep_devices is not None:
+            import onnxruntime as ort
+
+            for d in self.ep_devices:
+                if d.ep_name != TRAINOPS_EP or d.device.type != ort.OrtHardwareDeviceType.GPU:
+                    continue
+                mi = d.memory_info(ort.OrtDeviceMemoryType.DEFAULT)
+                return Memory("gpu", int(mi.device_id), int(mi.device_vendor_id))
+            return None
+        for p in self.providers or ():
+            if _provider_name(p) == CUDA:
+                opts = p[1] if isinstance(p, (tuple, list)) else {}
+                return Memory("cuda", int(opts.get("device_id", 0)))
+            if _provider_name(p) != CPU:
+                return None  # the first EP is another's: its memory is unknown here
+        return None
+
     def session(self, model_bytes: bytes, so):
         """An ``InferenceSession`` of ``model_bytes`` with ``so`` (already configured)."""
         import onnxruntime as ort
