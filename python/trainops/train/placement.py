@@ -89,6 +89,12 @@ class Placement:
         return self.names == (CPU,) and not self.portable and self.ep_devices is None
 
     @property
+    def host_only(self) -> bool:
+        """True when every execution provider asked for is the CPU's (the portable graph on
+        the CPU, the CPU EP's own ``OrtEpDevice``): nothing crosses to a device."""
+        return all(n == CPU for n in self.names)
+
+    @property
     def ep_supplies_domains(self) -> bool:
         """True when the plugin EP ``TrainopsExecutionProvider`` brings trainops' domains (the
         custom-op library must then not be registered too: ONNX Runtime rejects a domain

@@ -104,7 +104,7 @@ class StepRuntime:
             state_memory = placement.state_memory()
         self.memory = state_memory
         # Host data crosses to a device each step unless everything runs on the CPU.
-        self._count_data = not on_cpu or state_memory is not None
+        self._count_data = not (on_cpu or placement.host_only) or state_memory is not None
         # IOBinding copies an input to the device of the node that takes it when it is
         # BOUND, not when the session runs: off the CPU every state is bound again on every
         # run, so a node on another device than the state's memory reads this step's values,
@@ -147,7 +147,7 @@ class StepRuntime:
             if self._rebind:
                 for e in g.states:
                     bind.bind_ortvalue_input(e.input, self.values[e.input])
-                    if self.memory is None:  # a host state: to the device and back
+                    if self.memory is None and self._count_data:  # to the device and back
                         n = self.arrays.nbytes(e.input)
                         tr.add("to_device", n, state=True)
                         tr.add("to_host", n, state=True)
