@@ -98,6 +98,8 @@ class StepRuntime:
             so = session_options(threads, library, register=False)
             custom = any(n.domain not in ("", "ai.onnx") for n in graph.model.graph.node)
             placement.configure(so, library, needs_library=custom)
+            if configure is not None:  # e.g. scripts/gpu_check's profiler
+                configure(so)
             self.session = placement.session(graph.model.SerializeToString(), so)
         on_cpu = placement is None or placement.is_cpu
         if state_memory is None and not on_cpu:
