@@ -211,7 +211,7 @@ class Buffers(Mapping):
         value = self.values[name]
         if is_bfloat16(dtype):
             # No numpy type for bfloat16: a host bfloat16 OrtValue over uint16 bits, filled
-            # by OrtValue.update_inplace(OrtValue) (onnxruntime 1.25+; older: TypeError).
+            # by OrtValue.update_inplace(OrtValue) (in 1.32, not in 1.24.4: TypeError there).
             bits = np.zeros(shape, np.uint16)
             host = _ort().OrtValue.ortvalue_from_numpy_with_onnx_type(bits, BFLOAT16)
             try:

@@ -119,7 +119,10 @@ class Trainer(TrainerResults):
     - ``device``: ``"cpu"`` (the default), ``"cuda"`` (onnxruntime-gpu's
       ``CUDAExecutionProvider`` then the CPU, with trainops' CUDA kernels: ``TRAINOPS_CUDA=1``)
       or ``"auto"`` (the CPU for now: CUDA becomes its choice once trainops' CUDA kernels are
-      verified on a GPU); exclusive with ``providers``;
+      verified on a GPU); exclusive with ``providers``. On the CUDA EP and on a
+      ``TrainopsExecutionProvider`` device every state lives in device memory between steps
+      (a step moves only the data, ``lr`` and ``T`` in and the loss out: ``transfers``
+      counts it); reading the weights or saving copies them to the host (docs/gpu.md);
     - ``providers``: as ``onnxruntime.InferenceSession``'s (names or ``(name, options)``
       pairs), or a list of ``OrtEpDevice`` (``onnxruntime.get_ep_devices()``), given to
       ``SessionOptions.add_provider_for_devices``;
