@@ -102,9 +102,13 @@ def test_reads_are_copies_counted_and_writes_reach_the_session(device_path):
     assert a is not dev._arrays[p]  # a fresh host copy each read
     a[...] = 123.0  # changes the copy only
     assert not (dev._arrays[p] == 123.0).any()
+    dev.parameters()[p][...] = 123.0
+    assert not (dev._arrays[p] == 123.0).any()
     total = dev.transfers.total
-    assert total["to_host"] - before["to_host"] == 3
-    assert total["to_host_bytes"] - before["to_host_bytes"] == 3 * a.nbytes
+    n_reads = 3 + 1 + len(dev.param_names)  # parameters() reads each weight once
+    assert total["to_host"] - before["to_host"] == n_reads
+    assert total["to_host_bytes"] - before["to_host_bytes"] == sum(
+        dev._arrays.nbytes(q) for q in dev.param_names) + 4 * a.nbytes
     zero = np.zeros_like(a)
     dev._arrays.write(p, zero)
     assert dev.transfers.total["to_device_bytes"] - before["to_device_bytes"] == a.nbytes
