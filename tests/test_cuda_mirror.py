@@ -322,6 +322,66 @@ def test_philox_uniform_kernel_arithmetic(make_session, dtype, low_high):
         assert [int(w) for w in got_state] == [(counter >> (32 * k)) & 0xFFFFFFFF for k in range(4)] + [int(w) for w in state[4:]]
 
 
+# ---------------------------------------------------------------- PhiloxNormal
+# trainops_normal on the words of the CPU Philox op, transcribed: TensorFlow's Box-Muller with
+# the float64 log, sqrt, sin and cos of Python's math module (the C library's, as the CPU
+# kernel's Rust std calls). On a GPU they are CUDA's (log 1 ulp, sin and cos 2 ulp): this
+# checks the layout, the uniforms, the roundings and the state; scripts/gpu_check the rest.
+
+TWO_PI = 2.0 * math.pi  # as Rust's 2.0 * PI, and trainops_normal's 0x401921FB54442D18
+assert np.float64(TWO_PI).view(np.uint64) == 0x401921FB54442D18
+
+
+def _box_muller(u1: np.ndarray, v1: np.ndarray) -> np.ndarray:
+    """Interleaved z0, z1 of each pair, float64, element by element through libm."""
+    z = np.empty(2 * len(u1), np.float64)
+    for j, (a, b) in enumerate(zip(u1.tolist(), v1.tolist())):
+        r = math.sqrt(-2.0 * math.log(a))
+        z[2 * j], z[2 * j + 1] = r * math.sin(b), r * math.cos(b)
+    return z
+
+
+@np.errstate(all="ignore")
+def mirror_normal(words: np.ndarray, dtype, n: int, mean: float, scale: float) -> np.ndarray:
+    if dtype == np.float64:
+        w = words.astype(np.uint64).reshape(-1, 4)
+
+        def u64(a, b):
+            bits = np.uint64(0x3FF0000000000000) | ((a & np.uint64(0xFFFFF)) << np.uint64(32)) | b
+            return bits.view(np.float64) - 1.0
+
+        u1 = np.maximum(u64(w[:, 0], w[:, 1]), 1.0e-7)
+        z = _box_muller(u1, TWO_PI * u64(w[:, 2], w[:, 3]))[:n]
+        return z * float(f32(scale)) + float(f32(mean))
+    w = words.reshape(-1, 2)
+    u = (np.uint32(0x3F800000) | (w & np.uint32(0x7FFFFF))).view(np.float32) - f32(1)
+    u1 = np.maximum(u[:, 0], f32(1.0e-7))
+    v1 = (TWO_PI * u[:, 1].astype(np.float64)).astype(np.float32)
+    z = _box_muller(u1.astype(np.float64), v1.astype(np.float64)).astype(np.float32)[:n]
+    v = z * f32(scale) + f32(mean)  # two float32 roundings, no FMA (--fmad=false)
+    return {np.float32: lambda a: a, F16: cast_f16, BF16: cast_bf16}[dtype](v)
+
+
+@pytest.mark.parametrize("dtype", list(UNIFORM_TYPES), ids=["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("mean_scale", [(0.0, 1.0), (-1.25, 3.5), (1e3, 1e-3)], ids=str)
+def test_philox_normal_kernel_arithmetic(make_session, dtype, mean_scale):
+    mean, scale = mean_scale
+    tp = UNIFORM_TYPES[dtype][0]
+    skip_unless_typed(tp)  # onnxruntime < 1.24: float outputs only
+    state = np.array([0xFFFFFFFE, 0xFFFFFFFF, 0xFFFFFFFF, 7, 0x12345678, 0x9ABCDEF0], np.uint32)
+    philox = make_session(philox_model())
+    per_pair = 4 if dtype == np.float64 else 2
+    for n in LENGTHS:
+        count = per_pair * ((n + 1) // 2)
+        words, _ = philox.run(None, {"state": state, "shape": np.array([count], np.int64)})
+        m = node_model("PhiloxNormal", [("state", np.uint32, (6,))], [("output", dtype, None), ("state_out", np.uint32, (6,))],
+                       domain="com.trainops", shape=[n], dtype=tp, mean=mean, scale=scale)
+        got, got_state = run_io(make_session(m), {"state": state})
+        assert same(got, mirror_normal(words, dtype, n, mean, scale)), f"n = {n}"
+        counter = sum(int(w) << (32 * k) for k, w in enumerate(state[:4])) + (count + 3) // 4
+        assert [int(w) for w in got_state] == [(counter >> (32 * k)) & 0xFFFFFFFF for k in range(4)] + [int(w) for w in state[4:]]
+
+
 # ---------------------------------------------------------------- AdamW
 # trainops_adamw_f32 / trainops_adamw_amsgrad_f32, transcribed: torch's lerp and addcmul are
 # fused multiply-adds (__fmaf_rn), emulated exactly below.

@@ -78,3 +78,38 @@ def test_trainer_harness_and_transformer_train_on_the_cpu(library_path):
     assert min(lc[-4:]) < lc[0]
     data = gc.cnn_data(4)
     assert data["x"].shape == (4, 1, 8, 8) and data["t"].dtype.name == "int64"
+
+
+def test_dry_run_passes_here(library_path):
+    """--dry-run: part 3's device-state checks over the CPU device path, the plugin EP Trainer
+    on the fake device (onnxruntime 1.24+), the PhiloxNormal bound's own cases: all pass, and
+    the same functions then run on a GPU."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in __import__("os").environ.items() if k not in ("TRAINOPS_FAKE_DEVICE", "TRAINOPS_CUDA")}
+    out = subprocess.run([sys.executable, str(SCRIPT), "--library", library_path, "--dry-run", "--steps", "2"],
+                         capture_output=True, text=True, env=env, timeout=600)
+    text = out.stdout + out.stderr
+    assert out.returncode == 0 and "Traceback" not in text, text
+    passes = [ln for ln in out.stdout.splitlines() if ln.startswith("pass")]
+    assert sum("0 state bytes a step" in ln for ln in passes) >= 2, text
+    assert any("normal_within_bound" in ln for ln in passes)
+
+
+def test_normal_bound():
+    import numpy as np
+
+    gc = load()
+    a = np.array([0.0, -1.5, 2.25, -0.0], np.float32)
+    assert gc.normal_within_bound(a, a) == (True, "bitwise: 0 of 4 differ, max 0 ulps")
+    b = a.copy()
+    b[1] = np.nextafter(b[1], np.float32(0))  # one ulp towards zero, on the negative side
+    ok, detail = gc.normal_within_bound(b, a)
+    assert ok and "1 of 4 differ, max 1 ulps" in detail
+    assert gc.normal_within_bound(np.float32([0.0]), np.float32([-0.0]))[0]
+    assert not gc.normal_within_bound(np.float32([1.0]), np.float32([-1.0]))[0]
+    assert not gc.normal_within_bound(a, a.astype(np.float64))[0]
+    d = np.array([1.0, -2.0]) + np.array([8, 0]) * np.finfo(np.float64).eps
+    assert gc.normal_within_bound(d, np.array([1.0, -2.0]))[0]
+    assert not gc.normal_within_bound(d * (1 + 1e-14), np.array([1.0, -2.0]))[0]

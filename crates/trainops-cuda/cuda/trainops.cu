@@ -245,6 +245,65 @@ extern "C" __global__ void trainops_uniform(void* out, int dtype, u64 words, u32
   }
 }
 
+// PhiloxNormal (crates/trainops-kernels/src/random/normal.rs: TensorFlow's BoxMullerFloat and
+// BoxMullerDouble, the transcendental functions in float64) over n elements. dtype 0 float32,
+// 1 float16, 2 bfloat16: elements 2j, 2j+1 from words 2j, 2j+1 (one 4-word block: four
+// elements), u1 = max(u(word0), 1e-7f), v1 = float(2pi * double(u(word1))), r =
+// sqrt(-2 ln double(u1)), (z0, z1) = float(r sin v1), float(r cos v1), then z * scale + mean in
+// float32, rounded once to the 16-bit type; dtype 3 float64: elements 2b, 2b+1 from the block's
+// four words, u1 = max(u64(w0, w1), 1e-7), v1 = 2pi * u64(w2, w3), z * scale64 + mean64.
+// CUDA's log (1 ulp), sin and cos (2 ulp) are not the CPU's libm: the float64 z may differ in
+// its last bits, which the rounding to float32 hides except near a rounding boundary (docs/gpu.md).
+__device__ __forceinline__ void box_muller(double u1, double v1, double* z0, double* z1) {
+  double r = __dsqrt_rn(__dmul_rn(-2.0, log(u1)));
+  double s, c;
+  sincos(v1, &s, &c);
+  *z0 = __dmul_rn(r, s);
+  *z1 = __dmul_rn(r, c);
+}
+
+extern "C" __global__ void trainops_normal(void* out, int dtype, u64 n, u32 s0, u32 s1, u32 s2, u32 s3, u32 k0,
+                                           u32 k1, float mean, float scale, double mean64, double scale64) {
+  const double two_pi = __longlong_as_double(0x401921FB54442D18ll);  // 2 * PI, as f64 2.0 * PI
+  u64 blocks = dtype == 3 ? (n + 1) / 2 : (n + 3) / 4;
+  GRID_STRIDE(b, blocks) {
+    u32 w[4];
+    philox_block(s0, s1, s2, s3, k0, k1, b, w);
+    if (dtype == 3) {
+      u64 b0 = 0x3FF0000000000000ull | ((u64)(w[0] & 0xFFFFFu) << 32) | (u64)w[1];
+      u64 b1 = 0x3FF0000000000000ull | ((u64)(w[2] & 0xFFFFFu) << 32) | (u64)w[3];
+      double u1 = fmax(__dsub_rn(__longlong_as_double((long long)b0), 1.0), 1.0e-7);
+      double v1 = __dmul_rn(two_pi, __dsub_rn(__longlong_as_double((long long)b1), 1.0));
+      double z[2];
+      box_muller(u1, v1, &z[0], &z[1]);
+      for (int k = 0; k < 2 && 2 * b + k < n; ++k) {
+        ((double*)out)[2 * b + k] = __dadd_rn(__dmul_rn(z[k], scale64), mean64);
+      }
+      continue;
+    }
+    for (int p = 0; p < 2; ++p) {
+      u64 base = 4 * b + 2 * p;
+      if (base >= n) break;
+      float u1 = fmaxf(__fsub_rn(__uint_as_float(0x3F800000u | (w[2 * p] & 0x7FFFFFu)), 1.0f), 1.0e-7f);
+      float u2 = __fsub_rn(__uint_as_float(0x3F800000u | (w[2 * p + 1] & 0x7FFFFFu)), 1.0f);
+      float v1 = __double2float_rn(__dmul_rn(two_pi, (double)u2));
+      double z[2];
+      box_muller((double)u1, (double)v1, &z[0], &z[1]);
+      for (int k = 0; k < 2 && base + k < n; ++k) {
+        float v = __fadd_rn(__fmul_rn(__double2float_rn(z[k]), scale), mean);
+        u64 i = base + k;
+        if (dtype == 0) {
+          ((float*)out)[i] = v;
+        } else if (dtype == 1) {
+          ((u16*)out)[i] = f32_to_f16(v);
+        } else {
+          ((u16*)out)[i] = f32_to_bf16(v);
+        }
+      }
+    }
+  }
+}
+
 // A Philox op's state_out, computed on the host, written on the op's stream (one thread).
 extern "C" __global__ void trainops_store_state(u32* out, u32 s0, u32 s1, u32 s2, u32 s3, u32 k0, u32 k1) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;

@@ -24,6 +24,7 @@ pub const KERNELS: &[&str] = &[
     "trainops_dropout_f32",
     "trainops_store_state",
     "trainops_uniform",
+    "trainops_normal",
     "trainops_set_flag",
     "trainops_finite",
     "trainops_mp_adam",

@@ -311,18 +311,18 @@ def mismatches(trainer, tensors: Mapping[str, np.ndarray],
         elif have != want:
             problems.append(f"config {key!r}: the checkpoint has {have!r}, this trainer "
                             f"{want!r}")
-    states = trainer._states()
+    states = trainer._state_specs()  # (dtype, shape): no device->host copy
     has_rng = any(e[0] in states for e in trainer._rng)
     if has_rng and metadata["seed"] != "" and int(metadata["seed"]) != trainer.seed:
         problems.append(f"seed {metadata['seed']}: this trainer's is {trainer.seed} (its "
                         "random nodes are keyed by it)")
-    for name, buf in states.items():
+    for name, (dtype, shape) in states.items():
         if name not in tensors:
-            problems.append(f"state {name!r} ({buf.dtype} {list(buf.shape)}) is missing")
+            problems.append(f"state {name!r} ({dtype} {list(shape)}) is missing")
             continue
         got = tensors[name]
-        if got.dtype != buf.dtype or got.shape != buf.shape:
-            problems.append(f"state {name!r}: expected {buf.dtype} {list(buf.shape)}, got "
+        if got.dtype != dtype or got.shape != shape:
+            problems.append(f"state {name!r}: expected {dtype} {list(shape)}, got "
                             f"{got.dtype} {list(got.shape)}")
     ignore = {MODEL_KEY} | (set(trainer._arrays) if legacy else set())
     extra = sorted(n for n in tensors if n not in states and n not in ignore)
@@ -332,7 +332,7 @@ def mismatches(trainer, tensors: Mapping[str, np.ndarray],
     if scale is None and metadata["loss_scale"] != "":
         problems.append(f"loss_scale {metadata['loss_scale']}: this trainer has none")
     elif scale is not None and "trainops/loss_scale" in tensors and \
-            tensors["trainops/loss_scale"].shape == scale.shape:
+            tensors["trainops/loss_scale"].shape == scale[1]:
         want = repr(float(tensors["trainops/loss_scale"].reshape(-1)[0]))
         if metadata["loss_scale"] != want:
             problems.append(f"loss_scale {metadata['loss_scale']!r} disagrees with the "
@@ -349,8 +349,8 @@ def restore(trainer, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, s
     problems = mismatches(trainer, tensors, metadata)
     if problems:
         raise _problems(path, "does not match this trainer", problems)
-    for name, buf in trainer._states().items():
-        np.copyto(buf, tensors[name])
+    for name in trainer._state_names():  # host->device on a device placement
+        trainer._arrays.write(name, tensors[name])
     trainer.T = int(metadata["step"])
     trainer.lr = float(metadata["learning_rate"])
     trainer.skipped = int(metadata["skipped"])

@@ -89,6 +89,12 @@ class Placement:
         return self.names == (CPU,) and not self.portable and self.ep_devices is None
 
     @property
+    def host_only(self) -> bool:
+        """True when every execution provider asked for is the CPU's (the portable graph on
+        the CPU, the CPU EP's own ``OrtEpDevice``): nothing crosses to a device."""
+        return all(n == CPU for n in self.names)
+
+    @property
     def ep_supplies_domains(self) -> bool:
         """True when the plugin EP ``TrainopsExecutionProvider`` brings trainops' domains (the
         custom-op library must then not be registered too: ONNX Runtime rejects a domain
@@ -108,6 +114,36 @@ class Placement:
             so.add_provider_for_devices(list(self.ep_devices), dict(self.ep_options))
         if needs_library and not self.ep_supplies_domains:
             so.register_custom_ops_library(library or get_library_path())
+
+    def state_memory(self):
+        """Where the states of a step on this placement live
+        (:class:`~trainops.train.buffers.Memory`), or None for host buffers: the CUDA EP's
+        memory on its ``device_id`` (the provider option, default 0) when
+        ``CUDAExecutionProvider`` runs the step; the memory of the ``TrainopsExecutionProvider``
+        GPU device given (``ep_device.memory_info``: its device id and vendor; ONNX Runtime
+        allocates with the EP's allocator); None on the CPU and for other execution
+        providers and devices (their states stay host buffers, re-bound every step: their
+        device memory is not verified here)."""
+        from .buffers import Memory
+
+        if self.is_cpu:
+            return None
+        if self.ep_devices is not None:
+            import onnxruntime as ort
+
+            for d in self.ep_devices:
+                if d.ep_name != TRAINOPS_EP or d.device.type != ort.OrtHardwareDeviceType.GPU:
+                    continue
+                mi = d.memory_info(ort.OrtDeviceMemoryType.DEFAULT)
+                return Memory("gpu", int(mi.device_id), int(mi.device_vendor_id))
+            return None
+        for p in self.providers or ():
+            if _provider_name(p) == CUDA:
+                opts = p[1] if isinstance(p, (tuple, list)) else {}
+                return Memory("cuda", int(opts.get("device_id", 0)))
+            if _provider_name(p) != CPU:
+                return None  # the first EP is another's: its memory is unknown here
+        return None
 
     def session(self, model_bytes: bytes, so):
         """An ``InferenceSession`` of ``model_bytes`` with ``so`` (already configured)."""

@@ -17,24 +17,29 @@ __all__ = ["TrainerResults"]
 
 
 class TrainerResults:
-    """What a :class:`~trainops.train.Trainer` gives back and saves (its state lives in
-    ``self._arrays``, bound in place by its runtime)."""
+    """What a :class:`~trainops.train.Trainer` gives back and saves (its state is read and
+    written through ``self._arrays``, :class:`~trainops.train.buffers.Buffers`: host buffers
+    bound in place on the CPU, device memory copied on demand on a device)."""
 
     # -- results -------------------------------------------------------------------------
+    def _copy(self, name: str) -> np.ndarray:
+        """A host copy of the state ``name``: a read from the device is one already."""
+        value = self._arrays[name]
+        return value if self._arrays.on_device(name) else value.copy()
+
     def parameters(self) -> dict[str, np.ndarray]:
         """The current weights (copies), by initializer name."""
-        return {p: self._arrays[p].copy() for p in self.param_names}
+        return {p: self._copy(p) for p in self.param_names}
 
     def optimizer_state(self) -> dict[str, np.ndarray]:
         """The optimizer state (copies) by name; under ``shard_optimizer``, this rank's
         flat slice of each state tensor (``trainops/<V|H>/shard``)."""
-        return {n: self._arrays[n].copy() for names in self.state_names.values()
-                for n in names}
+        return {n: self._copy(n) for names in self.state_names.values() for n in names}
 
     def running_stats(self) -> dict[str, np.ndarray]:
         """The BatchNormalization running means and variances (copies) by initializer
         name: updated each step under ``batchnorm="train"``, else empty."""
-        return {n: self._arrays[n].copy() for n in self._bn}
+        return {n: self._copy(n) for n in self._bn}
 
     @property
     def loss_config(self):

@@ -10,6 +10,7 @@ from typing import Any, Mapping
 import numpy as np
 
 from ..autodiff import GradientError
+from .buffers import Buffers, Memory, Transfers
 from .spec import StepGraph
 
 __all__ = ["StepRuntime", "session_options"]
@@ -54,18 +55,36 @@ def session_options(threads: int | None, library: str | None = None, *, spin: bo
 
 class StepRuntime:
     """A session of ``graph.model`` with its buffers bound: on the CPU, or where
-    ``placement`` (:class:`~trainops.train.placement.Placement`) says; the buffers are host
-    numpy arrays either way (on another EP ONNX Runtime copies them in and out each run).
+    ``placement`` (:class:`~trainops.train.placement.Placement`) says.
 
-    ``arrays``: name -> numpy buffer the session reads and writes in place: every state
-    (by its input name, in ``graph.states`` order, starting at its ``initial``), then the
-    loss output and the extra outputs (by output name). ``values``: their OrtValues.
-    :meth:`run` does one step. ``configure``, when given, is called with the
-    SessionOptions before the session is made (the benchmark's profiler, the optimised
-    model's file)."""
+    ``arrays`` (:class:`~.buffers.Buffers`): name -> value of every state (by its input
+    name, in ``graph.states`` order, starting at its ``initial``), then the loss output
+    and the extra outputs (by output name); ``values``: their OrtValues. Each state is
+    bound as its input AND its output (updated in place), once:
+
+    - on the CPU, in host numpy buffers the OrtValues wrap (``arrays[name]`` is the
+      buffer itself);
+    - on a device placement whose memory is known (:meth:`Placement.state_memory`: the
+      CUDA EP, a plugin EP's device), in device memory: a step moves the data inputs,
+      ``lr`` and ``T`` host->device and the loss and extra outputs back, no state;
+      ``arrays[name]`` copies a state device->host on demand and ``arrays.write``
+      host->device. The states are re-bound each step (no copy for the nodes on their
+      device; ONNX Runtime copies a state at bind time to a node that runs elsewhere, e.g.
+      the CPU forward pass beside the plugin EP's optimizer node: not counted here, the
+      EP's counters see it);
+    - on another device placement, in host buffers re-bound every step (ONNX Runtime
+      copies host inputs to a device when they are bound: every state crosses twice a
+      step, counted).
+
+    ``transfers`` (:class:`~.buffers.Transfers`) counts the copies. :meth:`run` does one
+    step. ``configure``, when given, is called with the SessionOptions before the session
+    is made (the benchmark's profiler, the optimised model's file). ``state_memory``
+    overrides the placement's (tests: ``Memory("cpu")`` runs the device code path over
+    ONNX Runtime-allocated host memory)."""
 
     def __init__(self, graph: StepGraph, threads: int | None = None,
-                 library: str | None = None, placement=None, *, configure=None):
+                 library: str | None = None, placement=None, *, configure=None,
+                 state_memory: Memory | None = None):
         import onnxruntime as ort
 
         self.graph = graph
@@ -79,16 +98,28 @@ class StepRuntime:
             so = session_options(threads, library, register=False)
             custom = any(n.domain not in ("", "ai.onnx") for n in graph.model.graph.node)
             placement.configure(so, library, needs_library=custom)
+            if configure is not None:  # e.g. scripts/gpu_check's profiler
+                configure(so)
             self.session = placement.session(graph.model.SerializeToString(), so)
-        # IOBinding copies a host input to the device of the node that takes it when it is
-        # BOUND, not when the session runs: off the CPU, the states are bound again on every
-        # run so a device node reads this step's values, not the first step's.
-        self._rebind = placement is not None and not placement.is_cpu
-        self.arrays: dict[str, np.ndarray] = {}
-        self.values: dict[str, Any] = {}
+        on_cpu = placement is None or placement.is_cpu
+        if state_memory is None and not on_cpu:
+            state_memory = placement.state_memory()
+        self.memory = state_memory
+        # Host data crosses to a device each step unless everything runs on the CPU.
+        self._count_data = not (on_cpu or placement.host_only) or state_memory is not None
+        # IOBinding copies an input to the device of the node that takes it when it is
+        # BOUND, not when the session runs: off the CPU every state is bound again on every
+        # run, so a node on another device than the state's memory reads this step's values,
+        # not the first step's. Re-binding a value its consumers' device already holds copies
+        # nothing (ONNX Runtime checks the device): a device-resident state read on its own
+        # device never crosses; a host state in a device session crosses twice per step.
+        self._rebind = not on_cpu
+        self.transfers = Transfers()
+        self.arrays = Buffers(state_memory, self.transfers)
+        self.values = self.arrays.values
         self.binding = bind = self.session.io_binding()
         for e in graph.states:
-            v = self._put(e.input, e.initial)
+            v = self.arrays.put(e.input, e.initial)
             bind.bind_ortvalue_input(e.input, v)
             bind.bind_ortvalue_output(e.output, v)
         outputs = {o.name: o for o in self.session.get_outputs()}
@@ -99,35 +130,41 @@ class StepRuntime:
                                 f"got {shape}")
         if int(np.prod(shape)) != 1:
             raise GradientError(f"loss {name!r} must be a scalar, has shape {shape}")
-        for out in [graph.loss_output] + list(graph.extra_outputs):
+        self._outputs = [graph.loss_output] + list(graph.extra_outputs)
+        for out in self._outputs:
             o = outputs[out]
             if o.shape is None or not all(isinstance(d, int) for d in o.shape):
                 raise GradientError(f"output {out!r} must have a static shape, got {o.shape}")
-            bind.bind_ortvalue_output(out, self._put(out, np.zeros(o.shape, NUMPY_TYPES[o.type])))
-
-    def _put(self, name: str, arr) -> Any:
-        from ..bfloat16 import to_ortvalue
-
-        # The OrtValue wraps this array's memory (and keeps it alive): the session
-        # updates it in place, and numpy reads it without a copy (a bfloat16 array
-        # through a uint16 view: the bfloat16-state optimizers' moments).
-        arr = np.array(arr, order="C", copy=True)
-        self.arrays[name] = arr
-        self.values[name] = to_ortvalue(arr)
-        return self.values[name]
+            buf = np.zeros(o.shape, NUMPY_TYPES[o.type])
+            bind.bind_ortvalue_output(out, self.arrays.put_host(out, buf))
+        # Bytes of the states re-bound per step (host states in a device session).
+        self._state_bytes = sum(self.arrays.nbytes(e.input) for e in graph.states)
 
     def run(self, feeds: Mapping[str, Any], lr: float, t: int) -> float:
         """One step: ``feeds`` (every data input), learning rate ``lr``, update count ``t``.
         Returns the loss (before the update)."""
-        g, bind = self.graph, self.binding
-        if self._rebind:
-            for e in g.states:
-                bind.bind_ortvalue_input(e.input, self.values[e.input])
-        for name in g.data_inputs:
-            bind.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
-        bind.bind_cpu_input(g.lr_input, np.array([lr], g.lr_dtype))
-        bind.bind_cpu_input(g.step_input, np.array([t], np.int64))
-        self.session.run_with_iobinding(bind)
+        g, bind, tr = self.graph, self.binding, self.transfers
+        tr.begin_step()
+        try:
+            if self._rebind:
+                for e in g.states:
+                    bind.bind_ortvalue_input(e.input, self.values[e.input])
+                    if self.memory is None and self._count_data:  # to the device and back
+                        n = self.arrays.nbytes(e.input)
+                        tr.add("to_device", n, state=True)
+                        tr.add("to_host", n, state=True)
+            host = [np.ascontiguousarray(feeds[name]) for name in g.data_inputs]
+            host += [np.array([lr], g.lr_dtype), np.array([t], np.int64)]
+            for name, arr in zip(list(g.data_inputs) + [g.lr_input, g.step_input], host):
+                bind.bind_cpu_input(name, arr)
+                if self._count_data:
+                    tr.add("to_device", arr.nbytes)
+            self.session.run_with_iobinding(bind)
+            if self._count_data:
+                for out in self._outputs:  # ONNX Runtime copies each into its host buffer
+                    tr.add("to_host", self.arrays.nbytes(out))
+        finally:
+            tr.end_step()
         return float(self.arrays[g.loss_output].reshape(-1)[0])
 
     @property

@@ -38,6 +38,7 @@ from ..random import _seed_bits
 from . import update_options as _schedules
 from .accumulate_runtime import AccumulatingRuntime
 from .backward import data_inputs
+from .buffers import Buffers, host_buffers
 from .graph import build_step_graph
 from .placement import TrainingModel, portable_graph
 from .placement import resolve as resolve_placement
@@ -118,7 +119,10 @@ class Trainer(TrainerResults):
     - ``device``: ``"cpu"`` (the default), ``"cuda"`` (onnxruntime-gpu's
       ``CUDAExecutionProvider`` then the CPU, with trainops' CUDA kernels: ``TRAINOPS_CUDA=1``)
       or ``"auto"`` (the CPU for now: CUDA becomes its choice once trainops' CUDA kernels are
-      verified on a GPU); exclusive with ``providers``;
+      verified on a GPU); exclusive with ``providers``. On the CUDA EP and on a
+      ``TrainopsExecutionProvider`` device every state lives in device memory between steps
+      (a step moves only the data, ``lr`` and ``T`` in and the loss out: ``transfers``
+      counts it); reading the weights or saving copies them to the host (docs/gpu.md);
     - ``providers``: as ``onnxruntime.InferenceSession``'s (names or ``(name, options)``
       pairs), or a list of ``OrtEpDevice`` (``onnxruntime.get_ep_devices()``), given to
       ``SessionOptions.add_provider_for_devices``;
@@ -242,18 +246,37 @@ class Trainer(TrainerResults):
             self.state_names = self.runtime.state_names
             self.timings = self.runtime.timings
         self.session = self.runtime.session
-        self._arrays: dict[str, np.ndarray] = self.runtime.arrays
+        arrays = self.runtime.arrays
+        # Every host-side read and write of a state goes through this one accessor: on a
+        # device placement a read copies device->host, a write host->device.
+        self._arrays: Buffers = arrays if isinstance(arrays, Buffers) else host_buffers(arrays)
         self.T = 1
         self.lr = float(self.optimizer.lr)
         self.skipped = 0
         if self.schedule is not None:
             self.lr = _schedules.lr_at(self.schedule, self.T)
 
-    def _states(self) -> dict[str, np.ndarray]:
-        """Every state buffer (what a checkpoint holds), by its input name."""
+    def _state_names(self) -> list[str]:
+        """Every state's input name (what a checkpoint holds)."""
         if self.step_graph is not None:
-            return {e.input: self._arrays[e.input] for e in self.step_graph.states}
-        return dict(self._arrays)  # the distributed runtime's arrays are all states
+            return [e.input for e in self.step_graph.states]
+        return list(self._arrays)  # the distributed runtime's arrays are all states
+
+    def _states(self) -> dict[str, np.ndarray]:
+        """Every state's value (what a checkpoint holds), by its input name: the buffers
+        themselves on the host, copies from a device."""
+        return {n: self._arrays[n] for n in self._state_names()}
+
+    def _state_specs(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        """Every state's ``(dtype, shape)`` by its input name, with no copy."""
+        return {n: self._arrays.spec(n) for n in self._state_names()}
+
+    @property
+    def transfers(self):
+        """The host<->device copies the step's runtime causes
+        (:class:`~trainops.train.buffers.Transfers`: ``last_step`` and ``total`` counts and
+        bytes; all zero on the CPU). None for the data-parallel and accumulating runtimes."""
+        return getattr(self.runtime, "transfers", None)
 
     # -- training ----------------------------------------------------------------------
     @property
@@ -324,11 +347,11 @@ class Trainer(TrainerResults):
         ``shard_optimizer``)."""
         if self._dist is not None:
             return self.runtime.memory()
-        params = sum(self._arrays[p].nbytes for p in self.param_names)
-        state = sum(self._arrays[n].nbytes for names in self.state_names.values()
+        params = sum(self._arrays.nbytes(p) for p in self.param_names)
+        state = sum(self._arrays.nbytes(n) for names in self.state_names.values()
                     for n in names)
         out = {"parameters": params, "gradients": params, "optimizer_state": state}
         if self.accumulate > 1:
-            out["accumulation"] = sum(self._arrays[e.input].nbytes
+            out["accumulation"] = sum(self._arrays.nbytes(e.input)
                                       for e in self.step_graph.of_kind("grad_accum"))
         return out

@@ -62,6 +62,22 @@ pub struct UniformArgs {
     pub low64: f64,
 }
 
+/// `PhiloxNormal`'s arithmetic for `trainops_normal`: the output type's code (0 float32,
+/// 1 float16, 2 bfloat16, 3 float64) and `mean`, `scale` in float32 and in float64.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NormalArgs {
+    /// The output type's code.
+    pub dtype: i32,
+    /// `mean`.
+    pub mean: f32,
+    /// `scale`.
+    pub scale: f32,
+    /// `f64(mean)`.
+    pub mean64: f64,
+    /// `f64(scale)`.
+    pub scale64: f64,
+}
+
 /// Plans one call from the node's inputs (host memory for the planned ones).
 pub type PlanFn = Box<dyn Fn(&Context<'_>) -> Result<StreamPlan> + Send + Sync>;
 
@@ -85,6 +101,8 @@ pub enum DeviceOp {
     Dropout(PlanFn),
     /// `PhiloxUniform`: output 0 the values, output 1 (optional) the next state.
     Uniform(PlanFn, UniformArgs),
+    /// `PhiloxNormal`: output 0 the values, output 1 (optional) the next state.
+    Normal(PlanFn, NormalArgs),
     /// `AllFinite`: the one bool output set on the device from every input.
     AllFinite,
     /// `DynamicLossScale` with the node's rule: scale, good_steps and finite on the device.

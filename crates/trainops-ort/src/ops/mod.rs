@@ -63,6 +63,8 @@ pub fn device_support(domain: &CStr, op: &CStr) -> Option<DeviceSupport> {
         (b"com.trainops", b"PhiloxDropout") => support(&[1, 2, 3], &[DType::Float], true),
         // Every output type: the host plans the words, `trainops_uniform` converts them.
         (b"com.trainops", b"PhiloxUniform") => support(&[0, 1], &[DType::Uint32], true),
+        // The same, `trainops_normal` (Box-Muller in float64 on the device).
+        (b"com.trainops", b"PhiloxNormal") => support(&[0, 1], &[DType::Uint32], true),
         // The mixed-precision ops keep loss_scale, the verdicts and the scale state on the
         // device (`ffi::ep::mixed`); only R and T of MixedPrecisionAdam are host inputs.
         (b"com.trainops", b"MixedPrecisionAdam") => support(SCALARS, &[DType::Float, DType::Float16], true),
@@ -121,11 +123,11 @@ mod tests {
             ]
             .into_iter()
             // PhiloxUniform: its four output types and the registration of any other type.
-            .chain(std::iter::repeat_n((c, "PhiloxUniform", vec![0, 1]), 5))
+            .chain(std::iter::repeat_n((c.clone(), "PhiloxUniform", vec![0, 1]), 5))
+            .chain(std::iter::repeat_n((c, "PhiloxNormal", vec![0, 1]), 5))
             .collect::<Vec<_>>()
         );
-        // Not wired: PhiloxNormal (float64 libm on the CPU), the benchmark op.
-        assert!(device_support(c"com.trainops", c"PhiloxNormal").is_none_or(|s| !s.cuda));
+        // Not wired: the benchmark op.
         assert!(device_support(c"com.trainops.bench", c"MemoryCeiling").is_none());
     }
 }

@@ -15,7 +15,7 @@ use core::ffi::c_void;
 
 /// The step type, re-exported where the op modules first found it.
 pub use super::super::device::DeviceStep;
-use super::super::device::{launch_shape, DeviceOp, PlanFn, StreamPlan, UniformArgs};
+use super::super::device::{launch_shape, DeviceOp, NormalArgs, PlanFn, StreamPlan, UniformArgs};
 use super::super::op::DeviceKernels;
 use super::super::{Context, Kernel, KernelInfo, OpSpec};
 pub use super::launch::StreamFrom;
@@ -128,6 +128,7 @@ enum StreamKind {
     Philox,
     Dropout,
     Uniform(UniformArgs),
+    Normal(NormalArgs),
 }
 
 /// Philox or PhiloxDropout on the device: the op's host code plans the call from its host
@@ -220,6 +221,27 @@ impl Kernel for CudaStreamOp {
                 }
                 self.store_state(ctx, 1, &plan, ordinal, stream)?;
             }
+            StreamKind::Normal(a) => {
+                if out.numel > 0 {
+                    let function =
+                        trainops_cuda::function(ordinal, "trainops_normal").map_err(|e| runtime(e.to_string()))?;
+                    // One thread per 4-word block: four elements, two for float64.
+                    let per_block = if a.dtype == 3 { 2 } else { 4 };
+                    let (_, grid) = launch_shape(out.numel.div_ceil(per_block) * 4);
+                    let (mut p, mut code) = (out.ptr, a.dtype);
+                    let (mut mean, mut scale, mut mean64, mut scale64) = (a.mean, a.scale, a.mean64, a.scale64);
+                    let mut args: Vec<*mut c_void> = vec![arg(&mut p), arg(&mut code), arg(&mut numel)];
+                    args.extend(state_args(&mut state));
+                    args.extend([arg(&mut mean), arg(&mut scale), arg(&mut mean64), arg(&mut scale64)]);
+                    // SAFETY: trainops_normal(void* out, int dtype, u64 n, six u32, float mean,
+                    // float scale, double mean64, double scale64): the output holds n elements of
+                    // the type `dtype` names (the node's registration); the arguments outlive the
+                    // launch, which copies them.
+                    unsafe { trainops_cuda::launch(ordinal, &function, grid, stream, &mut args) }
+                        .map_err(|e| runtime(e.to_string()))?;
+                }
+                self.store_state(ctx, 1, &plan, ordinal, stream)?;
+            }
             StreamKind::Dropout => {
                 let data = ctx.input(0)?.ok_or_else(|| runtime("missing data".into()))?;
                 let mask = if ctx.output_count()? > 1 { ctx.output_opt(1, &plan.dims)? } else { None };
@@ -280,6 +302,9 @@ fn cuda_kernel(
         Some(DeviceOp::Dropout(plan)) => Ok(Box::new(CudaStreamOp { op, kind: StreamKind::Dropout, plan, stream })),
         Some(DeviceOp::Uniform(plan, args)) => {
             Ok(Box::new(CudaStreamOp { op, kind: StreamKind::Uniform(args), plan, stream }))
+        }
+        Some(DeviceOp::Normal(plan, args)) => {
+            Ok(Box::new(CudaStreamOp { op, kind: StreamKind::Normal(args), plan, stream }))
         }
         Some(DeviceOp::AllFinite) => Ok(Box::new(CudaAllFinite { op, stream })),
         Some(DeviceOp::LossScale(rule)) => Ok(Box::new(CudaLossScale { op, rule, stream })),

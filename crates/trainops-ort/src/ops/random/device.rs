@@ -12,7 +12,7 @@ use super::state::{read_state, OutputShape};
 use crate::error::{Error, Result};
 #[cfg(test)]
 use crate::ffi::device::launch_shape;
-use crate::ffi::device::{PlanFn, StreamPlan, UniformArgs};
+use crate::ffi::device::{NormalArgs, PlanFn, StreamPlan, UniformArgs};
 use crate::ffi::{Context, DType};
 use crate::ops::io;
 
@@ -55,6 +55,30 @@ pub fn uniform_args(dtype: DType, low: f32, high: f32) -> UniformArgs {
         range64: f64::from(high) - f64::from(low),
         low64: f64::from(low),
     }
+}
+
+/// The plan of a `PhiloxNormal` node with output shape `shape` and type `dtype`: two words a
+/// pair of elements, four for float64 (as `normal::words_for`).
+pub fn normal(shape: OutputShape, dtype: DType) -> PlanFn {
+    let per_pair = if dtype == DType::Double { 4 } else { 2 };
+    Box::new(move |ctx: &Context<'_>| {
+        let (state, _) = read_state(ctx, "PhiloxNormal")?;
+        let (dims, count) = shape.dims(ctx)?;
+        let words = per_pair * count.div_ceil(2);
+        Ok(StreamPlan { dims, state, next: advance(&state, blocks_for(words)), dropout: None })
+    })
+}
+
+/// `trainops_normal`'s arguments for output type `dtype` and the node's `mean`, `scale` (in
+/// float64 as `normal::fill` widens them for a float64 output).
+pub fn normal_args(dtype: DType, mean: f32, scale: f32) -> NormalArgs {
+    let code = match dtype {
+        DType::Float16 => 1,
+        DType::BFloat16 => 2,
+        DType::Double => 3,
+        _ => 0,
+    };
+    NormalArgs { dtype: code, mean, scale, mean64: f64::from(mean), scale64: f64::from(scale) }
 }
 
 const DROPOUT: &str = "PhiloxDropout";
@@ -235,6 +259,68 @@ mod tests {
                 .collect();
             assert_eq!(dev, cpu.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "float64 n = {n}");
             assert_eq!(advance(&STATE, blocks_for(2 * n)), next);
+        }
+    }
+
+    /// trainops_normal's layout and arithmetic on the emulated words (with this CPU's libm in
+    /// place of CUDA's), against the CPU op's `normal::fill` and the plan's next state.
+    #[test]
+    fn normal_plan_and_elements_are_the_cpus() {
+        use half::{bf16, f16};
+        use trainops_kernels::random::draw::Output;
+        use trainops_kernels::random::normal;
+
+        let u = |w: u32| f32::from_bits(0x3F80_0000 | (w & 0x7F_FFFF)) - 1.0;
+        let u64_of =
+            |a: u32, b: u32| f64::from_bits(0x3FF0_0000_0000_0000 | u64::from(a & 0xF_FFFF) << 32 | u64::from(b)) - 1.0;
+        let bm = |u1: f64, v1: f64| {
+            let r = (-2.0 * u1.ln()).sqrt();
+            [r * v1.sin(), r * v1.cos()]
+        };
+        let two_pi = f64::from_bits(0x4019_21FB_5444_2D18);
+        for (mean, scale) in [(0.0f32, 1.0f32), (-1.25, 3.5)] {
+            for n in LENGTHS {
+                let a = normal_args(DType::Float, mean, scale);
+                let words = emulate(&STATE, 2 * n.div_ceil(2));
+                let dev: Vec<f32> = words
+                    .chunks_exact(2)
+                    .flat_map(|w| {
+                        let u1 = u(w[0]).max(1.0e-7);
+                        let v1 = (two_pi * f64::from(u(w[1]))) as f32;
+                        bm(f64::from(u1), f64::from(v1)).map(|z| (z as f32) * a.scale + a.mean)
+                    })
+                    .take(n)
+                    .collect();
+                let mut cpu = vec![0f32; n];
+                let next = normal::fill(&STATE, mean, scale, Output::F32(&mut cpu), &Serial);
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&dev), bits(&cpu), "float32 n = {n}");
+                assert_eq!(advance(&STATE, blocks_for(2 * n.div_ceil(2))), next);
+                let mut h = vec![f16::ZERO; n];
+                normal::fill(&STATE, mean, scale, Output::F16(&mut h), &Serial);
+                assert!(h.iter().zip(&dev).all(|(h, d)| h.to_bits() == f16::from_f32(*d).to_bits()), "float16 n = {n}");
+                let mut b = vec![bf16::ZERO; n];
+                normal::fill(&STATE, mean, scale, Output::BF16(&mut b), &Serial);
+                assert!(
+                    b.iter().zip(&dev).all(|(b, d)| b.to_bits() == bf16::from_f32(*d).to_bits()),
+                    "bfloat16 n = {n}"
+                );
+
+                let a = normal_args(DType::Double, mean, scale);
+                let words = emulate(&STATE, 4 * n.div_ceil(2));
+                let dev: Vec<u64> = words
+                    .chunks_exact(4)
+                    .flat_map(|w| {
+                        let u1 = u64_of(w[0], w[1]).max(1.0e-7);
+                        bm(u1, two_pi * u64_of(w[2], w[3])).map(|z| (z * a.scale64 + a.mean64).to_bits())
+                    })
+                    .take(n)
+                    .collect();
+                let mut cpu = vec![0f64; n];
+                let next = normal::fill(&STATE, mean, scale, Output::F64(&mut cpu), &Serial);
+                assert_eq!(dev, cpu.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "float64 n = {n}");
+                assert_eq!(advance(&STATE, blocks_for(4 * n.div_ceil(2))), next);
+            }
         }
     }
 

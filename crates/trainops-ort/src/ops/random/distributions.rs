@@ -129,7 +129,8 @@ impl OpSpec for BadDtype {
     }
 
     fn device_op(&'static self, info: &KernelInfo<'_>) -> Result<Option<crate::ffi::device::DeviceOp>> {
-        // The CUDA registration of PhiloxUniform covers this one too: the same error.
+        // The CUDA registrations of PhiloxUniform and PhiloxNormal cover this one too: the
+        // same error.
         self.create(info).map(|_| None)
     }
 
@@ -212,16 +213,26 @@ impl OpSpec for DistOp {
     }
 
     fn device_op(&'static self, info: &KernelInfo<'_>) -> Result<Option<crate::ffi::device::DeviceOp>> {
-        // PhiloxUniform only: PhiloxNormal's float64 libm has no bit-identical CUDA twin.
-        let Kind::Uniform = self.kind else { return Ok(None) };
-        let (low, high) = (info.f32_or("low", 0.0)?, info.f32_or("high", 1.0)?);
+        use crate::ffi::device::DeviceOp;
+
         let dtype = dtype_attr(info, self.op())?;
         if dtype != self.dtype {
             let what = format!("{} does not match the output's type {}", dtype.name(), self.dtype.name());
             return Err(Error::Attribute { op: self.op(), name: "dtype", what });
         }
-        let plan = super::device::uniform(OutputShape::from_node(self.op(), info)?, dtype);
-        Ok(Some(crate::ffi::device::DeviceOp::Uniform(plan, super::device::uniform_args(dtype, low, high))))
+        let shape = OutputShape::from_node(self.op(), info)?;
+        Ok(Some(match self.kind {
+            Kind::Uniform => {
+                let (low, high) = (info.f32_or("low", 0.0)?, info.f32_or("high", 1.0)?);
+                DeviceOp::Uniform(super::device::uniform(shape, dtype), super::device::uniform_args(dtype, low, high))
+            }
+            // The float64 transcendental functions are CUDA's, not the CPU's libm: the values
+            // agree to the bound of docs/gpu.md (bitwise for float32 but near a rounding edge).
+            Kind::Normal => {
+                let (mean, scale) = (info.f32_or("mean", 0.0)?, info.f32_or("scale", 1.0)?);
+                DeviceOp::Normal(super::device::normal(shape, dtype), super::device::normal_args(dtype, mean, scale))
+            }
+        }))
     }
 
     fn infers_output_types(&self) -> bool {
