@@ -1,0 +1,429 @@
+"""Exact clean-up of a step graph's forward and backward nodes (:func:`simplify_backward`).
+
+The rules emit one op's gradient at a time, so the graph they make carries work a look at
+two neighbouring nodes removes. Every rewrite here keeps every remaining value bit for bit
+(no arithmetic is reordered; only copies, layout changes and identity arithmetic go):
+
+- ``Identity``; ``Transpose`` with the identity permutation; ``Transpose(Transpose(x, p),
+  q)``: ``x`` when the permutations cancel, else one ``Transpose`` when the inner one has
+  no other reader;
+- reshape chains: a ``Reshape`` to a constant target (no 0 entries) reads past a
+  ``Reshape``/``Flatten``/``Squeeze``/``Unsqueeze``/``Identity`` before it;
+  ``Squeeze(Unsqueeze(x, a), a)`` and ``Unsqueeze(Squeeze(x, a), a)`` are ``x``; any of
+  these, ``Expand`` and a ``ReduceSum``/``ReduceMean`` over size-1 axes (or none, with
+  ``noop_with_empty_axes``) whose output has its input's shape is its input; such a
+  reduction with ``keepdims=0`` becomes a ``Squeeze``;
+- ``Mul``/``Div`` by a constant 1 and ``Add`` of a constant -0.0 (``x + 0.0`` is +0.0
+  for ``x = -0.0``: only integer zeros and -0.0 are identities) or ``Sub`` of 0 that do
+  not broadcast ``x`` to a larger shape;
+- ``Shape``/``Size`` of a statically shaped tensor and integer arithmetic on constants
+  (shape chains) become ``Constant`` nodes (:mod:`.fold`'s evaluator; float values are
+  never folded: ONNX Runtime's kernels, not numpy, must compute those);
+- nodes whose outputs nothing reads (and that are not in ``keep``) go.
+
+Shapes come from onnx's inference over the whole node list (:func:`step_shapes`); two
+symbolic dimensions are the same when onnx gave them the same name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from .fold import FOLDABLE, _evaluate
+from .graph import _dims, node_inputs, skeleton, subgraphs
+
+__all__ = ["Known", "simplify_backward", "step_shapes"]
+
+RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+# Default-domain ops whose output changes from run to run: never removed nor merged.
+STATEFUL = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                      "Multinomial", "Bernoulli", "Dropout"})
+INTS = (TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
+        TensorProto.UINT64, TensorProto.UINT32, TensorProto.UINT16, TensorProto.UINT8)
+FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
+
+
+@dataclass
+class Known:
+    """What onnx's inference knows of a graph's values: ``shapes`` (name -> list of int,
+    str or None) and ``types`` (name -> TensorProto element type)."""
+
+    shapes: dict = field(default_factory=dict)
+    types: dict = field(default_factory=dict)
+
+
+def step_shapes(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
+                extra_inputs: Sequence[onnx.ValueInfoProto] = ()) -> Known:
+    """The shapes and element types of every value onnx's shape inference (with data
+    propagation) finds when ``model``'s graph runs ``nodes`` (in topological order)
+    instead of its own; ``extra_inputs``: typed values the graph lacks (the parameters).
+    Empty where inference fails: the passes that need them then skip."""
+    m = onnx.ModelProto()
+    m.CopyFrom(skeleton(model)[0])  # the large initializers' data stays out of inference
+    g = m.graph
+    have = {i.name for i in g.input} | {i.name for i in g.initializer}
+    g.input.extend(v for v in extra_inputs if v.name not in have)
+    del g.node[:], g.output[:], g.value_info[:]
+    g.node.extend(nodes)
+    domains = {o.domain for o in m.opset_import}
+    m.opset_import.extend(helper.make_opsetid(d, 1) for d in
+                          sorted({n.domain for n in nodes} - domains - {"", "ai.onnx"}))
+    try:
+        inf = onnx.shape_inference.infer_shapes(m, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference is a help, not a requirement
+        return Known()
+    out = Known()
+    for v in list(inf.graph.input) + list(inf.graph.value_info):
+        d = _dims(v.type)
+        if d is not None:
+            out.shapes[v.name] = d
+        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
+            out.types[v.name] = v.type.tensor_type.elem_type
+    for i in inf.graph.initializer:
+        out.shapes[i.name] = [int(x) for x in i.dims]
+        out.types[i.name] = i.data_type
+    return out
+
+
+def _known(shape) -> bool:
+    """Every dimension known: an int or a named symbol."""
+    return shape is not None and all(d is not None and d != "" for d in shape)
+
+
+def _static(shape) -> bool:
+    return shape is not None and all(isinstance(d, int) for d in shape)
+
+
+def _attr(node, name, default=None):
+    for a in node.attribute:
+        if a.name == name:
+            return helper.get_attribute_value(a)
+    return default
+
+
+class _Pass:
+    """One round over the nodes: rewrites, then dead-node removal."""
+
+    def __init__(self, nodes, known, keep, consts, opset):
+        self.nodes, self.shapes, self.opset = list(nodes), known.shapes, opset
+        self.types = known.types
+        self.keep = set(keep)
+        for n in self.nodes:  # values a subgraph captures are never renamed
+            if subgraphs(n):
+                self.keep.update(node_inputs(n))
+        self.consts = consts
+        self.alias: dict[str, str] = {}
+        self.producer: dict[str, onnx.NodeProto] = {}
+        self.uses: dict[str, int] = {}
+        self.changed = 0
+
+    # -- helpers -----------------------------------------------------------------------
+    def name(self, x: str) -> str:
+        while x in self.alias:
+            x = self.alias[x]
+        return x
+
+    def const(self, x: str):
+        return self.consts.get(x)
+
+    def ints(self, x: str) -> list[int] | None:
+        v = self.consts.get(x) if x else None
+        if v is None or v.dtype.kind not in "iu" or v.ndim > 1:
+            return None
+        return [int(a) for a in v.reshape(-1)]
+
+    def axes(self, node) -> list[int] | None:
+        """A Squeeze/Unsqueeze/Reduce node's axes (attribute or input 1); [] if absent."""
+        if len(node.input) > 1 and node.input[1]:
+            return self.ints(node.input[1])
+        return list(_attr(node, "axes", []))
+
+    def same_shape(self, a: str, b: str) -> bool:
+        sa, sb = self.shapes.get(a), self.shapes.get(b)
+        return _known(sa) and sa == sb
+
+    def default(self, node) -> bool:
+        return node.domain in ("", "ai.onnx")
+
+    # -- outcomes ----------------------------------------------------------------------
+    def to_alias(self, node, x: str) -> bool:
+        y = node.output[0]
+        if y in self.keep or len([o for o in node.output if o]) != 1:
+            return False
+        self.alias[y] = x
+        return True
+
+    def replace(self, node, op_type: str, inputs: list[str], **attrs) -> onnx.NodeProto:
+        n = helper.make_node(op_type, inputs, [node.output[0]], name=node.name, **attrs)
+        return n
+
+    def const_node(self, node, value: np.ndarray) -> onnx.NodeProto:
+        out = node.output[0]
+        self.consts[out] = value
+        return helper.make_node("Constant", [], [out], name=node.name or f"folded/{out}",
+                                value=numpy_helper.from_array(value, out))
+
+    def axes_input(self, axes: list[int], hint: str) -> list[str]:
+        if self.opset < 13:
+            return []
+        name = f"{hint}/squeeze_axes"
+        self.consts[name] = np.asarray(axes, np.int64)
+        self.new_consts.append(helper.make_node(
+            "Constant", [], [name], name=name,
+            value=numpy_helper.from_array(np.asarray(axes, np.int64), name)))
+        return [name]
+
+    # -- the rewrites: None (keep), True (aliased away) or a replacement node ----------
+    def rewrite(self, node):
+        op = node.op_type
+        if not self.default(node) or subgraphs(node) or not node.output:
+            return None
+        y = node.output[0]
+        x = node.input[0] if node.input else ""
+        if op == "Identity":
+            return self.to_alias(node, x) or None
+        if op == "Transpose":
+            return self.transpose(node, x)
+        if op in RESHAPES:
+            r = self.reshape(node, x)
+            if r is not None:
+                return r
+        if op in ("ReduceSum", "ReduceMean"):
+            return self.reduce(node, x)
+        if op == "Expand":
+            return (self.same_shape(x, y) and self.to_alias(node, x)) or None
+        if op in ("Mul", "Div", "Add", "Sub") and len(node.input) == 2:
+            r = self.arith(node)
+            if r is not None:
+                return r
+        if op in ("Shape", "Size") or op in FOLDABLE:
+            return self.fold(node)
+        return None
+
+    def transpose(self, node, x):
+        rank = len(self.shapes[x]) if self.shapes.get(x) is not None else None
+        p = _attr(node, "perm")
+        if p is None:
+            if rank is None:
+                return None
+            p = list(range(rank))[::-1]
+        p = list(p)
+        if p == sorted(p):
+            return self.to_alias(node, x) or None
+        inner = self.producer.get(x)
+        if inner is None or inner.op_type != "Transpose" or not self.default(inner):
+            return None
+        q = _attr(inner, "perm")
+        if q is None:
+            return None
+        r = [list(q)[i] for i in p]
+        if r == sorted(r):
+            return self.to_alias(node, inner.input[0]) or None
+        if self.uses.get(x, 0) == 1 and x not in self.keep:
+            return self.replace(node, "Transpose", [inner.input[0]], perm=r)
+        return None
+
+    def reshape(self, node, x):
+        op, y = node.op_type, node.output[0]
+        if op != "Identity" and self.same_shape(x, y):
+            return self.to_alias(node, x) or None
+        inner = self.producer.get(x)
+        if op in ("Squeeze", "Unsqueeze") and inner is not None and self.default(inner) \
+                and inner.op_type == ("Unsqueeze" if op == "Squeeze" else "Squeeze"):
+            a, b = self.axes(node), self.axes(inner)
+            full = self.shapes.get(x) if op == "Squeeze" else self.shapes.get(y)
+            if a and b and (full is not None or min(a + b) >= 0):
+                n = len(full) if full is not None else 0
+                if sorted(v % n if n else v for v in a) == sorted(v % n if n else v for v in b):
+                    return self.to_alias(node, inner.input[0]) or None
+        if op == "Reshape" and inner is not None and self.default(inner) \
+                and inner.op_type in RESHAPES and len(node.input) > 1:
+            target = self.ints(node.input[1])
+            if target is not None and 0 not in target:
+                root = inner.input[0]
+                if self.same_shape(root, y):
+                    return self.to_alias(node, root) or None
+                return self.replace(node, "Reshape", [root, node.input[1]])
+        return None
+
+    def reduce(self, node, x):
+        y = node.output[0]
+        shape = self.shapes.get(x)
+        axes = self.axes(node)
+        if axes is None:
+            return None
+        if not axes:
+            if _attr(node, "noop_with_empty_axes", 0):
+                return self.to_alias(node, x) or None
+            axes = list(range(len(shape))) if shape is not None else None
+        if shape is None or axes is None or self.types.get(x) not in INTS:
+            return None
+        norm = sorted({a % len(shape) for a in axes}) if shape else []
+        if not all(shape[a] == 1 for a in norm):
+            return None
+        if _attr(node, "keepdims", 1) or not norm:
+            return self.to_alias(node, x) or None
+        if self.same_shape(x, y):
+            return self.to_alias(node, x) or None
+        if self.opset < 13:
+            return helper.make_node("Squeeze", [x], [y], name=node.name, axes=norm)
+        return helper.make_node("Squeeze", [x] + self.axes_input(norm, y), [y], name=node.name)
+
+    def uniform(self, name):
+        """(value, shape) of a constant whose elements all equal one value; else None."""
+        v = self.consts.get(name)
+        if v is not None:
+            if v.size == 0 or not np.all(v.reshape(-1) == v.reshape(-1)[0]):
+                return None
+            return v.reshape(-1)[:1].copy(), list(v.shape)
+        n = self.producer.get(name)
+        if n is not None and n.op_type == "ConstantOfShape" and self.default(n):
+            shape = self.ints(n.input[0])
+            val = _attr(n, "value")
+            fill = numpy_helper.to_array(val).reshape(-1) if val is not None \
+                else np.zeros(1, np.float32)
+            return (fill, shape) if shape is not None else None
+        return None
+
+    def arith(self, node):
+        op, y = node.op_type, node.output[0]
+        a, b = node.input[0], node.input[1]
+        order = [(a, b), (b, a)] if op in ("Mul", "Add") else [(a, b)]
+        for x, c in order:
+            u = self.uniform(c)
+            if u is None:
+                continue
+            v, cshape = u
+            sx = self.shapes.get(x)
+            grows = sx is None or len(cshape) > len(sx) or not all(
+                d == 1 or d == s for d, s in zip(cshape[::-1], sx[::-1]))
+            if grows and not self.same_shape(x, y):
+                continue
+            if v.dtype.kind == "f":
+                bits = v.view(np.uint16 if v.itemsize == 2 else
+                              np.uint32 if v.itemsize == 4 else np.uint64)[0]
+                neg_zero = v[0] == 0 and bits != 0
+                ok = {"Mul": v[0] == 1, "Div": v[0] == 1, "Add": neg_zero,
+                      "Sub": v[0] == 0 and not neg_zero}[op]
+            else:
+                ok = v[0] == (1 if op in ("Mul", "Div") else 0)
+            if ok and self.to_alias(node, x):
+                return True
+        return None
+
+    def fold(self, node):
+        op = node.op_type
+        if len(node.output) != 1:
+            return None
+        if op in ("Shape", "Size"):
+            dims = self.shapes.get(node.input[0])
+            if not _static(dims):
+                return None
+            if op == "Size":
+                return self.const_node(node, np.array(int(np.prod(dims)), np.int64))
+            start, end = _attr(node, "start", 0), _attr(node, "end", None)
+            return self.const_node(node, np.array(dims[start:end], np.int64))
+        vals = [self.consts.get(i) if i else None for i in node.input]
+        if not node.input or any(i and v is None for i, v in zip(node.input, vals)):
+            return None
+        if any(v is not None and (v.dtype.kind not in "iub" or v.size > 4096) for v in vals):
+            return None
+        if op in ("ConstantOfShape", "Expand", "Range") or (
+                _attr(node, "to") in FLOATS) or _attr(node, "value") is not None:
+            return None
+        try:
+            value = np.asarray(_evaluate(node, vals, self.opset)[0])
+        except Exception:  # noqa: BLE001 - not foldable here: left to run time
+            return None
+        if value.dtype.kind not in "iub" or value.size > 4096:
+            return None
+        return self.const_node(node, value)
+
+    # -- one round -----------------------------------------------------------------------
+    def run(self) -> list[onnx.NodeProto]:
+        for n in self.nodes:
+            for o in n.output:
+                if o:
+                    self.producer[o] = n
+            for i in node_inputs(n):
+                self.uses[i] = self.uses.get(i, 0) + 1
+        out = []
+        self.new_consts: list[onnx.NodeProto] = []
+        for n in self.nodes:
+            if any(i in self.alias for i in n.input):
+                m = onnx.NodeProto()
+                m.CopyFrom(n)
+                del m.input[:]
+                m.input.extend(self.name(i) if i else i for i in n.input)
+                n = m
+            r = self.rewrite(n)
+            if r is True:
+                self.changed += 1
+                continue
+            if r is not None:
+                self.changed += 1
+                for o in r.output:
+                    self.producer[o] = r
+                out.extend(self.new_consts)
+                self.new_consts = []
+                n = r
+            out.append(n)
+        if self.alias:  # readers placed before their (aliased) producer
+            for k, n in enumerate(out):
+                if any(i in self.alias for i in n.input):
+                    m = onnx.NodeProto()
+                    m.CopyFrom(n)
+                    del m.input[:]
+                    m.input.extend(self.name(i) if i else i for i in n.input)
+                    out[k] = m
+        return self._live(out)
+
+    def _live(self, nodes: list) -> list:
+        uses: dict[str, int] = {}
+        for n in nodes:
+            for i in node_inputs(n):
+                uses[i] = uses.get(i, 0) + 1
+        dead = [False] * len(nodes)
+        for k in range(len(nodes) - 1, -1, -1):
+            n = nodes[k]
+            if not self.default(n) or n.op_type in STATEFUL:
+                continue
+            if any(o and (o in self.keep or uses.get(o, 0)) for o in n.output):
+                continue
+            dead[k] = True
+            self.changed += 1
+            for i in node_inputs(n):
+                uses[i] -= 1
+        return [n for k, n in enumerate(nodes) if not dead[k]]
+
+
+def simplify_backward(nodes: Sequence[onnx.NodeProto], known: Known,
+                      keep, constants: dict[str, np.ndarray] | None = None,
+                      opset: int = 17, rounds: int = 4) -> list[onnx.NodeProto]:
+    """``nodes`` (forward then backward, in topological order) with the exact rewrites of
+    the module applied until none applies (at most ``rounds`` times; idempotent). ``keep``:
+    the values that must stay (the loss, the gradients, the written states): never
+    renamed, their producers never removed. ``known``: :func:`step_shapes`;
+    ``constants``: name -> value of the graph's initializers that are not parameters.
+    Nodes are not modified in place: a changed node is a new one."""
+    consts: dict[str, Any] = {}
+    for k, v in (constants or {}).items():
+        consts[k] = v
+    for n in nodes:
+        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
+            for a in n.attribute:
+                if a.name == "value":
+                    consts[n.output[0]] = numpy_helper.to_array(a.t)
+    out = list(nodes)
+    for _ in range(rounds):
+        p = _Pass(out, known, keep, consts, opset)
+        out = p.run()
+        if not p.changed:
+            break
+    return out
