@@ -173,6 +173,31 @@ def test_identity_arithmetic_and_identity_nodes():
     assert next(o for o in out if o.op_type == "Relu").input[0] == "x"
 
 
+def test_loss_log_prob_replaces_the_gradient_log_softmax():
+    """The SoftmaxCrossEntropyLoss gradient's LogSoftmax of the scores is the loss node's
+    log_prob output: bit for bit onnxruntime's LogSoftmax (scores with -0.0, inf, NaN)."""
+    x = {"x": _special((5, 7))}
+    x["x"][1, :] = [-np.inf] + [0.0] * 6
+    g = helper.make_graph(
+        [n("SoftmaxCrossEntropyLoss", ["x", "t"], ["loss"]),
+         n("LogSoftmax", ["x"], ["lp"], axis=1), n("Exp", ["lp"], ["p"]),
+         n("LogSoftmax", ["x"], ["lp0"], axis=0)],  # another axis: kept
+        "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 7]),
+              helper.make_tensor_value_info("t", TensorProto.INT64, [5])],
+        [helper.make_empty_tensor_value_info(o) for o in ("loss", "p", "lp0")])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = IR_VERSION
+    out = simplify_backward(list(m.graph.node), step_shapes(m, list(m.graph.node)),
+                            {"loss", "p", "lp0"})
+    assert [o.op_type for o in out] == ["SoftmaxCrossEntropyLoss", "Exp", "LogSoftmax"]
+    assert list(out[0].output) == ["loss", "lp"]
+    s = helper.make_model(helper.make_graph(out, "t", list(g.input), list(g.output)),
+                          opset_imports=[helper.make_opsetid("", 17)])
+    s.ir_version = IR_VERSION
+    feeds = dict(x, t=np.array([0, 3, 6, 2, 1], np.int64))
+    assert same_bits(_run(m, feeds), _run(s, feeds))
+
+
 def test_dead_nodes_go_and_kept_values_stay():
     x = {"x": _special((2, 3))}
     nodes = [n("Exp", ["x"], ["unused"]), n("Neg", ["unused"], ["unused2"]),

@@ -19,6 +19,9 @@ two neighbouring nodes removes. Every rewrite here keeps every remaining value b
 - ``Shape``/``Size`` of a statically shaped tensor and integer arithmetic on constants
   (shape chains) become ``Constant`` nodes (:mod:`.fold`'s evaluator; float values are
   never folded: ONNX Runtime's kernels, not numpy, must compute those);
+- the ``LogSoftmax`` the gradient of ``SoftmaxCrossEntropyLoss`` emits for 2-d scores is
+  the loss node's ``log_prob`` output (onnxruntime computes both by one LogSoftmax and
+  does not merge them: its function body reads a reshaped view of the scores);
 - nodes whose outputs nothing reads (and that are not in ``keep``) go.
 
 Shapes come from onnx's inference over the whole node list (:func:`step_shapes`); two
@@ -110,8 +113,9 @@ def _attr(node, name, default=None):
 class _Pass:
     """One round over the nodes: rewrites, then dead-node removal."""
 
-    def __init__(self, nodes, known, keep, consts, opset):
+    def __init__(self, nodes, known, keep, consts, opset, compose):
         self.nodes, self.shapes, self.opset = list(nodes), known.shapes, opset
+        self.compose = compose
         self.types = known.types
         self.keep = set(keep)
         for n in self.nodes:  # values a subgraph captures are never renamed
@@ -202,9 +206,29 @@ class _Pass:
             r = self.arith(node)
             if r is not None:
                 return r
+        if op == "LogSoftmax":
+            return self.log_prob(node, x)
         if op in ("Shape", "Size") or op in FOLDABLE:
             return self.fold(node)
         return None
+
+    def log_prob(self, node, x):
+        """LogSoftmax(scores, axis=1) of the 2-d scores of a SoftmaxCrossEntropyLoss (the
+        loss' gradient rule emits it): the loss node's own ``log_prob`` output, which
+        onnxruntime computes by the same LogSoftmax (the op's function body)."""
+        sce = self.sce.get(x)
+        shape = self.shapes.get(x)
+        if sce is None or shape is None or len(shape) != 2 or _attr(node, "axis", -1) not in (1, -1):
+            return None
+        if len(sce.output) > 1 and sce.output[1]:
+            return self.to_alias(node, sce.output[1]) or None
+        patched = onnx.NodeProto()
+        patched.CopyFrom(sce)
+        del patched.output[1:]
+        patched.output.append(node.output[0])
+        self.patch[id(sce)] = patched
+        self.sce[x] = patched
+        return True
 
     def transpose(self, node, x):
         rank = len(self.shapes[x]) if self.shapes.get(x) is not None else None
@@ -225,7 +249,7 @@ class _Pass:
         r = [list(q)[i] for i in p]
         if r == sorted(r):
             return self.to_alias(node, inner.input[0]) or None
-        if self.uses.get(x, 0) == 1 and x not in self.keep:
+        if self.compose and self.uses.get(x, 0) == 1 and x not in self.keep:
             return self.replace(node, "Transpose", [inner.input[0]], perm=r)
         return None
 
@@ -353,6 +377,9 @@ class _Pass:
                     self.producer[o] = n
             for i in node_inputs(n):
                 self.uses[i] = self.uses.get(i, 0) + 1
+        self.sce = {n.input[0]: n for n in self.nodes if n.op_type == "SoftmaxCrossEntropyLoss"
+                    and self.default(n)}
+        self.patch: dict[int, onnx.NodeProto] = {}
         out = []
         self.new_consts: list[onnx.NodeProto] = []
         for n in self.nodes:
@@ -374,6 +401,7 @@ class _Pass:
                 self.new_consts = []
                 n = r
             out.append(n)
+        out = [self.patch.get(id(n), n) for n in out]
         if self.alias:  # readers placed before their (aliased) producer
             for k, n in enumerate(out):
                 if any(i in self.alias for i in n.input):
@@ -405,7 +433,7 @@ class _Pass:
 
 def simplify_backward(nodes: Sequence[onnx.NodeProto], known: Known,
                       keep, constants: dict[str, np.ndarray] | None = None,
-                      opset: int = 17, rounds: int = 4) -> list[onnx.NodeProto]:
+                      opset: int = 17, rounds: int = 8) -> list[onnx.NodeProto]:
     """``nodes`` (forward then backward, in topological order) with the exact rewrites of
     the module applied until none applies (at most ``rounds`` times; idempotent). ``keep``:
     the values that must stay (the loss, the gradients, the written states): never
@@ -421,9 +449,12 @@ def simplify_backward(nodes: Sequence[onnx.NodeProto], known: Known,
                 if a.name == "value":
                     consts[n.output[0]] = numpy_helper.to_array(a.t)
     out = list(nodes)
-    for _ in range(rounds):
-        p = _Pass(out, known, keep, consts, opset)
+    compose = False  # Transpose pairs compose once no pair cancels (composing the first
+    for _ in range(rounds):  # pair of x -> a -> b -> a' would hide that a' is a)
+        p = _Pass(out, known, keep, consts, opset, compose)
         out = p.run()
         if not p.changed:
-            break
+            if compose:
+                break
+            compose = True
     return out
