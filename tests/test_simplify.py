@@ -114,7 +114,8 @@ def test_reductions_over_size_one_axes_and_expand():
              _ints("grow", [2, 3, 1, 4, 1]),
              n("ReduceSum", ["x", "a13"], ["y0"], keepdims=1),
              n("ReduceSum", ["x", "a1"], ["y1"], keepdims=0),       # a Squeeze
-             n("ReduceSum", ["x", "none"], ["y2"], noop_with_empty_axes=1),
+             n("ReduceSum", ["x", "none"], ["nz"], noop_with_empty_axes=1),  # x
+             n("Sigmoid", ["nz"], ["y2"]),
              n("ReduceMean", ["x"], ["y3"], axes=[1], keepdims=1),
              n("Expand", ["x", "shape"], ["y4"]),
              n("Expand", ["x", "grow"], ["y5"]),                    # a new axis: kept
@@ -130,10 +131,11 @@ def test_reductions_over_size_one_axes_and_expand():
     x["x"] = np.where(np.isfinite(x["x"]), x["x"] * 100, 0).astype(np.float32)
     x["x"].reshape(-1)[0] = -0.0
     out = _simplified(nodes, x, [f"y{i}" for i in range(10)])
-    assert _ops(out) == ["ReduceSum", "ReduceSum", "ReduceSum", "ReduceMean", "Expand",
+    assert _ops(out) == ["ReduceSum", "ReduceSum", "Sigmoid", "ReduceMean", "Expand",
                          "Expand", "ReduceSum", "Abs", "ReduceSum", "Cast", "Neg", "Squeeze",
                          "Cast", "Cast"]
     assert next(o for o in out if o.op_type == "Neg").input[0] == "xi"
+    assert next(o for o in out if o.op_type == "Sigmoid").input[0] == "x"
 
 
 def test_shape_chains_fold_to_constants():

@@ -10,9 +10,11 @@ two neighbouring nodes removes. Every rewrite here keeps every remaining value b
 - reshape chains: a ``Reshape`` to a constant target (no 0 entries) reads past a
   ``Reshape``/``Flatten``/``Squeeze``/``Unsqueeze``/``Identity`` before it;
   ``Squeeze(Unsqueeze(x, a), a)`` and ``Unsqueeze(Squeeze(x, a), a)`` are ``x``; any of
-  these, ``Expand`` and a ``ReduceSum``/``ReduceMean`` over size-1 axes (or none, with
-  ``noop_with_empty_axes``) whose output has its input's shape is its input; such a
-  reduction with ``keepdims=0`` becomes a ``Squeeze``;
+  these and ``Expand`` whose output has its input's shape is its input; so is a
+  ``ReduceSum`` with no axes and ``noop_with_empty_axes``, and an integer ``ReduceSum``/
+  ``ReduceMean`` over size-1 axes (with ``keepdims=0``: a ``Squeeze``). Not a float one:
+  onnxruntime's kernel adds the element to +0.0 on some layouts (-0.0 comes out +0.0)
+  and copies it on others, so no rewrite is bit for bit its result;
 - ``Mul``/``Div`` by a constant 1 and ``Add`` of a constant -0.0 (``x + 0.0`` is +0.0
   for ``x = -0.0``: only integer zeros and -0.0 are identities) or ``Sub`` of 0 that do
   not broadcast ``x`` to a larger shape;
@@ -24,13 +26,13 @@ two neighbouring nodes removes. Every rewrite here keeps every remaining value b
   does not merge them: its function body reads a reshaped view of the scores);
 - nodes whose outputs nothing reads (and that are not in ``keep``) go.
 
-Shapes come from onnx's inference over the whole node list (:func:`step_shapes`); two
-symbolic dimensions are the same when onnx gave them the same name.
+Shapes and types come from onnx's inference over the whole node list
+(:func:`.simplify_known.step_shapes`); two symbolic dimensions are the same when onnx gave
+them the same name.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -39,7 +41,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .fold import FOLDABLE, _evaluate
-from .graph import _dims, node_inputs, skeleton, subgraphs
+from .graph import node_inputs
+from .simplify_known import (FLOATS, INTS, SUBGRAPH, Known, attr as _attr, known as _known,
+                             reads as _reads, static as _static, step_shapes)
 
 __all__ = ["Known", "simplify_backward", "step_shapes"]
 
@@ -47,67 +51,6 @@ RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
 # Default-domain ops whose output changes from run to run: never removed nor merged.
 STATEFUL = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
                       "Multinomial", "Bernoulli", "Dropout"})
-INTS = (TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
-        TensorProto.UINT64, TensorProto.UINT32, TensorProto.UINT16, TensorProto.UINT8)
-FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
-
-
-@dataclass
-class Known:
-    """What onnx's inference knows of a graph's values: ``shapes`` (name -> list of int,
-    str or None) and ``types`` (name -> TensorProto element type)."""
-
-    shapes: dict = field(default_factory=dict)
-    types: dict = field(default_factory=dict)
-
-
-def step_shapes(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto],
-                extra_inputs: Sequence[onnx.ValueInfoProto] = ()) -> Known:
-    """The shapes and element types of every value onnx's shape inference (with data
-    propagation) finds when ``model``'s graph runs ``nodes`` (in topological order)
-    instead of its own; ``extra_inputs``: typed values the graph lacks (the parameters).
-    Empty where inference fails: the passes that need them then skip."""
-    m = onnx.ModelProto()
-    m.CopyFrom(skeleton(model)[0])  # the large initializers' data stays out of inference
-    g = m.graph
-    have = {i.name for i in g.input} | {i.name for i in g.initializer}
-    g.input.extend(v for v in extra_inputs if v.name not in have)
-    del g.node[:], g.output[:], g.value_info[:]
-    g.node.extend(nodes)
-    domains = {o.domain for o in m.opset_import}
-    m.opset_import.extend(helper.make_opsetid(d, 1) for d in
-                          sorted({n.domain for n in nodes} - domains - {"", "ai.onnx"}))
-    try:
-        inf = onnx.shape_inference.infer_shapes(m, data_prop=True)
-    except Exception:  # noqa: BLE001 - inference is a help, not a requirement
-        return Known()
-    out = Known()
-    for v in list(inf.graph.input) + list(inf.graph.value_info):
-        d = _dims(v.type)
-        if d is not None:
-            out.shapes[v.name] = d
-        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
-            out.types[v.name] = v.type.tensor_type.elem_type
-    for i in inf.graph.initializer:
-        out.shapes[i.name] = [int(x) for x in i.dims]
-        out.types[i.name] = i.data_type
-    return out
-
-
-def _known(shape) -> bool:
-    """Every dimension known: an int or a named symbol."""
-    return shape is not None and all(d is not None and d != "" for d in shape)
-
-
-def _static(shape) -> bool:
-    return shape is not None and all(isinstance(d, int) for d in shape)
-
-
-def _attr(node, name, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
 
 
 class _Pass:
@@ -119,7 +62,7 @@ class _Pass:
         self.types = known.types
         self.keep = set(keep)
         for n in self.nodes:  # values a subgraph captures are never renamed
-            if subgraphs(n):
+            if any(a.type in SUBGRAPH for a in n.attribute):
                 self.keep.update(node_inputs(n))
         self.consts = consts
         self.alias: dict[str, str] = {}
@@ -164,8 +107,7 @@ class _Pass:
         return True
 
     def replace(self, node, op_type: str, inputs: list[str], **attrs) -> onnx.NodeProto:
-        n = helper.make_node(op_type, inputs, [node.output[0]], name=node.name, **attrs)
-        return n
+        return helper.make_node(op_type, inputs, [node.output[0]], name=node.name, **attrs)
 
     def const_node(self, node, value: np.ndarray) -> onnx.NodeProto:
         out = node.output[0]
@@ -186,7 +128,8 @@ class _Pass:
     # -- the rewrites: None (keep), True (aliased away) or a replacement node ----------
     def rewrite(self, node):
         op = node.op_type
-        if not self.default(node) or subgraphs(node) or not node.output:
+        if not self.default(node) or not node.output or any(
+                a.type in SUBGRAPH for a in node.attribute):
             return None
         y = node.output[0]
         x = node.input[0] if node.input else ""
@@ -375,7 +318,7 @@ class _Pass:
             for o in n.output:
                 if o:
                     self.producer[o] = n
-            for i in node_inputs(n):
+            for i in _reads(n):
                 self.uses[i] = self.uses.get(i, 0) + 1
         self.sce = {n.input[0]: n for n in self.nodes if n.op_type == "SoftmaxCrossEntropyLoss"
                     and self.default(n)}
@@ -383,12 +326,7 @@ class _Pass:
         out = []
         self.new_consts: list[onnx.NodeProto] = []
         for n in self.nodes:
-            if any(i in self.alias for i in n.input):
-                m = onnx.NodeProto()
-                m.CopyFrom(n)
-                del m.input[:]
-                m.input.extend(self.name(i) if i else i for i in n.input)
-                n = m
+            n = self.renamed(n)
             r = self.rewrite(n)
             if r is True:
                 self.changed += 1
@@ -403,19 +341,24 @@ class _Pass:
             out.append(n)
         out = [self.patch.get(id(n), n) for n in out]
         if self.alias:  # readers placed before their (aliased) producer
-            for k, n in enumerate(out):
-                if any(i in self.alias for i in n.input):
-                    m = onnx.NodeProto()
-                    m.CopyFrom(n)
-                    del m.input[:]
-                    m.input.extend(self.name(i) if i else i for i in n.input)
-                    out[k] = m
+            out = [self.renamed(n) for n in out]
         return self._live(out)
+
+    def renamed(self, n):
+        """``n``, or a copy reading the aliases' targets."""
+        if not any(i in self.alias for i in n.input):
+            return n
+        m = onnx.NodeProto()
+        m.CopyFrom(n)
+        del m.input[:]
+        m.input.extend(self.name(i) if i else i for i in n.input)
+        return m
 
     def _live(self, nodes: list) -> list:
         uses: dict[str, int] = {}
-        for n in nodes:
-            for i in node_inputs(n):
+        reads = [_reads(n) for n in nodes]
+        for r in reads:
+            for i in r:
                 uses[i] = uses.get(i, 0) + 1
         dead = [False] * len(nodes)
         for k in range(len(nodes) - 1, -1, -1):
@@ -426,7 +369,7 @@ class _Pass:
                 continue
             dead[k] = True
             self.changed += 1
-            for i in node_inputs(n):
+            for i in reads[k]:
                 uses[i] -= 1
         return [n for k, n in enumerate(nodes) if not dead[k]]
 
@@ -440,9 +383,7 @@ def simplify_backward(nodes: Sequence[onnx.NodeProto], known: Known,
     renamed, their producers never removed. ``known``: :func:`step_shapes`;
     ``constants``: name -> value of the graph's initializers that are not parameters.
     Nodes are not modified in place: a changed node is a new one."""
-    consts: dict[str, Any] = {}
-    for k, v in (constants or {}).items():
-        consts[k] = v
+    consts: dict[str, Any] = dict(constants or {})
     for n in nodes:
         if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
             for a in n.attribute:
