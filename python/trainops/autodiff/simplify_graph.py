@@ -38,19 +38,14 @@ from typing import Any, Sequence
 import numpy as np
 
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from .fold import FOLDABLE, _evaluate
 from .graph import node_inputs
-from .simplify_known import (FLOATS, INTS, SUBGRAPH, Known, attr as _attr, known as _known,
-                             reads as _reads, static as _static, step_shapes)
+from .simplify_known import (FLOATS, INTS, RESHAPES, STATEFUL, SUBGRAPH, Known, attr as _attr,
+                             known as _known, reads as _reads, static as _static, step_shapes)
 
 __all__ = ["Known", "simplify_backward", "step_shapes"]
-
-RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
-# Default-domain ops whose output changes from run to run: never removed nor merged.
-STATEFUL = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
-                      "Multinomial", "Bernoulli", "Dropout"})
 
 
 class _Pass:

@@ -14,6 +14,10 @@ from .graph import _dims, node_inputs, skeleton
 
 __all__ = ["Known", "attr", "known", "reads", "static", "step_shapes"]
 
+RESHAPES = frozenset({"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"})
+# Default-domain ops whose output changes from run to run: never removed.
+STATEFUL = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike",
+                      "Multinomial", "Bernoulli", "Dropout"})
 INTS = (TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
         TensorProto.UINT64, TensorProto.UINT32, TensorProto.UINT16, TensorProto.UINT8)
 FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
