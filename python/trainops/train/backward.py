@@ -189,8 +189,9 @@ def _simplified(src, g, nodes, values, ptypes, copies, keep, opset) -> list:
     """``nodes`` after :func:`~trainops.autodiff.simplify_graph.simplify_backward` (exact
     rewrites), with the shapes onnx infers for the whole step and ``g``'s constant
     initializers; ``keep``: the values the step's tail reads."""
-    m = onnx.ModelProto()
-    m.CopyFrom(src)
+    m = onnx.ModelProto()  # src's opsets and g, without src's weights
+    m.ir_version = src.ir_version
+    m.opset_import.extend(src.opset_import)
     m.graph.CopyFrom(g)
     typed = [helper.make_tensor_value_info(p, ptypes[p], list(v.shape)) for p, v in values.items()]
     typed += [helper.make_tensor_value_info(c, TensorProto.FLOAT16, list(values[p].shape))
