@@ -16,6 +16,7 @@ from ..autodiff.backward import default_opset, toposort
 from ..autodiff.graph import Builder, skeleton
 from .batchnorm import training_batchnorm
 from ..autodiff.simplify import merge_recomputations
+from ..autodiff.simplify_graph import simplify_backward, step_shapes
 from .fp16 import to_fp16_graph
 from .params import default_params
 from .rng import philox_states
@@ -178,5 +179,27 @@ def forward_backward(model: onnx.ModelProto, options: StepOptions) -> Backward:
     b, grads = build_backward(inferred, opset, loss, wrt, seed=seed, builder=b)
     forward, rng = philox_states(src, g, inferred, options.key_seed)
     forward, bnodes = merge_recomputations(forward, list(b.nodes))
-    return Backward(g, forward + bnodes, grads, inferred, ptypes, values, copies,
+    nodes = _simplified(src, g, forward + bnodes, values, ptypes, copies,
+                        set(grads) | {loss} | {e.output for e in rng + bn}, opset)
+    return Backward(g, nodes, grads, inferred, ptypes, values, copies,
                     loss_t, rng, inputs, opset, bn)
+
+
+def _simplified(src, g, nodes, values, ptypes, copies, keep, opset) -> list:
+    """``nodes`` after :func:`~trainops.autodiff.simplify_graph.simplify_backward` (exact
+    rewrites), with the shapes onnx infers for the whole step and ``g``'s constant
+    initializers; ``keep``: the values the step's tail reads."""
+    m = onnx.ModelProto()  # src's opsets and g, without src's weights
+    m.ir_version = src.ir_version
+    m.opset_import.extend(src.opset_import)
+    m.graph.CopyFrom(g)
+    typed = [helper.make_tensor_value_info(p, ptypes[p], list(v.shape)) for p, v in values.items()]
+    typed += [helper.make_tensor_value_info(c, TensorProto.FLOAT16, list(values[p].shape))
+              for p, c in copies.items()]
+    names = {i.name for i in g.input} | {i.name for i in g.initializer} | set(values) \
+        | set(copies.values())
+    order = toposort(nodes, names)
+    shapes = step_shapes(m, order, typed)
+    consts = {i.name: numpy_helper.to_array(i) for i in g.initializer
+              if int(np.prod(i.dims)) <= 4096}
+    return simplify_backward(order, shapes, keep, consts, opset)
