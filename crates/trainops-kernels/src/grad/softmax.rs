@@ -1,0 +1,204 @@
+//! The backward of Softmax and LogSoftmax along one axis (`com.trainops::SoftmaxGrad`,
+//! `LogSoftmaxGrad`), from the forward output Y:
+//!
+//! ```text
+//! Softmax:    dX = Y (dY - sum(dY Y))         (sum along the axis)
+//! LogSoftmax: dX = dY - exp(Y) sum(dY)
+//! ```
+//!
+//! The tensor is seen as `[outer, n, inner]` (`n` along the axis). [`reference`] computes in
+//! `f64` from the `f32` inputs and rounds once. The fast path accumulates each sum in `f64`
+//! (8 lanes along a contiguous axis, one accumulator per inner position otherwise) and does
+//! the rest in `f32` (`exp` is `f32::exp`); every output depends on its own slice only, so
+//! the bits depend on neither the instruction set nor the thread count. Against the
+//! reference each output is within `4 eps |Y| (|dY| + S)` (Softmax) or
+//! `4 eps (|dY| + exp(Y) S)` (LogSoftmax), `S` the sum of the summed terms' magnitudes, plus
+//! one rounding ([`tests`]).
+
+use crate::parallel::{for_each_item, Parallelism, CHUNK, SERIAL_BELOW};
+use crate::simd::{Avx2, Avx512, Isa, Level};
+use crate::KernelError;
+
+/// Which forward op's gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `Y = softmax(X)`.
+    Softmax,
+    /// `Y = log_softmax(X)`.
+    LogSoftmax,
+}
+
+/// The tensor as `[outer, n, inner]`: `n` elements along the axis, `inner` the product of
+/// the dimensions after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    /// Product of the dimensions before the axis.
+    pub outer: usize,
+    /// The axis' length.
+    pub n: usize,
+    /// Product of the dimensions after the axis.
+    pub inner: usize,
+}
+
+impl Dims {
+    /// `shape` split at `axis` (in `0..shape.len()`).
+    pub fn split(shape: &[usize], axis: usize) -> Self {
+        Dims { outer: shape[..axis].iter().product(), n: shape[axis], inner: shape[axis + 1..].iter().product() }
+    }
+
+    fn len(self) -> usize {
+        self.outer * self.n * self.inner
+    }
+}
+
+/// `dx` from `dy` and `y` (each of `dims`' element count), with the widest available level
+/// at or below `level`; slices along `outer` in blocks run as tasks of `par`.
+pub fn softmax_grad(
+    level: Level,
+    kind: Kind,
+    dims: Dims,
+    dy: &[f32],
+    y: &[f32],
+    dx: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(), KernelError> {
+    let total = dims.len();
+    for (what, got) in [("dY", dy.len()), ("Y", y.len()), ("dX", dx.len())] {
+        if got != total {
+            return Err(KernelError::LengthMismatch { what, got, expected: total });
+        }
+    }
+    let slice = dims.n * dims.inner;
+    if slice == 0 {
+        return Ok(());
+    }
+    let per = (CHUNK / slice).max(1) * slice;
+    let items: Vec<(usize, &mut [f32])> = dx.chunks_mut(per).enumerate().map(|(b, d)| (b * per, d)).collect();
+    let isa = level.isa().unwrap_or(Isa::Scalar);
+    let run = |(first, d): (usize, &mut [f32])| {
+        let (dy, y) = (&dy[first..first + d.len()], &y[first..first + d.len()]);
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves the CPU has AVX-512F.
+            Isa::Avx512(t) => unsafe { slices_avx512(t, kind, dims, dy, y, d) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves the CPU has AVX2 and FMA.
+            Isa::Avx2(t) => unsafe { slices_avx2(t, kind, dims, dy, y, d) },
+            _ => slices_portable(kind, dims, dy, y, d),
+        }
+    };
+    if total < SERIAL_BELOW {
+        items.into_iter().for_each(run);
+    } else {
+        for_each_item(par, items, run);
+    }
+    Ok(())
+}
+
+/// [`slices_portable`] with AVX2 and FMA enabled (no contraction without fast-math: the
+/// same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn slices_avx2(_: Avx2, kind: Kind, dims: Dims, dy: &[f32], y: &[f32], dx: &mut [f32]) {
+    slices_portable(kind, dims, dy, y, dx);
+}
+
+/// [`slices_portable`] with AVX-512F enabled (the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn slices_avx512(_: Avx512, kind: Kind, dims: Dims, dy: &[f32], y: &[f32], dx: &mut [f32]) {
+    slices_portable(kind, dims, dy, y, dx);
+}
+
+/// Lanes of a contiguous row's sum.
+const LANES: usize = 8;
+
+/// The sum a row's gradient needs: `dY Y` (Softmax) or `dY` (LogSoftmax), in `f64` lanes.
+#[inline(always)]
+fn row_sum(kind: Kind, dy: &[f32], y: &[f32]) -> f32 {
+    let mut s = [0f64; LANES];
+    let pairs = dy.chunks_exact(LANES).zip(y.chunks_exact(LANES));
+    for (d8, y8) in pairs {
+        for l in 0..LANES {
+            s[l] += f64::from(term(kind, d8[l], y8[l]));
+        }
+    }
+    let tail = dy.len() - dy.len() % LANES;
+    for j in tail..dy.len() {
+        s[j - tail] += f64::from(term(kind, dy[j], y[j]));
+    }
+    s.iter().sum::<f64>() as f32
+}
+
+#[inline(always)]
+fn term(kind: Kind, dy: f32, y: f32) -> f32 {
+    match kind {
+        Kind::Softmax => dy * y,
+        Kind::LogSoftmax => dy,
+    }
+}
+
+#[inline(always)]
+fn grad(kind: Kind, dy: f32, y: f32, s: f32) -> f32 {
+    match kind {
+        Kind::Softmax => y * (dy - s),
+        Kind::LogSoftmax => dy - y.exp() * s,
+    }
+}
+
+/// Whole `[n, inner]` slices: a block of the tensor.
+#[inline(always)]
+fn slices_portable(kind: Kind, dims: Dims, dy: &[f32], y: &[f32], dx: &mut [f32]) {
+    let (n, inner) = (dims.n, dims.inner);
+    let slice = n * inner;
+    if inner == 1 {
+        for ((d, dy), y) in dx.chunks_exact_mut(n).zip(dy.chunks_exact(n)).zip(y.chunks_exact(n)) {
+            let s = row_sum(kind, dy, y);
+            d.iter_mut().zip(dy).zip(y).for_each(|((o, &a), &b)| *o = grad(kind, a, b, s));
+        }
+        return;
+    }
+    let mut acc = vec![0f64; inner];
+    let mut sums = vec![0f32; inner];
+    for ((d, dy), y) in dx.chunks_exact_mut(slice).zip(dy.chunks_exact(slice)).zip(y.chunks_exact(slice)) {
+        acc.iter_mut().for_each(|a| *a = 0.0);
+        for (dy, y) in dy.chunks_exact(inner).zip(y.chunks_exact(inner)) {
+            acc.iter_mut().zip(dy).zip(y).for_each(|((a, &p), &q)| *a += f64::from(term(kind, p, q)));
+        }
+        sums.iter_mut().zip(&acc).for_each(|(s, &a)| *s = a as f32);
+        for ((d, dy), y) in d.chunks_exact_mut(inner).zip(dy.chunks_exact(inner)).zip(y.chunks_exact(inner)) {
+            for (((o, &p), &q), &s) in d.iter_mut().zip(dy).zip(y).zip(&sums) {
+                *o = grad(kind, p, q, s);
+            }
+        }
+    }
+}
+
+/// The specification in `f64` from the `f32` inputs, rounded once. Tests only.
+pub fn reference(kind: Kind, dims: Dims, dy: &[f32], y: &[f32]) -> Vec<f32> {
+    let Dims { outer, n, inner } = dims;
+    let mut dx = vec![0f32; dims.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |c: usize| o * n * inner + c * inner + i;
+            let d = |c: usize| f64::from(dy[at(c)]);
+            let v = |c: usize| f64::from(y[at(c)]);
+            let s: f64 = (0..n)
+                .map(|c| match kind {
+                    Kind::Softmax => d(c) * v(c),
+                    Kind::LogSoftmax => d(c),
+                })
+                .sum();
+            for c in 0..n {
+                dx[at(c)] = match kind {
+                    Kind::Softmax => v(c) * (d(c) - s),
+                    Kind::LogSoftmax => d(c) - v(c).exp() * s,
+                } as f32;
+            }
+        }
+    }
+    dx
+}
+
+#[cfg(test)]
+mod tests;
