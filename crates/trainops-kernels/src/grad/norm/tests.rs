@@ -130,7 +130,13 @@ fn mismatched_lengths_are_refused() {
     let mut dx = vec![0f32; 15];
     let mut short = vec![0f32; 4];
     let inp = LayerNormGradIn { scale: &c.scale[..4], ..c.input() };
-    let err = layer_norm_grad(Level::Scalar, inp, 5, LayerNormGradOut { dx: &mut dx, dscale: None, dbias: None }, &Sequential);
+    let err = layer_norm_grad(
+        Level::Scalar,
+        inp,
+        5,
+        LayerNormGradOut { dx: &mut dx, dscale: None, dbias: None },
+        &Sequential,
+    );
     assert_eq!(err, Err(KernelError::LengthMismatch { what: "Scale", got: 4, expected: 5 }));
     let out = LayerNormGradOut { dx: &mut dx, dscale: Some(&mut short), dbias: None };
     let err = layer_norm_grad(Level::Scalar, c.input(), 5, out, &Sequential);
