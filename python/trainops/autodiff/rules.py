@@ -285,6 +285,13 @@ def _swap_last2(b: Builder, x: str, rank: int) -> str:
     return b.op("Transpose", [x], perm=perm)
 
 
+def _static_last(b: Builder, a: str, w: str) -> bool:
+    """True when ``w`` is a 2-D tensor of static shape whose rows match ``a``'s last axis."""
+    a_dims, w_dims = b.shape(a), b.shape(w)
+    return (a_dims is not None and w_dims is not None and len(w_dims) == 2
+            and all(isinstance(d, int) for d in w_dims) and a_dims[-1] == w_dims[0])
+
+
 @rule("MatMul")
 def matmul(c: Ctx):
     b = c.b
@@ -329,7 +336,13 @@ def matmul(c: Ctx):
             out[0] = b.op("Reshape", [g, b.shape_of(A)])
         else:
             out[0] = b.unbroadcast(ga, full(last), A)
-    if c.need(1):
+    if c.need(1) and rb == 2 and ra >= 3 and b.fuses(A, B) and _static_last(b, A, B):
+        # x[..., K] @ W[K, N] (a linear layer over a batch of sequences): dW as ONE Gemm over
+        # the flattened rows, not a batched MatMul of per-sample products and a ReduceSum.
+        k, n = b.shape(B)
+        out[1] = b.op("Gemm", [b.op("Reshape", [A, b.ints([-1, k])]),
+                               b.op("Reshape", [gy, b.ints([-1, n])])], transA=1)
+    elif c.need(1):
         gb = b.op("MatMul", [_swap_last2(b, a2, ra2), gy])
         last = (b_dims[-2:] if rb >= 2 else [b_dims[0], 1]) if b_dims is not None else None
         if rb == 1:
