@@ -1,4 +1,5 @@
-"""``com.trainops::LayerNormGrad``, ``SoftmaxGrad`` and ``LogSoftmaxGrad`` (issue 24): the
+"""``com.trainops::LayerNormGrad``, ``SoftmaxGrad``, ``LogSoftmaxGrad`` and
+``SoftmaxCrossEntropyLossGrad`` (issue 24): the
 ops against numpy float64 (the backward written out) and against central finite
 differences of the forward in float64; the Trainer with the fused kernels against the same
 Trainer under ``TRAINOPS_FUSED_GRADS=0`` on the bench's transformer and MLP; the ops present
@@ -205,9 +206,68 @@ def test_softmax_grads_refuse_bad_inputs(make_session, op):
         run_softmax_grad(make_session, op, y, y, -3)
 
 
+# -- SoftmaxCrossEntropyLossGrad ------------------------------------------------------------
+
+def sce_loss64(x, labels, reduction, ignore_index):
+    """SoftmaxCrossEntropyLoss (no weights) in float64 numpy."""
+    lp = log_softmax64(x, 1)
+    keep = labels != ignore_index if ignore_index is not None else np.ones(len(labels), bool)
+    safe = np.where(keep, labels, 0)
+    per = -lp[np.arange(len(labels)), safe] * keep
+    if reduction == "none":
+        return per
+    if reduction == "sum":
+        return per.sum()
+    return per.sum() / keep.sum()
+
+
+def run_sce_grad(make_session, dy, x, labels, **attrs):
+    m = _model("SoftmaxCrossEntropyLossGrad", [("dY", F), ("scores", F), ("labels", TensorProto.INT64)],
+               ["dX"], **attrs)
+    return make_session(m).run(None, {"dY": dy, "scores": x, "labels": labels})[0]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("ignore_index", [None, 2, -1])
+def test_cross_entropy_grad_matches_finite_differences(make_session, rng, reduction, ignore_index):
+    n, c = 7, 5
+    x = 2 * rng.standard_normal((n, c))
+    labels = rng.integers(0, c, n)
+    labels[1] = ignore_index if ignore_index is not None else labels[1]
+    labels[4] = 2
+    dy = rng.standard_normal(n) if reduction == "none" else np.asarray(1.7)
+    h, fd = 1e-6, np.zeros_like(x)
+    for i in np.ndindex(x.shape):
+        p, m = x.copy(), x.copy()
+        p[i] += h
+        m[i] -= h
+        diff = sce_loss64(p, labels, reduction, ignore_index) - sce_loss64(m, labels, reduction, ignore_index)
+        fd[i] = (diff * dy).sum() / (2 * h)
+    attrs = {"reduction": reduction} | ({} if ignore_index is None else {"ignore_index": ignore_index})
+    got = run_sce_grad(make_session, dy.astype(np.float32), x.astype(np.float32), labels.astype(np.int64), **attrs)
+    assert got.shape == x.shape and got.dtype == np.float32
+    np.testing.assert_allclose(got, fd, rtol=1e-4, atol=1e-6)
+    if ignore_index is not None:
+        assert not got[1].any()  # the ignored row has no gradient
+
+
+def test_cross_entropy_grad_refuses_bad_inputs(make_session):
+    x, one = np.zeros((3, 4), np.float32), np.ones((), np.float32)
+    with pytest.raises(Exception, match="SoftmaxCrossEntropyLossGrad: input 2 \\(labels\\): expected labels in \\[0, 4\\)"):
+        run_sce_grad(make_session, one, x, np.array([0, 4, 1], np.int64))
+    with pytest.raises(Exception, match="input 2 \\(labels\\): expected an aligned 1-D tensor of 3 labels"):
+        run_sce_grad(make_session, one, x, np.array([0, 1], np.int64))
+    with pytest.raises(Exception, match="input 1 \\(scores\\): expected a 2-D tensor"):
+        run_sce_grad(make_session, one, np.zeros((3, 4, 2), np.float32), np.array([0, 1, 1], np.int64))
+    with pytest.raises(Exception, match="input 0 \\(dY\\): expected 3 element"):
+        run_sce_grad(make_session, one, x, np.array([0, 1, 1], np.int64), reduction="none")
+    with pytest.raises(Exception, match="attribute 'reduction': expected one of none, sum, mean"):
+        run_sce_grad(make_session, one, x, np.array([0, 1, 1], np.int64), reduction="max")
+
+
 # -- the Trainer -------------------------------------------------------------------------
 
-FUSED_OPS = {"LayerNormGrad", "SoftmaxGrad"}
+FUSED_OPS = {"LayerNormGrad", "SoftmaxGrad", "SoftmaxCrossEntropyLossGrad"}
 
 
 def _train(fam, steps, monkeypatch, fused=True, portable=False):
@@ -225,8 +285,8 @@ def _trainops_ops(tr):
     return {n.op_type for n in tr.training_model().graph.node if n.domain == TRAINOPS_DOMAIN}
 
 
-@pytest.mark.parametrize("name,batch,expect", [("transformer", 2, {"LayerNormGrad", "SoftmaxGrad"}),
-                                               ("mlp", 4, {"LayerNormGrad"})])
+@pytest.mark.parametrize("name,batch,expect", [("transformer", 2, FUSED_OPS),
+                                               ("mlp", 4, {"LayerNormGrad", "SoftmaxCrossEntropyLossGrad"})])
 def test_trainer_fused_matches_standard_ops(library_path, monkeypatch, name, batch, expect):
     fam = family(name, batch)
     fused, lf = _train(fam, 4, monkeypatch, fused=True)

@@ -965,12 +965,31 @@ def _sample_scale(c: Ctx) -> str:
     return c.b.unsqueeze(_loss_scale(c, _loss_weights(c, labels, weight, scores), scores), [1])
 
 
+def _fused_cross_entropy_grad(c: Ctx) -> str | None:
+    """``com.trainops::SoftmaxCrossEntropyLossGrad`` for the common case (float32 [N, C]
+    scores, int64 labels, no class weights, only the loss output differentiated) when the
+    Trainer asks for fused kernels; None otherwise (the standard form)."""
+    b = c.b
+    scores, labels = c.x(0), c.x(1)
+    dims = b.shape(scores)
+    if (not b.fuses(scores) or c.x(2) is not None or c.gys[0] is None
+            or any(g is not None for g in c.gys[1:]) or dims is None or len(dims) != 2
+            or b.dtype(labels) != onnx.TensorProto.INT64
+            or c.attr("reduction", "mean") not in ("none", "sum", "mean")):
+        return None
+    return b.op("SoftmaxCrossEntropyLossGrad", [c.gy, scores, labels], domain=TRAINOPS_DOMAIN,
+                reduction=c.attr("reduction", "mean"), ignore_index=c.attr("ignore_index"))
+
+
 @rule("SoftmaxCrossEntropyLoss")
 def softmax_cross_entropy(c: Ctx):
     b = c.b
     scores, labels = c.x(0), c.x(1)
     if not c.need(0):
         return [None] * len(c.node.input)
+    fused = _fused_cross_entropy_grad(c)
+    if fused is not None:
+        return [fused] + [None] * (len(c.node.input) - 1)
     logp = b.op("LogSoftmax", [scores], axis=1)
     p = b.op("Exp", [logp])
     g = None

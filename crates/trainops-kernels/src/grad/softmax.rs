@@ -200,5 +200,114 @@ pub fn reference(kind: Kind, dims: Dims, dy: &[f32], y: &[f32]) -> Vec<f32> {
     dx
 }
 
+/// How a SoftmaxCrossEntropyLoss gradient scales each row's `softmax - onehot`.
+#[derive(Debug, Clone, Copy)]
+pub enum LossScale<'a> {
+    /// `reduction="none"`: the loss' gradient, one per row.
+    EachRow(&'a [f32]),
+    /// `reduction="sum"`: the loss' gradient, the same for every row.
+    Sum(f32),
+    /// `reduction="mean"`: the loss' gradient divided by the number of rows not ignored.
+    Mean(f32),
+}
+
+/// The backward of ONNX's SoftmaxCrossEntropyLoss without class weights, for `scores` of
+/// `rows x classes` and one label per row: `dX = (softmax(x) - onehot(label)) s`, with `s`
+/// the row's [`LossScale`] and 0 for a row whose label is `ignore`. Labels must be in
+/// `0..classes` or `ignore` (the caller checks). `softmax` in `f32` (`f32::exp`, the row sum in
+/// `f64`); `mean` divides by the count of rows kept in `f32` (the standard form's
+/// `ReduceSum` of the weights, exact below 2^24 rows), so all rows ignored gives NaN as
+/// the standard form does. Within `4 eps (p + 1) |s|` of [`cross_entropy_reference`].
+pub fn cross_entropy_grad(
+    scores: &[f32],
+    classes: usize,
+    labels: &[i64],
+    ignore: Option<i64>,
+    scale: LossScale<'_>,
+    dx: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(), KernelError> {
+    let rows = labels.len();
+    for (what, got, expected) in [("scores", scores.len(), rows * classes), ("dX", dx.len(), rows * classes)] {
+        if got != expected {
+            return Err(KernelError::LengthMismatch { what, got, expected });
+        }
+    }
+    if let LossScale::EachRow(s) = scale {
+        if s.len() != rows {
+            return Err(KernelError::LengthMismatch { what: "dY", got: s.len(), expected: rows });
+        }
+    }
+    if classes == 0 {
+        return Ok(());
+    }
+    let kept = |l: i64| Some(l) != ignore;
+    let common = match scale {
+        LossScale::EachRow(_) => 0.0,
+        LossScale::Sum(g) => g,
+        LossScale::Mean(g) => g / labels.iter().filter(|&&l| kept(l)).count() as f32,
+    };
+    let per = (CHUNK / classes).max(1);
+    let items: Vec<(usize, &mut [f32])> = dx.chunks_mut(per * classes).enumerate().map(|(b, d)| (b * per, d)).collect();
+    let run = |(first, d): (usize, &mut [f32])| {
+        for (k, out) in d.chunks_exact_mut(classes).enumerate() {
+            let i = first + k;
+            let x = &scores[i * classes..(i + 1) * classes];
+            let s = match scale {
+                LossScale::EachRow(g) => g[i],
+                _ => common,
+            };
+            // times the row's weight (0 or 1), as the standard form multiplies: inf * 0 is NaN
+            let s = s * if kept(labels[i]) { 1.0 } else { 0.0 };
+            let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f64;
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = (v - m).exp();
+                sum += f64::from(*o);
+            }
+            let inv = (1.0 / sum) as f32;
+            for (j, o) in out.iter_mut().enumerate() {
+                let hot = if labels[i] == j as i64 { 1.0 } else { 0.0 };
+                *o = (*o * inv - hot) * s;
+            }
+        }
+    };
+    if rows * classes < SERIAL_BELOW {
+        items.into_iter().for_each(run);
+    } else {
+        for_each_item(par, items, run);
+    }
+    Ok(())
+}
+
+/// [`cross_entropy_grad`]'s specification in `f64`, rounded once. Tests only.
+pub fn cross_entropy_reference(
+    scores: &[f32],
+    classes: usize,
+    labels: &[i64],
+    ignore: Option<i64>,
+    scale: LossScale<'_>,
+) -> Vec<f32> {
+    let kept = |l: i64| Some(l) != ignore;
+    let count = labels.iter().filter(|&&l| kept(l)).count() as f64;
+    let mut dx = vec![0f32; scores.len()];
+    for (i, &label) in labels.iter().enumerate() {
+        let x: Vec<f64> = scores[i * classes..(i + 1) * classes].iter().map(|&v| f64::from(v)).collect();
+        let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = x.iter().map(|v| (v - m).exp()).sum();
+        let s = match scale {
+            LossScale::EachRow(g) => f64::from(g[i]),
+            LossScale::Sum(g) => f64::from(g),
+            LossScale::Mean(g) => f64::from(g) / count,
+        };
+        let s = s * if kept(label) { 1.0 } else { 0.0 };
+        for j in 0..classes {
+            let hot = if label == j as i64 { 1.0 } else { 0.0 };
+            dx[i * classes + j] = (((x[j] - m).exp() / z - hot) * s) as f32;
+        }
+    }
+    dx
+}
+
 #[cfg(test)]
 mod tests;

@@ -41,6 +41,7 @@ pub fn catalogue() -> Vec<Domain> {
                 &grad::norm::LayerNormGrad,
                 &grad::softmax::SOFTMAX_GRAD,
                 &grad::softmax::LOG_SOFTMAX_GRAD,
+                &grad::softmax::SoftmaxCrossEntropyLossGrad,
             ]
             .into_iter()
             // PhiloxUniform and PhiloxNormal, once per output type (see `distributions`).

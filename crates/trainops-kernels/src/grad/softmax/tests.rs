@@ -105,3 +105,47 @@ fn mismatched_lengths_are_refused() {
     let err = softmax_grad(Level::Scalar, Kind::Softmax, dims, &[0.0; 6], &[0.0; 5], &mut dx, &Sequential);
     assert_eq!(err, Err(KernelError::LengthMismatch { what: "Y", got: 5, expected: 6 }));
 }
+
+#[test]
+fn cross_entropy_within_the_bound_of_the_reference_and_the_same_on_every_thread_count() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    for &(rows, classes) in &[(0, 3), (1, 1), (3, 10), (64, 10), (7, 33), (5000, 17)] {
+        let mut u = uniform((rows * 13 + classes) as u64);
+        let x: Vec<f32> = (0..rows * classes).map(|_| (8.0 * u()) as f32).collect();
+        let labels: Vec<i64> = (0..rows).map(|i| ((i * 7) % (classes + 1)) as i64).collect();
+        let ignore = Some(classes as i64); // every (classes+1)-th row is ignored
+        let each: Vec<f32> = (0..rows).map(|_| (1.0 + u()) as f32).collect();
+        for scale in [LossScale::Mean(1.5), LossScale::Sum(0.7), LossScale::EachRow(&each)] {
+            let want = cross_entropy_reference(&x, classes, &labels, ignore, scale);
+            let mut first = vec![f32::NAN; x.len()];
+            cross_entropy_grad(&x, classes, &labels, ignore, scale, &mut first, &Sequential).unwrap();
+            for (i, (&g, &w)) in first.iter().zip(&want).enumerate() {
+                let s = match scale {
+                    LossScale::EachRow(e) => f64::from(e[i / classes]),
+                    LossScale::Sum(v) | LossScale::Mean(v) => f64::from(v),
+                };
+                let bound = 4.0 * EPS * (f64::from(w).abs() / s.abs() + 1.0) * s.abs() + f64::from(f32::MIN_POSITIVE);
+                assert!((f64::from(g) - f64::from(w)).abs() <= bound, "{scale:?} {rows}x{classes} at {i}: {g} vs {w}");
+            }
+            let mut threaded = vec![f32::NAN; x.len()];
+            cross_entropy_grad(&x, classes, &labels, ignore, scale, &mut threaded, &RayonPool(Some(&pool))).unwrap();
+            assert_eq!(
+                threaded.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                first.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_of_ignored_rows_is_zero_and_all_ignored_mean_is_nan() {
+    let x = [1.0f32, 2.0, 3.0, 0.5, 0.5, 0.5];
+    let mut dx = [f32::NAN; 6];
+    cross_entropy_grad(&x, 3, &[1, -1], Some(-1), LossScale::Sum(1.0), &mut dx, &Sequential).unwrap();
+    assert_eq!(&dx[3..], &[0.0; 3]);
+    assert!(dx[1] < 0.0 && dx[0] > 0.0 && dx[2] > 0.0);
+    cross_entropy_grad(&x, 3, &[-1, -1], Some(-1), LossScale::Mean(1.0), &mut dx, &Sequential).unwrap();
+    assert!(dx.iter().all(|v| v.is_nan()));
+    let err = cross_entropy_grad(&x, 3, &[0], None, LossScale::Sum(1.0), &mut dx, &Sequential);
+    assert_eq!(err, Err(KernelError::LengthMismatch { what: "scores", got: 6, expected: 3 }));
+}

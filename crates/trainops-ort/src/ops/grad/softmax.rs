@@ -1,8 +1,10 @@
 //! `com.trainops::SoftmaxGrad` and `LogSoftmaxGrad` (since version 1): `(dY, Y) -> dX`, the
 //! backward of ONNX's Softmax / LogSoftmax (opset 13 and later: one axis) for float32, from
-//! the forward output Y (the math: `trainops_kernels::grad::softmax`).
+//! the forward output Y; `SoftmaxCrossEntropyLossGrad`: the backward of
+//! SoftmaxCrossEntropyLoss without weights, [N, C] scores (the math:
+//! `trainops_kernels::grad::softmax`).
 
-use trainops_kernels::grad::softmax::{softmax_grad, Dims, Kind};
+use trainops_kernels::grad::softmax::{cross_entropy_grad, softmax_grad, Dims, Kind, LossScale};
 use trainops_kernels::simd::detected;
 
 use super::{axis_of, disjoint, float_input, kernel_error};
@@ -70,5 +72,93 @@ impl Kernel for SoftmaxGradKernel {
         let (g, v, d) = unsafe { (dy.slice::<f32>(), y.slice::<f32>(), dx.slice_mut::<f32>()) };
         let pool = OrtPool::new(ctx);
         softmax_grad(detected(), self.kind, Dims::split(&shape, axis), g, v, d, &pool).map_err(|e| kernel_error(op, e))
+    }
+}
+
+/// `com.trainops::SoftmaxCrossEntropyLossGrad`: `(dY, scores[N, C], labels[N]) -> dScores`,
+/// the backward of SoftmaxCrossEntropyLoss without class weights (attributes `reduction`,
+/// `ignore_index` as the forward node's).
+pub struct SoftmaxCrossEntropyLossGrad;
+
+static SCE_INPUTS: [Formal; 3] = [Formal::One(F), Formal::One(F), Formal::One(None)];
+static SCE_SIGNATURE: Signature =
+    Signature { name: c"SoftmaxCrossEntropyLossGrad", inputs: &SCE_INPUTS, outputs: &OUTPUTS };
+const SCE: &str = "SoftmaxCrossEntropyLossGrad";
+
+/// The forward node's reduction.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reduction {
+    None,
+    Sum,
+    Mean,
+}
+
+impl OpSpec for SoftmaxCrossEntropyLossGrad {
+    fn signature(&self) -> &Signature {
+        &SCE_SIGNATURE
+    }
+
+    fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
+        let reduction = match info.string_opt("reduction")?.as_deref().unwrap_or("mean") {
+            "none" => Reduction::None,
+            "sum" => Reduction::Sum,
+            "mean" => Reduction::Mean,
+            other => {
+                let what = format!("expected one of none, sum, mean, got {other:?}");
+                return Err(Error::Attribute { op: SCE, name: "reduction", what });
+            }
+        };
+        Ok(Box::new(SceGradKernel { reduction, ignore: info.i64_opt("ignore_index")? }))
+    }
+
+    fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
+        ctx.output_like_input(0, 1)
+    }
+}
+
+struct SceGradKernel {
+    reduction: Reduction,
+    ignore: Option<i64>,
+}
+
+impl Kernel for SceGradKernel {
+    fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
+        let dy = float_input(ctx, SCE, 0, "dY")?;
+        let scores = float_input(ctx, SCE, 1, "scores")?;
+        let labels_t = io::required(ctx, SCE, 2, "labels")?;
+        if scores.shape.len() != 2 {
+            return Err(Error::input(SCE, 1, "scores", "a 2-D tensor [N, C]", format!("shape {:?}", scores.shape)));
+        }
+        let (rows, classes) = (scores.dims()[0], scores.dims()[1]);
+        if labels_t.numel != rows || labels_t.shape.len() != 1 || !labels_t.aligned() {
+            let want = format!("an aligned 1-D tensor of {rows} labels (scores' first dimension)");
+            return Err(Error::input(SCE, 2, "labels", want, format!("shape {:?}", labels_t.shape)));
+        }
+        // SAFETY: the type is checked by the match, the buffer is aligned (checked); inputs
+        // are never written (the output overlaps none: checked before any write).
+        let labels: &[i64] = match labels_t.dtype {
+            DType::Int64 => unsafe { labels_t.slice::<i64>() },
+            other => return Err(Error::input(SCE, 2, "labels", "tensor(int64)", other.name())),
+        };
+        if let Some(bad) = labels.iter().find(|&&l| Some(l) != self.ignore && !(0..classes as i64).contains(&l)) {
+            let want = format!("labels in [0, {classes}) or ignore_index");
+            return Err(Error::input(SCE, 2, "labels", want, format!("label {bad}")));
+        }
+        let want_dy = if self.reduction == Reduction::None { rows } else { 1 };
+        if dy.numel != want_dy {
+            let want = format!("{want_dy} element(s) (the loss' gradient)");
+            return Err(Error::input(SCE, 0, "dY", want, format!("shape {:?}", dy.shape)));
+        }
+        let dx = io::output(ctx, SCE, 0, "dScores", DType::Float, &scores.shape)?;
+        disjoint(SCE, &[("dScores", &dx)], &[("dY", &dy), ("scores", &scores), ("labels", &labels_t)])?;
+        // SAFETY: float32 and aligned (checked); the output overlaps no input (checked).
+        let (g, x, d) = unsafe { (dy.slice::<f32>(), scores.slice::<f32>(), dx.slice_mut::<f32>()) };
+        let scale = match self.reduction {
+            Reduction::None => LossScale::EachRow(g),
+            Reduction::Sum => LossScale::Sum(g[0]),
+            Reduction::Mean => LossScale::Mean(g[0]),
+        };
+        let pool = OrtPool::new(ctx);
+        cross_entropy_grad(x, classes, labels, self.ignore, scale, d, &pool).map_err(|e| kernel_error(SCE, e))
     }
 }
