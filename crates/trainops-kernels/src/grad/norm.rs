@@ -78,7 +78,7 @@ pub fn layer_norm_grad(
     check("dY", inp.dy.len(), rows * cols)?;
     check("Scale", inp.scale.len(), cols)?;
     check("dX", out.dx.len(), rows * cols)?;
-    let LayerNormGradOut { dx, mut dscale, mut dbias } = out;
+    let LayerNormGradOut { dx, dscale, dbias } = out;
     if let Some(d) = dscale.as_deref() {
         check("dScale", d.len(), cols)?;
     }
@@ -94,13 +94,13 @@ pub fn layer_norm_grad(
     // Per block: the f64 partial sums of dY xhat (first `cols`) and dY (next `cols`).
     let mut partial = vec![0f64; if sums { blocks * 2 * cols } else { 0 }];
     let mut parts = partial.chunks_mut(2 * cols);
-    let items: Vec<(usize, &mut [f32], Option<&mut [f64]>)> = dx
+    let items: Vec<Item<'_>> = dx
         .chunks_mut(per * cols)
         .enumerate()
         .map(|(b, d)| (b * per, d, if sums { parts.next() } else { None }))
         .collect();
     let isa = level.isa().unwrap_or(Isa::Scalar);
-    let run = |(first, d, acc): (usize, &mut [f32], Option<&mut [f64]>)| {
+    let run = |(first, d, acc): Item<'_>| {
         let n = d.len() / cols;
         let block = Block {
             dy: &inp.dy[first * cols..(first + n) * cols],
@@ -129,15 +129,18 @@ pub fn layer_norm_grad(
         for p in partial.chunks(2 * cols) {
             total.iter_mut().zip(p).for_each(|(t, v)| *t += v);
         }
-        if let Some(d) = dscale.as_deref_mut() {
+        if let Some(d) = dscale {
             d.iter_mut().zip(&total[..cols]).for_each(|(o, &v)| *o = v as f32);
         }
-        if let Some(d) = dbias.as_deref_mut() {
+        if let Some(d) = dbias {
             d.iter_mut().zip(&total[cols..]).for_each(|(o, &v)| *o = v as f32);
         }
     }
     Ok(())
 }
+
+/// One task's work: its first row, its rows of dX, its block's column sums (when wanted).
+type Item<'a> = (usize, &'a mut [f32], Option<&'a mut [f64]>);
 
 /// One task's rows of the inputs.
 #[derive(Clone, Copy)]
@@ -193,15 +196,22 @@ fn block_rows_portable(b: Block<'_>, dx: &mut [f32], mut acc: Option<&mut [f64]>
         }
         let m1 = (s1.iter().sum::<f64>() * inv_cols) as f32;
         let m2 = (s2.iter().sum::<f64>() * inv_cols) as f32;
-        for (((o, &dyj), &xj), &wj) in d.iter_mut().zip(dy).zip(x).zip(b.scale) {
-            let xh = (xj - mu) * r;
-            *o = r * ((dyj * wj - m1) - xh * m2);
-        }
-        if let Some(a) = acc.as_deref_mut() {
-            let (a_s, a_b) = a.split_at_mut(cols);
-            for (((s, bb), &dyj), &xj) in a_s.iter_mut().zip(a_b.iter_mut()).zip(dy).zip(x) {
-                *s += f64::from(dyj * ((xj - mu) * r));
-                *bb += f64::from(dyj);
+        match acc.as_deref_mut() {
+            None => {
+                for (((o, &dyj), &xj), &wj) in d.iter_mut().zip(dy).zip(x).zip(b.scale) {
+                    let xh = (xj - mu) * r;
+                    *o = r * ((dyj * wj - m1) - xh * m2);
+                }
+            }
+            Some(a) => {
+                let (a_s, a_b) = a.split_at_mut(cols);
+                let sums = a_s.iter_mut().zip(a_b.iter_mut());
+                for ((((o, &dyj), &xj), &wj), (s, bb)) in d.iter_mut().zip(dy).zip(x).zip(b.scale).zip(sums) {
+                    let xh = (xj - mu) * r;
+                    *o = r * ((dyj * wj - m1) - xh * m2);
+                    *s += f64::from(dyj * xh);
+                    *bb += f64::from(dyj);
+                }
             }
         }
     }

@@ -134,9 +134,9 @@ impl Kernel for SceGradKernel {
             let want = format!("an aligned 1-D tensor of {rows} labels (scores' first dimension)");
             return Err(Error::input(SCE, 2, "labels", want, format!("shape {:?}", labels_t.shape)));
         }
-        // SAFETY: the type is checked by the match, the buffer is aligned (checked); inputs
-        // are never written (the output overlaps none: checked before any write).
         let labels: &[i64] = match labels_t.dtype {
+            // SAFETY: int64 (the match), aligned (checked); inputs are never written (the
+            // output overlaps none: checked before the kernel writes).
             DType::Int64 => unsafe { labels_t.slice::<i64>() },
             other => return Err(Error::input(SCE, 2, "labels", "tensor(int64)", other.name())),
         };
