@@ -51,14 +51,6 @@ OPTIMIZERS = {
 }
 
 
-@pytest.fixture
-def standard_grads(monkeypatch):
-    """The CPU Trainer's backward from standard ops (TRAINOPS_FUSED_GRADS=0), as the portable
-    graph's: these tests compare the optimizer kernels with their portable rewrite, bit for
-    bit, and the fused gradient kernels round differently from the standard-op backward."""
-    monkeypatch.setenv("TRAINOPS_FUSED_GRADS", "0")
-
-
 def run(model: str, portable: bool, opt, policy: str = "float32"):
     make, batches = MODELS[model]
     tr = Trainer(make(), "loss", optimizer=opt, seed=3, portable=portable, policy=policy)
