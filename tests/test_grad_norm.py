@@ -9,7 +9,6 @@ in the fused step graph and absent from the portable one; bad inputs refused by 
 from __future__ import annotations
 
 import numpy as np
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
@@ -184,7 +183,8 @@ def test_softmax_grads_match_float64(make_session, rng, op, shape, axis):
 def test_softmax_grads_match_finite_differences(make_session, rng, op):
     shape, axis = (3, 4, 5), 1
     x, R = rng.standard_normal(shape), rng.standard_normal(shape)
-    f = (lambda z: np.exp(log_softmax64(z, axis))) if op == "SoftmaxGrad" else (lambda z: log_softmax64(z, axis))
+    def f(z):
+        return np.exp(log_softmax64(z, axis)) if op == "SoftmaxGrad" else log_softmax64(z, axis)
     h, fd = 1e-6, np.zeros(shape)
     for i in np.ndindex(shape):
         p, m = x.copy(), x.copy()
@@ -244,7 +244,8 @@ def test_cross_entropy_grad_matches_finite_differences(make_session, rng, reduct
         diff = sce_loss64(p, labels, reduction, ignore_index) - sce_loss64(m, labels, reduction, ignore_index)
         fd[i] = (diff * dy).sum() / (2 * h)
     attrs = {"reduction": reduction} | ({} if ignore_index is None else {"ignore_index": ignore_index})
-    got = run_sce_grad(make_session, dy.astype(np.float32), x.astype(np.float32), labels.astype(np.int64), **attrs)
+    got = run_sce_grad(make_session, dy.astype(np.float32), x.astype(np.float32),
+                       labels.astype(np.int64), **attrs)
     assert got.shape == x.shape and got.dtype == np.float32
     np.testing.assert_allclose(got, fd, rtol=1e-4, atol=1e-6)
     if ignore_index is not None:
@@ -253,7 +254,8 @@ def test_cross_entropy_grad_matches_finite_differences(make_session, rng, reduct
 
 def test_cross_entropy_grad_refuses_bad_inputs(make_session):
     x, one = np.zeros((3, 4), np.float32), np.ones((), np.float32)
-    with pytest.raises(Exception, match="SoftmaxCrossEntropyLossGrad: input 2 \\(labels\\): expected labels in \\[0, 4\\)"):
+    sce = "SoftmaxCrossEntropyLossGrad"
+    with pytest.raises(Exception, match=f"{sce}: input 2 \\(labels\\): expected labels in \\[0, 4\\)"):
         run_sce_grad(make_session, one, x, np.array([0, 4, 1], np.int64))
     with pytest.raises(Exception, match="input 2 \\(labels\\): expected an aligned 1-D tensor of 3 labels"):
         run_sce_grad(make_session, one, x, np.array([0, 1], np.int64))
@@ -310,3 +312,53 @@ def test_portable_trainer_has_no_fused_grad_ops(library_path, monkeypatch):
     assert not _trainops_ops(tr)
     ops = {n.op_type for n in tr.training_model().graph.node}
     assert not ops & FUSED_OPS
+
+
+def _small_model():
+    """x[N, 3, 4] -> LayerNorm(axis=1) -> Softmax(axis=1) -> [N, 12] @ W ->
+    SoftmaxCrossEntropyLoss(sum, ignore_index=-1): axes other than the last, Bias not trained
+    (LayerNormGrad without dBias), no gradient for x."""
+    rng = np.random.default_rng(5)
+    w = {"g": (1 + 0.2 * rng.standard_normal((3, 4))).astype(np.float32),
+         "b": (0.1 * rng.standard_normal((3, 4))).astype(np.float32),
+         "W": rng.standard_normal((12, 5)).astype(np.float32),
+         "shape": np.array([-1, 12], np.int64)}
+    nodes = [helper.make_node("LayerNormalization", ["x", "g", "b"], ["h"], axis=1),
+             helper.make_node("Softmax", ["h"], ["p"], axis=1),
+             helper.make_node("Reshape", ["p", "shape"], ["f"]),
+             helper.make_node("MatMul", ["f", "W"], ["z"]),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["z", "t"], ["loss"], reduction="sum",
+                              ignore_index=-1)]
+    graph = helper.make_graph(
+        nodes, "small", [helper.make_tensor_value_info("x", F, [6, 3, 4]),
+                         helper.make_tensor_value_info("t", TensorProto.INT64, [6])],
+        [helper.make_tensor_value_info("loss", F, [])],
+        [helper.make_tensor(k, helper.np_dtype_to_tensor_dtype(v.dtype), v.shape, v.flatten().tolist())
+         for k, v in w.items()])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = IR_VERSION
+    x = rng.standard_normal((6, 3, 4)).astype(np.float32)
+    return m, {"x": x, "t": np.array([0, 4, -1, 2, 1, -1], np.int64)}, w
+
+
+def test_trainer_fused_on_other_axes_without_dbias(library_path, monkeypatch):
+    m, feeds, w = _small_model()
+    runs = {}
+    for fused in (True, False):
+        if fused:
+            monkeypatch.delenv("TRAINOPS_FUSED_GRADS", raising=False)
+        else:
+            monkeypatch.setenv("TRAINOPS_FUSED_GRADS", "0")
+        tr = Trainer(m, "loss", optim.Adam(lr=1e-2), params=["g", "W"], threads=1)
+        losses = [tr.step(feeds) for _ in range(3)]
+        runs[fused] = (tr, losses)
+    (tf, lf), (tp, lp) = runs[True], runs[False]
+    nodes = [n for n in tf.training_model().graph.node if n.domain == TRAINOPS_DOMAIN]
+    assert {n.op_type for n in nodes} >= FUSED_OPS
+    ln = next(n for n in nodes if n.op_type == "LayerNormGrad")
+    assert len(ln.output) == 2 and all(ln.output)  # dX (always) and dScale; no dBias
+    assert not _trainops_ops(tp) & FUSED_OPS
+    np.testing.assert_allclose(lf, lp, rtol=1e-5)
+    for k in ("g", "W"):
+        np.testing.assert_allclose(tf.parameters()[k], tp.parameters()[k], rtol=0, atol=1e-5, err_msg=k)
+        assert (tf.parameters()[k] != w[k]).any(), k
