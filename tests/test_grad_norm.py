@@ -362,3 +362,34 @@ def test_trainer_fused_on_other_axes_without_dbias(library_path, monkeypatch):
     for k in ("g", "W"):
         np.testing.assert_allclose(tf.parameters()[k], tp.parameters()[k], rtol=0, atol=1e-5, err_msg=k)
         assert (tf.parameters()[k] != w[k]).any(), k
+
+
+def test_trainer_fused_log_softmax(library_path, monkeypatch):
+    """x @ W -> LogSoftmax -> NegativeLogLikelihoodLoss: the rule emits LogSoftmaxGrad."""
+    rng = np.random.default_rng(9)
+    w0 = rng.standard_normal((8, 5)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["z"]),
+         helper.make_node("LogSoftmax", ["z"], ["lp"], axis=-1),
+         helper.make_node("NegativeLogLikelihoodLoss", ["lp", "t"], ["loss"])],
+        "lsm", [helper.make_tensor_value_info("x", F, [4, 8]),
+                helper.make_tensor_value_info("t", TensorProto.INT64, [4])],
+        [helper.make_tensor_value_info("loss", F, [])],
+        [helper.make_tensor("W", F, w0.shape, w0.flatten().tolist())])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)])
+    m.ir_version = IR_VERSION
+    feeds = {"x": rng.standard_normal((4, 8)).astype(np.float32), "t": np.array([0, 3, 4, 1], np.int64)}
+    out = {}
+    for fused in (True, False):
+        if fused:
+            monkeypatch.delenv("TRAINOPS_FUSED_GRADS", raising=False)
+        else:
+            monkeypatch.setenv("TRAINOPS_FUSED_GRADS", "0")
+        tr = Trainer(m, "loss", optim.Adam(lr=1e-2), params=["W"], threads=1)
+        out[fused] = (tr, [tr.step(feeds) for _ in range(3)])
+    assert "LogSoftmaxGrad" in _trainops_ops(out[True][0])
+    assert "LogSoftmaxGrad" not in _trainops_ops(out[False][0])
+    np.testing.assert_allclose(out[True][1], out[False][1], rtol=1e-5)
+    wf, wp = out[True][0].parameters()["W"], out[False][0].parameters()["W"]
+    np.testing.assert_allclose(wf, wp, rtol=0, atol=1e-5)
+    assert (wf != w0).any()
