@@ -79,6 +79,14 @@ def make_session(library_path):
 
 
 @pytest.fixture
+def standard_grads(monkeypatch):
+    """The CPU Trainer's backward from standard ops only (``TRAINOPS_FUSED_GRADS=0``), as the
+    portable, CUDA and plugin-EP placements build it: for tests that compare the CPU Trainer
+    with those bit for bit (the fused gradient kernels round differently)."""
+    monkeypatch.setenv("TRAINOPS_FUSED_GRADS", "0")
+
+
+@pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(20240601)
 

@@ -32,7 +32,7 @@ def batches(k=5, n=8):
         yield {"x": x, "t": (x[:, 0] > 0).astype(np.int64)}
 
 
-def test_trainer_on_the_plugin_ep_devices_matches_the_cpu_trainer(library_path):
+def test_trainer_on_the_plugin_ep_devices_matches_the_cpu_trainer(library_path, standard_grads):
     devs = td.devices(library_path)
     assert len(devs) >= 1
     before = td.counters(library_path)

@@ -67,7 +67,7 @@ OPTS = [optim.Adam(lr=0.05), optim.Adagrad(lr=0.1), optim.Momentum(lr=0.1)]
 
 
 @pytest.mark.parametrize("opt", OPTS, ids=lambda o: o.op_type)
-def test_portable_step_of_one_parameter_matches_the_fused_kernels(library_path, opt):
+def test_portable_step_of_one_parameter_matches_the_fused_kernels(library_path, standard_grads, opt):
     runs = []
     for portable in (False, True):
         tr = Trainer(linear(), "loss", optimizer=opt, seed=3, portable=portable)
@@ -79,7 +79,7 @@ def test_portable_step_of_one_parameter_matches_the_fused_kernels(library_path, 
 
 
 @pytest.mark.parametrize("opt", OPTS, ids=lambda o: o.op_type)
-def test_portable_graph_has_no_custom_nodes_and_matches_the_fused_kernels(library_path, opt):
+def test_portable_graph_has_no_custom_nodes_and_matches_the_fused_kernels(library_path, standard_grads, opt):
     fused, losses = train(optimizer=opt)
     tr, ls = train(optimizer=opt, portable=True)
     m = tr.training_model()

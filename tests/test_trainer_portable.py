@@ -77,7 +77,7 @@ def standard_only(tr: Trainer):
 
 @pytest.mark.parametrize("model", sorted(MODELS))
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
-def test_portable_trainer_matches_the_fused_trainer_bitwise(library_path, model, name):
+def test_portable_trainer_matches_the_fused_trainer_bitwise(library_path, standard_grads, model, name):
     fused, losses = run(model, False, OPTIMIZERS[name])
     tr, ls = run(model, True, OPTIMIZERS[name])
     standard_only(tr)
@@ -92,7 +92,7 @@ def test_portable_trainer_matches_the_fused_trainer_bitwise(library_path, model,
     "Casts it inserts depending on the rest of the graph: the fused and the portable graphs' "
     "logits are rounded to float16 differently there (seen on 1.17.3; 1.32 rounds both alike)"))
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_portable_mixed_float16_matches_the_fused_trainer_bitwise(library_path, model):
+def test_portable_mixed_float16_matches_the_fused_trainer_bitwise(library_path, standard_grads, model):
     opt = optim.Adam(lr=0.01)
     fused, losses = run(model, False, opt, policy="mixed_float16")
     tr, ls = run(model, True, opt, policy="mixed_float16")
@@ -102,7 +102,7 @@ def test_portable_mixed_float16_matches_the_fused_trainer_bitwise(library_path, 
     assert_same_bits(tr, fused)
 
 
-def test_demo_cnn_trains_portably_with_default_domain_ops_only(library_path):
+def test_demo_cnn_trains_portably_with_default_domain_ops_only(library_path, standard_grads):
     """Issue 25's "done when": the demo CNN, Adam, 40 steps; loss falls, weights equal."""
     x, t = digits(40 * 32, seed=9)
     feeds = [{"x": x[k * 32:(k + 1) * 32], "t": t[k * 32:(k + 1) * 32]} for k in range(40)]

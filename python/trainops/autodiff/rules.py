@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..onnx_defs import TRAINOPS_DOMAIN
 from .graph import FLOAT_TYPES, Builder, GradientError, attr, describe
 
 
@@ -243,10 +244,23 @@ def _softmax_axis(c: Ctx) -> int:
     return _axis(c, -1)
 
 
+def _fused_softmax_grad(c: Ctx, op_type: str, axis: int) -> str | None:
+    """``com.trainops::SoftmaxGrad`` / ``LogSoftmaxGrad`` of (gy, y) when the Trainer asks
+    for fused kernels and y is float32 (gy has y's type; the Builder does not know the
+    types of the gradients it emits); None otherwise."""
+    b = c.b
+    if not b.fuses(c.y):
+        return None
+    return b.op(op_type, [c.gy, c.y], domain=TRAINOPS_DOMAIN, axis=axis)
+
+
 @rule("Softmax")
 def softmax(c: Ctx):
     b = c.b
     axis = _softmax_axis(c)
+    fused = _fused_softmax_grad(c, "SoftmaxGrad", axis)
+    if fused is not None:
+        return [fused]
     y = c.y
     gyy = b.op("Mul", [c.gy, y])
     s = b.reduce("ReduceSum", gyy, [axis], keepdims=1)
@@ -257,6 +271,9 @@ def softmax(c: Ctx):
 def log_softmax(c: Ctx):
     b = c.b
     axis = _softmax_axis(c)
+    fused = _fused_softmax_grad(c, "LogSoftmaxGrad", axis)
+    if fused is not None:
+        return [fused]
     s = b.reduce("ReduceSum", c.gy, [axis], keepdims=1)
     return [b.op("Sub", [c.gy, b.op("Mul", [b.op("Exp", [c.y]), s])])]
 
@@ -266,6 +283,13 @@ def log_softmax(c: Ctx):
 def _swap_last2(b: Builder, x: str, rank: int) -> str:
     perm = list(range(rank - 2)) + [rank - 1, rank - 2]
     return b.op("Transpose", [x], perm=perm)
+
+
+def _static_last(b: Builder, a: str, w: str) -> bool:
+    """True when ``w`` is a 2-D tensor of static shape whose rows match ``a``'s last axis."""
+    a_dims, w_dims = b.shape(a), b.shape(w)
+    return (a_dims is not None and w_dims is not None and len(w_dims) == 2
+            and all(isinstance(d, int) for d in w_dims) and a_dims[-1] == w_dims[0])
 
 
 @rule("MatMul")
@@ -312,7 +336,13 @@ def matmul(c: Ctx):
             out[0] = b.op("Reshape", [g, b.shape_of(A)])
         else:
             out[0] = b.unbroadcast(ga, full(last), A)
-    if c.need(1):
+    if c.need(1) and rb == 2 and ra >= 3 and b.fuses(A, B) and _static_last(b, A, B):
+        # x[..., K] @ W[K, N] (a linear layer over a batch of sequences): dW as ONE Gemm over
+        # the flattened rows, not a batched MatMul of per-sample products and a ReduceSum.
+        k, n = b.shape(B)
+        out[1] = b.op("Gemm", [b.op("Reshape", [A, b.ints([-1, k])]),
+                               b.op("Reshape", [gy, b.ints([-1, n])])], transA=1)
+    elif c.need(1):
         gb = b.op("MatMul", [_swap_last2(b, a2, ra2), gy])
         last = (b_dims[-2:] if rb >= 2 else [b_dims[0], 1]) if b_dims is not None else None
         if rb == 1:
@@ -811,6 +841,44 @@ def _batch_norm_training(c: Ctx):
     return out
 
 
+def _static_numel(b: Builder, name: str) -> int | None:
+    dims = b.shape(name)
+    if dims is None or not all(isinstance(d, int) for d in dims):
+        return None
+    return int(np.prod(dims, dtype=np.int64))
+
+
+def _fused_layer_norm_grad(c: Ctx, axis: int) -> list | None:
+    """``com.trainops::LayerNormGrad`` from the node's own Mean and InvStdDev (a rerun the
+    Trainer's simplify pass merges into the forward node), when the Trainer asks for fused
+    kernels, everything is float32 with stash_type 1, and Scale (and Bias, if it needs a
+    gradient) hold exactly the normalised elements in Scale's shape; None otherwise."""
+    b = c.b
+    X, scale, bias = c.x(0), c.x(1), c.x(2)
+    if not b.fuses(c.y, X, scale) or int(c.attr("stash_type", 1)) != 1:  # gy: y's type
+        return None
+    x_dims = b.shape(X)
+    if x_dims is None or not all(isinstance(d, int) for d in x_dims[axis:]):
+        return None
+    cols = int(np.prod(x_dims[axis:], dtype=np.int64))
+    if _static_numel(b, scale) != cols:
+        return None
+    want_bias = bias is not None and c.need(2)
+    if want_bias and (b.shape(bias) != b.shape(scale) or not b.fuses(bias)):
+        return None
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in c.node.attribute}
+    _, mu, rstd = b.op("LayerNormalization", list(c.node.input), 3, **attrs)
+    names = [b.fresh("LayerNormGrad_dX"),
+             b.fresh("LayerNormGrad_dScale") if c.need(1) else "",
+             b.fresh("LayerNormGrad_dBias") if want_bias else ""]
+    while not names[-1]:
+        names.pop()
+    outs = b.op("LayerNormGrad", [c.gy, X, scale, mu, rstd], names, domain=TRAINOPS_DOMAIN,
+                axis=axis)
+    outs = outs + [""] * (3 - len(outs))
+    return [outs[0] if c.need(0) else None, outs[1] or None, outs[2] or None]
+
+
 @rule("LayerNormalization")
 def layer_norm(c: Ctx):
     b = c.b
@@ -821,6 +889,9 @@ def layer_norm(c: Ctx):
     axis = _axis(c, -1)
     axes = list(range(axis, r))
     eps = float(c.attr("epsilon", 1e-5))
+    fused = _fused_layer_norm_grad(c, axis)
+    if fused is not None:
+        return fused
     if b.dtype(X) == onnx.TensorProto.FLOAT and int(c.attr("stash_type", 1)) == 1:
         # The node's own Mean and InvStdDev outputs (float32 here): the Trainer's
         # autodiff.simplify pass merges this node into the forward one, so the
@@ -894,12 +965,31 @@ def _sample_scale(c: Ctx) -> str:
     return c.b.unsqueeze(_loss_scale(c, _loss_weights(c, labels, weight, scores), scores), [1])
 
 
+def _fused_cross_entropy_grad(c: Ctx) -> str | None:
+    """``com.trainops::SoftmaxCrossEntropyLossGrad`` for the common case (float32 [N, C]
+    scores, int64 labels, no class weights, only the loss output differentiated) when the
+    Trainer asks for fused kernels; None otherwise (the standard form)."""
+    b = c.b
+    scores, labels = c.x(0), c.x(1)
+    dims = b.shape(scores)
+    if (not b.fuses(scores) or c.x(2) is not None or c.gys[0] is None
+            or any(g is not None for g in c.gys[1:]) or dims is None or len(dims) != 2
+            or b.dtype(labels) != onnx.TensorProto.INT64
+            or c.attr("reduction", "mean") not in ("none", "sum", "mean")):
+        return None
+    return b.op("SoftmaxCrossEntropyLossGrad", [c.gy, scores, labels], domain=TRAINOPS_DOMAIN,
+                reduction=c.attr("reduction", "mean"), ignore_index=c.attr("ignore_index"))
+
+
 @rule("SoftmaxCrossEntropyLoss")
 def softmax_cross_entropy(c: Ctx):
     b = c.b
     scores, labels = c.x(0), c.x(1)
     if not c.need(0):
         return [None] * len(c.node.input)
+    fused = _fused_cross_entropy_grad(c)
+    if fused is not None:
+        return [fused] + [None] * (len(c.node.input) - 1)
     logp = b.op("LogSoftmax", [scores], axis=1)
     p = b.op("Exp", [logp])
     g = None

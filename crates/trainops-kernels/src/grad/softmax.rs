@@ -1,0 +1,313 @@
+//! The backward of Softmax and LogSoftmax along one axis (`com.trainops::SoftmaxGrad`,
+//! `LogSoftmaxGrad`), from the forward output Y:
+//!
+//! ```text
+//! Softmax:    dX = Y (dY - sum(dY Y))         (sum along the axis)
+//! LogSoftmax: dX = dY - exp(Y) sum(dY)
+//! ```
+//!
+//! The tensor is seen as `[outer, n, inner]` (`n` along the axis). [`reference`] computes in
+//! `f64` from the `f32` inputs and rounds once. The fast path accumulates each sum in `f64`
+//! (8 lanes along a contiguous axis, one accumulator per inner position otherwise) and does
+//! the rest in `f32` (`exp` is `f32::exp`); every output depends on its own slice only, so
+//! the bits depend on neither the instruction set nor the thread count. Against the
+//! reference each output is within `4 eps |Y| (|dY| + S)` (Softmax) or
+//! `4 eps (|dY| + exp(Y) S)` (LogSoftmax), `S` the sum of the summed terms' magnitudes, plus
+//! one rounding ([`tests`]).
+
+use crate::parallel::{for_each_item, Parallelism, CHUNK, SERIAL_BELOW};
+use crate::simd::{Avx2, Avx512, Isa, Level};
+use crate::KernelError;
+
+/// Which forward op's gradient.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// `Y = softmax(X)`.
+    Softmax,
+    /// `Y = log_softmax(X)`.
+    LogSoftmax,
+}
+
+/// The tensor as `[outer, n, inner]`: `n` elements along the axis, `inner` the product of
+/// the dimensions after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dims {
+    /// Product of the dimensions before the axis.
+    pub outer: usize,
+    /// The axis' length.
+    pub n: usize,
+    /// Product of the dimensions after the axis.
+    pub inner: usize,
+}
+
+impl Dims {
+    /// `shape` split at `axis` (in `0..shape.len()`).
+    pub fn split(shape: &[usize], axis: usize) -> Self {
+        Dims { outer: shape[..axis].iter().product(), n: shape[axis], inner: shape[axis + 1..].iter().product() }
+    }
+
+    fn len(self) -> usize {
+        self.outer * self.n * self.inner
+    }
+}
+
+/// `dx` from `dy` and `y` (each of `dims`' element count), with the widest available level
+/// at or below `level`; slices along `outer` in blocks run as tasks of `par`.
+pub fn softmax_grad(
+    level: Level,
+    kind: Kind,
+    dims: Dims,
+    dy: &[f32],
+    y: &[f32],
+    dx: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(), KernelError> {
+    let total = dims.len();
+    for (what, got) in [("dY", dy.len()), ("Y", y.len()), ("dX", dx.len())] {
+        if got != total {
+            return Err(KernelError::LengthMismatch { what, got, expected: total });
+        }
+    }
+    let slice = dims.n * dims.inner;
+    if slice == 0 {
+        return Ok(());
+    }
+    let per = (CHUNK / slice).max(1) * slice;
+    let items: Vec<(usize, &mut [f32])> = dx.chunks_mut(per).enumerate().map(|(b, d)| (b * per, d)).collect();
+    let isa = level.isa().unwrap_or(Isa::Scalar);
+    let run = |(first, d): (usize, &mut [f32])| {
+        let (dy, y) = (&dy[first..first + d.len()], &y[first..first + d.len()]);
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves the CPU has AVX-512F.
+            Isa::Avx512(t) => unsafe { slices_avx512(t, kind, dims, dy, y, d) },
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the token proves the CPU has AVX2 and FMA.
+            Isa::Avx2(t) => unsafe { slices_avx2(t, kind, dims, dy, y, d) },
+            _ => slices_portable(kind, dims, dy, y, d),
+        }
+    };
+    if total < SERIAL_BELOW {
+        items.into_iter().for_each(run);
+    } else {
+        for_each_item(par, items, run);
+    }
+    Ok(())
+}
+
+/// [`slices_portable`] with AVX2 and FMA enabled (no contraction without fast-math: the
+/// same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn slices_avx2(_: Avx2, kind: Kind, dims: Dims, dy: &[f32], y: &[f32], dx: &mut [f32]) {
+    slices_portable(kind, dims, dy, y, dx);
+}
+
+/// [`slices_portable`] with AVX-512F enabled (the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn slices_avx512(_: Avx512, kind: Kind, dims: Dims, dy: &[f32], y: &[f32], dx: &mut [f32]) {
+    slices_portable(kind, dims, dy, y, dx);
+}
+
+/// Lanes of a contiguous row's sum.
+const LANES: usize = 8;
+
+/// The sum a row's gradient needs: `dY Y` (Softmax) or `dY` (LogSoftmax), in `f64` lanes.
+#[inline(always)]
+fn row_sum(kind: Kind, dy: &[f32], y: &[f32]) -> f32 {
+    let mut s = [0f64; LANES];
+    let pairs = dy.chunks_exact(LANES).zip(y.chunks_exact(LANES));
+    for (d8, y8) in pairs {
+        for l in 0..LANES {
+            s[l] += f64::from(term(kind, d8[l], y8[l]));
+        }
+    }
+    let tail = dy.len() - dy.len() % LANES;
+    for j in tail..dy.len() {
+        s[j - tail] += f64::from(term(kind, dy[j], y[j]));
+    }
+    s.iter().sum::<f64>() as f32
+}
+
+#[inline(always)]
+fn term(kind: Kind, dy: f32, y: f32) -> f32 {
+    match kind {
+        Kind::Softmax => dy * y,
+        Kind::LogSoftmax => dy,
+    }
+}
+
+#[inline(always)]
+fn grad(kind: Kind, dy: f32, y: f32, s: f32) -> f32 {
+    match kind {
+        Kind::Softmax => y * (dy - s),
+        Kind::LogSoftmax => dy - y.exp() * s,
+    }
+}
+
+/// Whole `[n, inner]` slices: a block of the tensor.
+#[inline(always)]
+fn slices_portable(kind: Kind, dims: Dims, dy: &[f32], y: &[f32], dx: &mut [f32]) {
+    let (n, inner) = (dims.n, dims.inner);
+    let slice = n * inner;
+    if inner == 1 {
+        for ((d, dy), y) in dx.chunks_exact_mut(n).zip(dy.chunks_exact(n)).zip(y.chunks_exact(n)) {
+            let s = row_sum(kind, dy, y);
+            d.iter_mut().zip(dy).zip(y).for_each(|((o, &a), &b)| *o = grad(kind, a, b, s));
+        }
+        return;
+    }
+    let mut acc = vec![0f64; inner];
+    let mut sums = vec![0f32; inner];
+    for ((d, dy), y) in dx.chunks_exact_mut(slice).zip(dy.chunks_exact(slice)).zip(y.chunks_exact(slice)) {
+        acc.iter_mut().for_each(|a| *a = 0.0);
+        for (dy, y) in dy.chunks_exact(inner).zip(y.chunks_exact(inner)) {
+            acc.iter_mut().zip(dy).zip(y).for_each(|((a, &p), &q)| *a += f64::from(term(kind, p, q)));
+        }
+        sums.iter_mut().zip(&acc).for_each(|(s, &a)| *s = a as f32);
+        for ((d, dy), y) in d.chunks_exact_mut(inner).zip(dy.chunks_exact(inner)).zip(y.chunks_exact(inner)) {
+            for (((o, &p), &q), &s) in d.iter_mut().zip(dy).zip(y).zip(&sums) {
+                *o = grad(kind, p, q, s);
+            }
+        }
+    }
+}
+
+/// The specification in `f64` from the `f32` inputs, rounded once. Tests only.
+pub fn reference(kind: Kind, dims: Dims, dy: &[f32], y: &[f32]) -> Vec<f32> {
+    let Dims { outer, n, inner } = dims;
+    let mut dx = vec![0f32; dims.len()];
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |c: usize| o * n * inner + c * inner + i;
+            let d = |c: usize| f64::from(dy[at(c)]);
+            let v = |c: usize| f64::from(y[at(c)]);
+            let s: f64 = (0..n)
+                .map(|c| match kind {
+                    Kind::Softmax => d(c) * v(c),
+                    Kind::LogSoftmax => d(c),
+                })
+                .sum();
+            for c in 0..n {
+                dx[at(c)] = match kind {
+                    Kind::Softmax => v(c) * (d(c) - s),
+                    Kind::LogSoftmax => d(c) - v(c).exp() * s,
+                } as f32;
+            }
+        }
+    }
+    dx
+}
+
+/// How a SoftmaxCrossEntropyLoss gradient scales each row's `softmax - onehot`.
+#[derive(Debug, Clone, Copy)]
+pub enum LossScale<'a> {
+    /// `reduction="none"`: the loss' gradient, one per row.
+    EachRow(&'a [f32]),
+    /// `reduction="sum"`: the loss' gradient, the same for every row.
+    Sum(f32),
+    /// `reduction="mean"`: the loss' gradient divided by the number of rows not ignored.
+    Mean(f32),
+}
+
+/// The backward of ONNX's SoftmaxCrossEntropyLoss without class weights, for `scores` of
+/// `rows x classes` and one label per row: `dX = (softmax(x) - onehot(label)) s`, with `s`
+/// the row's [`LossScale`] and 0 for a row whose label is `ignore`. Labels must be in
+/// `0..classes` or `ignore` (the caller checks). `softmax` in `f32` (`f32::exp`, the row sum in
+/// `f64`); `mean` divides by the count of rows kept in `f32` (the standard form's
+/// `ReduceSum` of the weights, exact below 2^24 rows), so all rows ignored gives NaN as
+/// the standard form does. Within `4 eps (p + 1) |s|` of [`cross_entropy_reference`].
+pub fn cross_entropy_grad(
+    scores: &[f32],
+    classes: usize,
+    labels: &[i64],
+    ignore: Option<i64>,
+    scale: LossScale<'_>,
+    dx: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(), KernelError> {
+    let rows = labels.len();
+    for (what, got, expected) in [("scores", scores.len(), rows * classes), ("dX", dx.len(), rows * classes)] {
+        if got != expected {
+            return Err(KernelError::LengthMismatch { what, got, expected });
+        }
+    }
+    if let LossScale::EachRow(s) = scale {
+        if s.len() != rows {
+            return Err(KernelError::LengthMismatch { what: "dY", got: s.len(), expected: rows });
+        }
+    }
+    if classes == 0 {
+        return Ok(());
+    }
+    let kept = |l: i64| Some(l) != ignore;
+    let common = match scale {
+        LossScale::EachRow(_) => 0.0,
+        LossScale::Sum(g) => g,
+        LossScale::Mean(g) => g / labels.iter().filter(|&&l| kept(l)).count() as f32,
+    };
+    let per = (CHUNK / classes).max(1);
+    let items: Vec<(usize, &mut [f32])> = dx.chunks_mut(per * classes).enumerate().map(|(b, d)| (b * per, d)).collect();
+    let run = |(first, d): (usize, &mut [f32])| {
+        for (k, out) in d.chunks_exact_mut(classes).enumerate() {
+            let i = first + k;
+            let x = &scores[i * classes..(i + 1) * classes];
+            let s = match scale {
+                LossScale::EachRow(g) => g[i],
+                _ => common,
+            };
+            // times the row's weight (0 or 1), as the standard form multiplies: inf * 0 is NaN
+            let s = s * if kept(labels[i]) { 1.0 } else { 0.0 };
+            let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let mut sum = 0f64;
+            for (o, &v) in out.iter_mut().zip(x) {
+                *o = (v - m).exp();
+                sum += f64::from(*o);
+            }
+            let inv = (1.0 / sum) as f32;
+            for (j, o) in out.iter_mut().enumerate() {
+                let hot = if labels[i] == j as i64 { 1.0 } else { 0.0 };
+                *o = (*o * inv - hot) * s;
+            }
+        }
+    };
+    if rows * classes < SERIAL_BELOW {
+        items.into_iter().for_each(run);
+    } else {
+        for_each_item(par, items, run);
+    }
+    Ok(())
+}
+
+/// [`cross_entropy_grad`]'s specification in `f64`, rounded once. Tests only.
+pub fn cross_entropy_reference(
+    scores: &[f32],
+    classes: usize,
+    labels: &[i64],
+    ignore: Option<i64>,
+    scale: LossScale<'_>,
+) -> Vec<f32> {
+    let kept = |l: i64| Some(l) != ignore;
+    let count = labels.iter().filter(|&&l| kept(l)).count() as f64;
+    let mut dx = vec![0f32; scores.len()];
+    for (i, &label) in labels.iter().enumerate() {
+        let x: Vec<f64> = scores[i * classes..(i + 1) * classes].iter().map(|&v| f64::from(v)).collect();
+        let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        let z: f64 = x.iter().map(|v| (v - m).exp()).sum();
+        let s = match scale {
+            LossScale::EachRow(g) => f64::from(g[i]),
+            LossScale::Sum(g) => f64::from(g),
+            LossScale::Mean(g) => f64::from(g) / count,
+        };
+        let s = s * if kept(label) { 1.0 } else { 0.0 };
+        for j in 0..classes {
+            let hot = if label == j as i64 { 1.0 } else { 0.0 };
+            dx[i * classes + j] = (((x[j] - m).exp() / z - hot) * s) as f32;
+        }
+    }
+    dx
+}
+
+#[cfg(test)]
+mod tests;

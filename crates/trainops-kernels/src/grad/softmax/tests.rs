@@ -1,0 +1,151 @@
+use super::*;
+use crate::simd::available_levels;
+use crate::test_util::uniform;
+use crate::{RayonPool, Sequential};
+
+const EPS: f64 = f32::EPSILON as f64;
+
+/// dY and a true (log-)softmax Y along the axis of `dims`.
+fn case(kind: Kind, dims: Dims, seed: u64) -> (Vec<f32>, Vec<f32>) {
+    let mut u = uniform(seed);
+    let total = dims.outer * dims.n * dims.inner;
+    let dy: Vec<f32> = (0..total).map(|_| (2.0 * u()) as f32).collect();
+    let x: Vec<f64> = (0..total).map(|_| 6.0 * u()).collect();
+    let mut y = vec![0f32; total];
+    for o in 0..dims.outer {
+        for i in 0..dims.inner {
+            let at = |c: usize| o * dims.n * dims.inner + c * dims.inner + i;
+            let m = (0..dims.n).map(|c| x[at(c)]).fold(f64::MIN, f64::max);
+            let z: f64 = (0..dims.n).map(|c| (x[at(c)] - m).exp()).sum();
+            for c in 0..dims.n {
+                let ls = x[at(c)] - m - z.ln();
+                y[at(c)] = (if kind == Kind::Softmax { ls.exp() } else { ls }) as f32;
+            }
+        }
+    }
+    (dy, y)
+}
+
+fn run(level: Level, kind: Kind, dims: Dims, dy: &[f32], y: &[f32], par: &dyn Parallelism) -> Vec<f32> {
+    let mut dx = vec![f32::NAN; dy.len()];
+    softmax_grad(level, kind, dims, dy, y, &mut dx, par).unwrap();
+    dx
+}
+
+/// The fast path's result against the reference, within the module's stated bound.
+fn within_bound(kind: Kind, dims: Dims, dy: &[f32], y: &[f32], got: &[f32]) {
+    let want = reference(kind, dims, dy, y);
+    let Dims { outer, n, inner } = dims;
+    for o in 0..outer {
+        for i in 0..inner {
+            let at = |c: usize| o * n * inner + c * inner + i;
+            // The sum of the terms' magnitudes: each f32 product dY Y is rounded before the sum.
+            let s: f64 = (0..n)
+                .map(|c| (f64::from(dy[at(c)]) * if kind == Kind::Softmax { f64::from(y[at(c)]) } else { 1.0 }).abs())
+                .sum();
+            for c in 0..n {
+                let (d, v) = (f64::from(dy[at(c)]), f64::from(y[at(c)]));
+                let scale = match kind {
+                    Kind::Softmax => v.abs() * (d.abs() + s),
+                    Kind::LogSoftmax => d.abs() + v.exp() * s,
+                };
+                let (g, w) = (f64::from(got[at(c)]), f64::from(want[at(c)]));
+                let bound = 4.0 * EPS * scale + EPS * w.abs() + f64::from(f32::MIN_POSITIVE);
+                assert!((g - w).abs() <= bound, "{kind:?} {dims:?} at {}: {g} vs {w}", at(c));
+            }
+        }
+    }
+}
+
+#[test]
+fn every_level_and_thread_count_gives_the_same_bits_within_the_bound_of_the_reference() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    let shapes = [
+        (0, 5, 1),
+        (3, 0, 1),
+        (1, 1, 1),
+        (2, 7, 1),
+        (3, 8, 1),
+        (3, 9, 1),
+        (4, 17, 1),
+        (5, 32, 1),
+        (4096, 32, 1),
+        (2, 3, 5),
+        (3, 10, 9),
+        (64, 10, 1),
+        (40, 33, 100),
+    ];
+    for kind in [Kind::Softmax, Kind::LogSoftmax] {
+        for &(outer, n, inner) in &shapes {
+            let dims = Dims { outer, n, inner };
+            let (dy, y) = case(kind, dims, (outer * 31 + n * 7 + inner) as u64);
+            let first = run(Level::Scalar, kind, dims, &dy, &y, &Sequential);
+            within_bound(kind, dims, &dy, &y, &first);
+            for level in available_levels() {
+                for par in [&Sequential as &dyn Parallelism, &RayonPool(Some(&pool))] {
+                    let got = run(level, kind, dims, &dy, &y, par);
+                    let bits = |v: &[f32]| v.iter().map(|e| e.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(&got), bits(&first), "{kind:?} {level:?} {dims:?}");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn dims_split_an_axis() {
+    assert_eq!(Dims::split(&[2, 3, 4, 5], 1), Dims { outer: 2, n: 3, inner: 20 });
+    assert_eq!(Dims::split(&[7], 0), Dims { outer: 1, n: 7, inner: 1 });
+}
+
+#[test]
+fn mismatched_lengths_are_refused() {
+    let dims = Dims { outer: 2, n: 3, inner: 1 };
+    let mut dx = vec![0f32; 6];
+    let err = softmax_grad(Level::Scalar, Kind::Softmax, dims, &[0.0; 6], &[0.0; 5], &mut dx, &Sequential);
+    assert_eq!(err, Err(KernelError::LengthMismatch { what: "Y", got: 5, expected: 6 }));
+}
+
+#[test]
+fn cross_entropy_within_the_bound_of_the_reference_and_the_same_on_every_thread_count() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    for &(rows, classes) in &[(0, 3), (1, 1), (3, 10), (64, 10), (7, 33), (5000, 17)] {
+        let mut u = uniform((rows * 13 + classes) as u64);
+        let x: Vec<f32> = (0..rows * classes).map(|_| (8.0 * u()) as f32).collect();
+        let labels: Vec<i64> = (0..rows).map(|i| ((i * 7) % (classes + 1)) as i64).collect();
+        let ignore = Some(classes as i64); // every (classes+1)-th row is ignored
+        let each: Vec<f32> = (0..rows).map(|_| (1.0 + u()) as f32).collect();
+        for scale in [LossScale::Mean(1.5), LossScale::Sum(0.7), LossScale::EachRow(&each)] {
+            let want = cross_entropy_reference(&x, classes, &labels, ignore, scale);
+            let mut first = vec![f32::NAN; x.len()];
+            cross_entropy_grad(&x, classes, &labels, ignore, scale, &mut first, &Sequential).unwrap();
+            for (i, (&g, &w)) in first.iter().zip(&want).enumerate() {
+                let s = match scale {
+                    LossScale::EachRow(e) => f64::from(e[i / classes]),
+                    LossScale::Sum(v) | LossScale::Mean(v) => f64::from(v),
+                };
+                let bound = 4.0 * EPS * (f64::from(w).abs() / s.abs() + 1.0) * s.abs() + f64::from(f32::MIN_POSITIVE);
+                assert!((f64::from(g) - f64::from(w)).abs() <= bound, "{scale:?} {rows}x{classes} at {i}: {g} vs {w}");
+            }
+            let mut threaded = vec![f32::NAN; x.len()];
+            cross_entropy_grad(&x, classes, &labels, ignore, scale, &mut threaded, &RayonPool(Some(&pool))).unwrap();
+            assert_eq!(
+                threaded.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                first.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+}
+
+#[test]
+fn cross_entropy_of_ignored_rows_is_zero_and_all_ignored_mean_is_nan() {
+    let x = [1.0f32, 2.0, 3.0, 0.5, 0.5, 0.5];
+    let mut dx = [f32::NAN; 6];
+    cross_entropy_grad(&x, 3, &[1, -1], Some(-1), LossScale::Sum(1.0), &mut dx, &Sequential).unwrap();
+    assert_eq!(&dx[3..], &[0.0; 3]);
+    assert!(dx[1] < 0.0 && dx[0] > 0.0 && dx[2] > 0.0);
+    cross_entropy_grad(&x, 3, &[-1, -1], Some(-1), LossScale::Mean(1.0), &mut dx, &Sequential).unwrap();
+    assert!(dx.iter().all(|v| v.is_nan()));
+    let err = cross_entropy_grad(&x, 3, &[0], None, LossScale::Sum(1.0), &mut dx, &Sequential);
+    assert_eq!(err, Err(KernelError::LengthMismatch { what: "scores", got: 6, expected: 3 }));
+}
