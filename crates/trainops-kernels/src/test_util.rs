@@ -30,24 +30,48 @@ pub fn uniform(seed: u64) -> impl FnMut() -> f64 {
 pub trait Bits: Copy {
     /// The bits, zero-extended.
     fn bits(self) -> u64;
+    /// True for a NaN (any payload, either sign).
+    fn is_nan_bits(self) -> bool;
+    /// [`Bits::bits`], but every NaN as one value: which NaN an operation on a NaN gives is
+    /// not something Rust promises (LLVM may fold the reference's arithmetic on a NaN to
+    /// another payload or sign in an optimised build), only that it is a NaN.
+    fn canonical_bits(self) -> u64 {
+        if self.is_nan_bits() {
+            u64::MAX
+        } else {
+            self.bits()
+        }
+    }
 }
 impl Bits for f32 {
     fn bits(self) -> u64 {
         u64::from(self.to_bits())
+    }
+    fn is_nan_bits(self) -> bool {
+        self.is_nan()
     }
 }
 impl Bits for f64 {
     fn bits(self) -> u64 {
         self.to_bits()
     }
+    fn is_nan_bits(self) -> bool {
+        self.is_nan()
+    }
 }
 impl Bits for half::f16 {
     fn bits(self) -> u64 {
         u64::from(self.to_bits())
     }
+    fn is_nan_bits(self) -> bool {
+        self.is_nan()
+    }
 }
 impl Bits for half::bf16 {
     fn bits(self) -> u64 {
         u64::from(self.to_bits())
+    }
+    fn is_nan_bits(self) -> bool {
+        self.is_nan()
     }
 }

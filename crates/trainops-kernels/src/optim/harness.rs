@@ -89,9 +89,10 @@ pub fn reference<O: Optimizer<N>, X: Element, G: Element<C = X::C>, const N: usi
     cases.iter().map(|(s, g)| O::reference(attrs, r, t, s.each_ref().map(Vec::as_slice), g)).collect()
 }
 
-/// Every output element's bits, tensor by tensor, stream by stream.
+/// Every output element's bits, tensor by tensor, stream by stream (every NaN as one value:
+/// [`Bits::canonical_bits`]).
 pub fn bits<X: Bits, const N: usize>(outs: &[[Vec<X>; N]]) -> Vec<u64> {
-    outs.iter().flatten().flatten().map(|e| e.bits()).collect()
+    outs.iter().flatten().flatten().map(|e| e.canonical_bits()).collect()
 }
 
 /// The fast path with coefficients `c` on every level, in place and out of place, on one
@@ -107,7 +108,12 @@ pub fn check_coeffs<O: Optimizer<N>, X: Element + Bits, G: Element<C = X::C>, co
         for in_place in [false, true] {
             for par in [&Sequential as &dyn Parallelism, &RayonPool(Some(pool()))] {
                 let got = bits(&fast::<O, X, G, N>(level, c, cases, par, in_place));
-                assert!(got == want, "{} {what} {level:?} in_place={in_place}", std::any::type_name::<(X, G)>());
+                let first = got.iter().zip(&want).position(|(a, b)| a != b).map(|i| (i, got[i], want[i]));
+                assert!(
+                    got == want,
+                    "{} {what} {level:?} in_place={in_place}: first difference (index, got, want) {first:x?}",
+                    std::any::type_name::<(X, G)>()
+                );
             }
         }
     }
