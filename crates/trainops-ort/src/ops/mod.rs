@@ -1,10 +1,12 @@
 //! The op catalogue, in family folders: [`optim`] (Adam, Adagrad, Momentum, AdamW, and the generic
 //! run path they share), [`loss_scale`] (MixedPrecisionAdam, DynamicLossScale, AllFinite),
 //! [`random`] (Philox, PhiloxUniform, PhiloxNormal, PhiloxDropout, and the state and shape
-//! handling they share), [`bench`]
+//! handling they share), [`grad`] (backward kernels: ReluGrad, LeakyReluGrad, GeluGrad,
+//! MaxPoolGrad), [`bench`]
 //! (MemoryCeiling); [`io`] is the one input reader and output check.
 
 pub mod bench;
+pub mod grad;
 pub mod io;
 pub mod loss_scale;
 pub mod optim;
@@ -37,6 +39,10 @@ pub fn catalogue() -> Vec<Domain> {
                 &optim::quantized::ADAMW_8BIT,
                 &optim::bf16state::ADAM_BF16_STATE,
                 &optim::bf16state::ADAMW_BF16_STATE,
+                &grad::activation::RELU_GRAD,
+                &grad::activation::LEAKY_RELU_GRAD,
+                &grad::activation::GELU_GRAD,
+                &grad::pool::MaxPoolGrad,
             ]
             .into_iter()
             // PhiloxUniform and PhiloxNormal, once per output type (see `distributions`).
