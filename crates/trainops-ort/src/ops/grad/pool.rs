@@ -9,7 +9,7 @@ use trainops_kernels::grad::pool::max_pool_grad;
 use super::{float_input, no_overlap, typed_input};
 use crate::error::{Error, Result};
 use crate::ffi::pool::OrtPool;
-use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
+use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, Signature};
 use crate::ops::io;
 
 const OP: &str = "MaxPoolGrad";
@@ -31,12 +31,10 @@ impl OpSpec for MaxPoolGrad {
         Ok(Box::new(MaxPoolGradKernel))
     }
 
-    fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
-        // The sizes are a tensor's values, unknown at load. No dimensions at all: unknown
-        // ones get names per op, not per node, and ONNX Runtime would take two nodes'
-        // outputs for one size and share their buffers.
-        ctx.set_output(0, DType::Float, None)
-    }
+    // No `infer`: the output's sizes are a tensor's values, unknown at load, and unknown
+    // dimensions get names per op, not per node (ONNX Runtime would then share the buffers
+    // of two nodes' outputs); an info without dimensions would say "scalar". The type
+    // comes from the signature, the shape stays unknown.
 }
 
 struct MaxPoolGradKernel;
