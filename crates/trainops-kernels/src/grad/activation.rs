@@ -5,7 +5,7 @@
 //!   (`y > 0` exactly when `x > 0`).
 //! - [`leaky_relu_grad`]: `gx = x > 0 ? gy : alpha * gy` (exact: one float32 product).
 //! - [`gelu_grad`]: ONNX Gelu's exact derivative, `none` (erf) and `tanh` forms, evaluated
-//!   in float64 and rounded once: at most 1 ulp (float32) from the exact value of
+//!   in float64 lanes (vectorised, see `gelu`) and rounded once: at most 1 ulp (float32) from the exact value of
 //!   `gy * Gelu'(x)` (tested against numpy's float64 in `tests/test_grad_activation.py` and
 //!   against a float64 reference here).
 //!
@@ -14,7 +14,7 @@
 //! alone, so the fast path equals the reference bit for bit however the work is cut.
 
 use crate::parallel::{run_chunked, Splittable, CHUNK, SERIAL_BELOW};
-use crate::{KernelError, Parallelism};
+use crate::{KernelError, Level, Parallelism};
 
 /// Which ONNX Gelu the gradient is of (its `approximate` attribute).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +25,7 @@ pub enum Gelu {
     Tanh,
 }
 
-/// Gelu's work per element is ~40x Relu's: smaller chunks, and threads from fewer elements.
+/// Gelu's work per element is ~20x Relu's: smaller chunks, and threads from fewer elements.
 const GELU_CHUNK: usize = 1 << 12;
 const GELU_SERIAL_BELOW: usize = 1 << 13;
 
@@ -97,8 +97,8 @@ pub fn leaky_relu_grad(
 }
 
 /// `gx[i] = gy[i] * Gelu'(x[i])`, computed in float64 and rounded once to float32 (at most
-/// 1 ulp from the exact value). `Gelu'(+inf) = 1`, `Gelu'(-inf) = 0`; a NaN gives NaN.
-/// Errors when the lengths differ.
+/// 1 ulp from the exact value; see `gelu` for how). `Gelu'(+inf) = 1`, `Gelu'(-inf) = 0`;
+/// a NaN gives NaN. Errors when the lengths differ.
 pub fn gelu_grad(
     gy: &[f32],
     x: &[f32],
@@ -106,49 +106,27 @@ pub fn gelu_grad(
     gx: &mut [f32],
     par: &dyn Parallelism,
 ) -> Result<(), KernelError> {
-    let d = match approximate {
-        Gelu::Erf => gelu_erf_derivative,
-        Gelu::Tanh => gelu_tanh_derivative,
-    };
+    gelu_grad_with(crate::simd::detected(), gy, x, approximate, gx, par)
+}
+
+/// [`gelu_grad`] at a given instruction-set level (the portable code where `level` is not
+/// available); every level gives the same bits.
+pub fn gelu_grad_with(
+    level: Level,
+    gy: &[f32],
+    x: &[f32],
+    approximate: Gelu,
+    gx: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(), KernelError> {
     run(gy, x, gx, par, (GELU_CHUNK, GELU_SERIAL_BELOW), |p| {
-        for ((o, &g), &x) in p.gx.iter_mut().zip(p.gy).zip(p.x) {
-            *o = (f64::from(g) * d(f64::from(x))) as f32;
-        }
+        super::gelu::run_piece(level, p.gy, p.x, p.gx, approximate);
     })
-}
-
-/// `1/sqrt(2 pi)`.
-const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
-/// `sqrt(2/pi)`.
-const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
-/// The cubic coefficient of Gelu's tanh form.
-const GELU_C: f64 = 0.044_715;
-
-/// `d/dx [x Phi(x)] = Phi(x) + x phi(x)`, with `Phi(x) = erfc(-x/sqrt 2)/2` (no cancellation
-/// in the left tail, where `(1 + erf)/2` would lose every digit).
-fn gelu_erf_derivative(x: f64) -> f64 {
-    if x.is_infinite() {
-        return if x > 0.0 { 1.0 } else { 0.0 };
-    }
-    0.5 * libm::erfc(-x * core::f64::consts::FRAC_1_SQRT_2) + x * (-0.5 * x * x).exp() * INV_SQRT_2PI
-}
-
-/// With `u = sqrt(2/pi) (x + c x^3)`, `t = tanh u` and `s = (1 + t)/2 = sigmoid(2u)`:
-/// `d/dx [x s] = s + 2 x s (1 - s) sqrt(2/pi) (1 + 3 c x^2)`. `s` and `1 - s` both come from
-/// `e = exp(-2|u|)`, so neither tail cancels (`1 + tanh u` would round to 0 far left).
-fn gelu_tanh_derivative(x: f64) -> f64 {
-    if x.is_infinite() {
-        return if x > 0.0 { 1.0 } else { 0.0 };
-    }
-    let x2 = x * x;
-    let u = SQRT_2_OVER_PI * x * (1.0 + GELU_C * x2);
-    let e = (-2.0 * u.abs()).exp();
-    let (s, one_minus_s) = if u >= 0.0 { (1.0 / (1.0 + e), e / (1.0 + e)) } else { (e / (1.0 + e), 1.0 / (1.0 + e)) };
-    s + 2.0 * x * s * one_minus_s * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_C * x2)
 }
 
 /// Plain scalar references, straight from the definitions, for the tests.
 pub mod reference {
+    #[cfg(test)]
     use super::Gelu;
 
     /// Relu's gradient, element by element.
@@ -161,9 +139,10 @@ pub mod reference {
         gy.iter().zip(x).map(|(&g, &x)| if x > 0.0 { g } else { alpha * g }).collect()
     }
 
-    /// Gelu's derivative in float64, straight from the textbook forms: `Phi(x) + x phi(x)`
+    /// Gelu's derivative in float64 (libm's erf), straight from the textbook forms: `Phi(x) + x phi(x)`
     /// with `Phi = (1 + erf(x/sqrt 2))/2`, and `(1 + t)/2 + x/2 (1 - t^2) u'` for tanh.
     /// (Less accurate in the far left tail than the fast path, which avoids cancellation.)
+    #[cfg(test)]
     pub fn gelu_derivative(x: f64, approximate: Gelu) -> f64 {
         use core::f64::consts::{PI, SQRT_2};
         match approximate {
@@ -177,6 +156,7 @@ pub mod reference {
     }
 
     /// Gelu's gradient, element by element (float64, rounded once).
+    #[cfg(test)]
     pub fn gelu_grad(gy: &[f32], x: &[f32], approximate: Gelu) -> Vec<f32> {
         gy.iter().zip(x).map(|(&g, &x)| (f64::from(g) * gelu_derivative(f64::from(x), approximate)) as f32).collect()
     }
@@ -258,6 +238,23 @@ mod tests {
     }
 
     #[test]
+    fn gelu_every_level_gives_the_same_bits() {
+        for approximate in [Gelu::Erf, Gelu::Tanh] {
+            for &n in &SIZES {
+                let gy = specials(data(n, 13 + n as u64, 4.0));
+                let x = specials(data(n, 17 + n as u64, 16.0));
+                let mut want = vec![0.0; n];
+                gelu_grad_with(Level::Scalar, &gy, &x, approximate, &mut want, &Sequential).unwrap();
+                for level in crate::simd::available_levels() {
+                    let mut got = vec![0.0; n];
+                    gelu_grad_with(level, &gy, &x, approximate, &mut got, &RayonPool(None)).unwrap();
+                    assert_eq!(bits(&got), bits(&want), "{approximate:?} {level:?} n = {n}");
+                }
+            }
+        }
+    }
+
+    #[test]
     fn gelu_fast_path_is_the_same_however_cut() {
         for approximate in [Gelu::Erf, Gelu::Tanh] {
             for &n in &SIZES {
@@ -299,13 +296,28 @@ mod tests {
         }
     }
 
+    /// A dense sweep of the erf form over [-14, 14] (the left tail included) against libm's
+    /// float64 erfc, an implementation independent of the fast path's expansions: 1 ulp.
+    #[test]
+    fn gelu_erf_sweep_against_libm_erfc() {
+        let x: Vec<f32> = (0..200_001).map(|k| (-14.0 + 28.0 * f64::from(k) / 200_000.0) as f32).collect();
+        let mut got = vec![0.0; x.len()];
+        gelu_grad(&vec![1.0; x.len()], &x, Gelu::Erf, &mut got, &Sequential).unwrap();
+        for (&x, &g) in x.iter().zip(&got) {
+            let x = f64::from(x);
+            let d = 0.5 * libm::erfc(-x / core::f64::consts::SQRT_2)
+                + x * (-0.5 * x * x).exp() / (2.0 * core::f64::consts::PI).sqrt();
+            assert!(ulps(g, d as f32) <= 1, "x = {x}: {g} vs {d}");
+        }
+    }
+
     /// The far left tail, against values worked out independently: Gelu'(x) there is
     /// `phi(x) (1/|x| - |x| - 1/|x|^3 + ...)` (Mills ratio), which the fast path must keep
     /// to float32 precision where `(1 + erf)/2` has no digits left.
     #[test]
     fn gelu_erf_left_tail() {
         for x in [-8.0f64, -12.0, -20.0] {
-            let phi = (-x * x / 2.0).exp() * INV_SQRT_2PI;
+            let phi = (-x * x / 2.0).exp() / (2.0 * core::f64::consts::PI).sqrt();
             let a = -x;
             let mills = 1.0 / a - 1.0 / a.powi(3) + 3.0 / a.powi(5) - 15.0 / a.powi(7) + 105.0 / a.powi(9);
             let want = (phi * (mills - a)) as f32;

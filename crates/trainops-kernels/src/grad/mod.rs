@@ -5,4 +5,5 @@
 //! - [`pool`]: MaxPool (a scatter-add at the forward's Indices).
 
 pub mod activation;
+mod gelu;
 pub mod pool;
