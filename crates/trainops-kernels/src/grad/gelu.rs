@@ -88,7 +88,7 @@ fn chebyshev(c: &[f64; 17], u: f64) -> f64 {
 #[inline(always)]
 fn exp_nonpositive(t: f64) -> f64 {
     const MAGIC: f64 = 6_755_399_441_055_744.0; // 1.5 * 2^52: adding it rounds to an integer
-    const LN2_HI: f64 = 6.931_471_803_691_238_2e-1; // fdlibm's split of ln 2 (k * HI exact)
+    const LN2_HI: f64 = 6.931_471_803_691_238e-1; // fdlibm's split of ln 2 (k * HI exact)
     const LN2_LO: f64 = 1.908_214_929_270_587_7e-10;
     let t = t.max(-708.0);
     let kf = t * core::f64::consts::LOG2_E + MAGIC;
