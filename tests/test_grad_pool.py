@@ -70,6 +70,43 @@ def test_max_pool_grad_matches_numpy(make_session, rng, shape, attrs):
     assert got.tobytes() == want.reshape(shape).tobytes()
 
 
+def from_input_model(**attrs):
+    node = helper.make_node("MaxPoolGradFromInput", ["dY", "X"], ["dX"], domain=TRAINOPS_DOMAIN, **attrs)
+    return model([node], [vi("dY"), vi("X")], [vi("dX")])
+
+
+def explicit(attrs, rank):
+    """MaxPool's window attributes for MaxPoolGradFromInput (no ceil_mode: dY's sizes)."""
+    return {k: v for k, v in attrs.items() if k != "ceil_mode"}
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("shape,attrs", CASES)
+def test_from_input_matches_the_indices_route(make_session, rng, shape, attrs, relu):
+    """The argmax found again in X is the one ORT's MaxPool returns as Indices, ties
+    included (relu: many exact zeros, so many windows tie)."""
+    x = rng.standard_normal(shape).astype(F32)
+    if relu:
+        x = np.maximum(x, 0)
+    _, idx = forward(make_session, x, attrs)
+    gy = rng.standard_normal(idx.shape).astype(F32)
+    want = np.zeros(x.size, F32)
+    np.add.at(want, idx.reshape(-1), gy.reshape(-1))
+    got = make_session(from_input_model(**explicit(attrs, len(shape))), threads=2).run(None, {"dY": gy, "X": x})[0]
+    assert got.shape == shape and got.tobytes() == want.reshape(shape).tobytes()
+
+
+def test_from_input_bad_inputs(make_session):
+    sess = make_session(from_input_model(kernel_shape=[2, 2], strides=[2, 2]))
+    with pytest.raises(Exception, match=r"MaxPoolGradFromInput: input 0 \(dY\): expected rank 4"):
+        sess.run(None, {"dY": np.ones((1, 1, 2), F32), "X": np.ones((1, 1, 4, 4), F32)})
+    with pytest.raises(Exception, match=r"MaxPoolGradFromInput: input 1 \(X\): expected rank 4 with N, C = \[1, 1\]"):
+        sess.run(None, {"dY": np.ones((1, 1, 2, 2), F32), "X": np.ones((1, 2, 4, 4), F32)})
+    with pytest.raises(Exception, match=r"MaxPoolGradFromInput: attribute 'strides': expected 2 values >= 1"):
+        make_session(from_input_model(kernel_shape=[2, 2], strides=[0, 2])).run(
+            None, {"dY": np.ones((1, 1, 2, 2), F32), "X": np.ones((1, 1, 4, 4), F32)})
+
+
 def test_max_pool_grad_matches_finite_differences(make_session, rng):
     """Independent of Indices: d/dx sum(gy * MaxPool(x)), by central differences in the
     forward (distinct values, so no tie moves under the step)."""
@@ -158,16 +195,17 @@ def test_rule_fused_matches_standard_ops(library_path, monkeypatch, with_indices
     (a, la), (b, lb) = runs["1"], runs["0"]
     ops_a = Counter(n.op_type for n in a.training_model().graph.node)
     ops_b = Counter(n.op_type for n in b.training_model().graph.node)
-    assert ops_a["MaxPoolGrad"] == 1 and ops_b["MaxPoolGrad"] == 0
+    fused = "MaxPoolGrad" if with_indices else "MaxPoolGradFromInput"
+    assert ops_a[fused] == 1 and ops_b[fused] == 0
     assert ops_b["ScatterElements"] >= 1 and ops_a["ScatterElements"] == 0
-    # The forward's own Indices are read when the model has them; else the rule's second
-    # MaxPool (with Indices) is merged with the forward one by the step graph's clean-up:
-    # either way one MaxPool, whose Indices MaxPoolGrad reads.
     nodes = a.training_model().graph.node
     pool = [n for n in nodes if n.op_type == "MaxPool"]
-    grad = next(n for n in nodes if n.op_type == "MaxPoolGrad")
-    assert len(pool) == 1 and grad.input[1] == pool[0].output[1]
-    assert (grad.input[1] == "pi") == with_indices
+    grad = next(n for n in nodes if n.op_type == fused)
+    assert len(pool) == 1
+    if with_indices:  # the forward's own Indices are read
+        assert grad.input[1] == "pi" == pool[0].output[1]
+    else:  # the forward MaxPool keeps one output (onnxruntime's fast path)
+        assert len([o for o in pool[0].output if o]) == 1 and grad.input[1] == pool[0].input[0]
     np.testing.assert_allclose(la, lb, rtol=1e-6)
     pa, pb = a.parameters(), b.parameters()
     for k in pa:

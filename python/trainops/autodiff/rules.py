@@ -714,10 +714,13 @@ def max_pool(c: Ctx):
     dil = list(c.attr("dilations", [1] * n))
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in c.node.attribute}
     if b.fuses(X, c.y):
-        # The forward's own Indices when the model asks for them, else MaxPool again.
         outs = c.node.output
-        idx = outs[1] if len(outs) > 1 and outs[1] else b.op("MaxPool", [X], 2, **attrs)[1]
-        return [b.op("MaxPoolGrad", [c.gy, idx, b.shape_of(X)], domain=TRAINOPS_DOMAIN)]
+        if len(outs) > 1 and outs[1]:  # the forward's own Indices
+            return [b.op("MaxPoolGrad", [c.gy, outs[1], b.shape_of(X)], domain=TRAINOPS_DOMAIN)]
+        # Else the argmax found again in X: asking MaxPool for Indices would take the forward
+        # off onnxruntime's fast pooling (2-3x slower with them).
+        return [b.op("MaxPoolGradFromInput", [c.gy, X], domain=TRAINOPS_DOMAIN, kernel_shape=k,
+                     strides=strides, dilations=dil, pads=_pads(c, in_sp, k, strides, dil))]
     overlap = any(s < (kk - 1) * d + 1 for s, kk, d in zip(strides, k, dil))
     if overlap and b.opset < 16:
         raise c.fail("overlapping pooling windows need opset >= 16 (ScatterElements "

@@ -236,3 +236,217 @@ mod tests {
         assert!(matches!(e, PoolGradError::Index { position: 3_000, .. }), "{e}");
     }
 }
+
+/// A MaxPool's windows, per spatial dimension (at most 3): for output position `o`, the
+/// input positions `o * stride + j * dilation - pad_begin`, `j < kernel`, those inside the
+/// input.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Window {
+    /// Window size.
+    pub kernel: Vec<usize>,
+    /// Step between windows.
+    pub strides: Vec<usize>,
+    /// Step inside a window.
+    pub dilations: Vec<usize>,
+    /// Padding before the first element.
+    pub pad_begin: Vec<usize>,
+}
+
+/// A spatial layout padded to 3 dimensions (leading dimensions of size 1).
+fn pad3(v: &[usize], fill: usize) -> [usize; 3] {
+    let mut out = [fill; 3];
+    out[3 - v.len()..].copy_from_slice(v);
+    out
+}
+
+/// One plane of [`max_pool_grad_from_input`]: each output element's argmax in its window
+/// found as ONNX Runtime's MaxPool finds its `Indices` (scan in row-major window order,
+/// starting below every finite value, taking a strictly greater one: the first of equal
+/// maxima, NaN never), then `gy` added there.
+fn argmax_plane(gy: &[f32], x: &[f32], gx: &mut [f32], inp: [usize; 3], out: [usize; 3], w: &[[usize; 3]; 4]) {
+    let [k, s, d, p] = w;
+    gx.fill(0.0);
+    let mut j = 0;
+    for o0 in 0..out[0] {
+        for o1 in 0..out[1] {
+            for o2 in 0..out[2] {
+                let (mut best, mut at) = (f32::MIN, usize::MAX);
+                for k0 in 0..k[0] {
+                    let i0 = (o0 * s[0] + k0 * d[0]).wrapping_sub(p[0]);
+                    if i0 >= inp[0] {
+                        continue;
+                    }
+                    for k1 in 0..k[1] {
+                        let i1 = (o1 * s[1] + k1 * d[1]).wrapping_sub(p[1]);
+                        if i1 >= inp[1] {
+                            continue;
+                        }
+                        let row = (i0 * inp[1] + i1) * inp[2];
+                        for k2 in 0..k[2] {
+                            let i2 = (o2 * s[2] + k2 * d[2]).wrapping_sub(p[2]);
+                            if i2 < inp[2] && x[row + i2] > best {
+                                best = x[row + i2];
+                                at = row + i2;
+                            }
+                        }
+                    }
+                }
+                if let Some(g) = gx.get_mut(at) {
+                    *g += gy[j];
+                }
+                j += 1;
+            }
+        }
+    }
+}
+
+/// MaxPool's gradient from its input `x` (no `Indices`): `gx = 0`, then each `gy` element
+/// added at its window's maximum, chosen as ONNX Runtime's MaxPool chooses its `Indices`
+/// (the first of equal maxima in row-major window order; a window of only NaN and `-inf`
+/// gets none). `in_sp` / `out_sp`: the spatial sizes of `x` and `gy` (1 to 3 dimensions, as
+/// `window`'s lists); `planes = N * C`. Same bits as the `Indices` route.
+#[allow(clippy::too_many_arguments)]
+pub fn max_pool_grad_from_input(
+    gy: &[f32],
+    x: &[f32],
+    planes: usize,
+    in_sp: &[usize],
+    out_sp: &[usize],
+    window: &Window,
+    gx: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(), PoolGradError> {
+    let nd = in_sp.len();
+    let lists = [&window.kernel, &window.strides, &window.dilations, &window.pad_begin];
+    if !(1..=3).contains(&nd) || out_sp.len() != nd || lists.iter().any(|l| l.len() != nd) {
+        return Err(PoolGradError::Length { what: "spatial dimensions", got: nd, expected: out_sp.len() });
+    }
+    let (inp, out) = (in_sp.iter().product::<usize>(), out_sp.iter().product::<usize>());
+    for (what, buf, want) in
+        [("gy", gy.len(), planes * out), ("x", x.len(), planes * inp), ("gx", gx.len(), planes * inp)]
+    {
+        if buf != want {
+            return Err(PoolGradError::Length { what, got: buf, expected: want });
+        }
+    }
+    if planes == 0 {
+        return Ok(());
+    }
+    let w = [pad3(&window.kernel, 1), pad3(&window.strides, 1), pad3(&window.dilations, 1), pad3(&window.pad_begin, 0)];
+    let (inp3, out3) = (pad3(in_sp, 1), pad3(out_sp, 1));
+    let per_plane = (out + inp).max(1);
+    let work = WithInput { gy, x, gx, out, inp };
+    run_chunked(vec![work], par, (CHUNK / per_plane).max(1), SERIAL_BELOW.div_ceil(per_plane), |p| {
+        if p.inp == 0 {
+            return;
+        }
+        let planes = p.gy.chunks_exact(p.out.max(1)).zip(p.x.chunks_exact(p.inp));
+        for (gx, (gy, x)) in p.gx.chunks_exact_mut(p.inp).zip(planes) {
+            argmax_plane(gy, x, gx, inp3, out3, &w);
+        }
+    });
+    Ok(())
+}
+
+/// Whole planes of [`max_pool_grad_from_input`].
+struct WithInput<'a> {
+    gy: &'a [f32],
+    x: &'a [f32],
+    gx: &'a mut [f32],
+    out: usize,
+    inp: usize,
+}
+
+impl Splittable for WithInput<'_> {
+    fn len(&self) -> usize {
+        self.gx.len().checked_div(self.inp).unwrap_or(0)
+    }
+    fn split_at(self, mid: usize) -> (Self, Self) {
+        let (gy0, gy1) = self.gy.split_at(mid * self.out);
+        let (x0, x1) = self.x.split_at(mid * self.inp);
+        let (gx0, gx1) = self.gx.split_at_mut(mid * self.inp);
+        let (out, inp) = (self.out, self.inp);
+        (WithInput { gy: gy0, x: x0, gx: gx0, out, inp }, WithInput { gy: gy1, x: x1, gx: gx1, out, inp })
+    }
+}
+
+#[cfg(test)]
+mod from_input_tests {
+    use super::*;
+    use crate::test_util::uniform;
+    use crate::{RayonPool, Sequential};
+
+    /// A 2-D reference written apart: ORT's MaxPool2D loop (hstart, clipped ends), its
+    /// Indices, then the scatter of the reference above.
+    fn reference_2d(
+        gy: &[f32],
+        x: &[f32],
+        planes: usize,
+        hw: (usize, usize),
+        ohw: (usize, usize),
+        w: &Window,
+    ) -> Vec<f32> {
+        let (h, wd) = hw;
+        let mut idx = Vec::new();
+        for p in 0..planes {
+            for ph in 0..ohw.0 {
+                for pw in 0..ohw.1 {
+                    let hs = (ph * w.strides[0]) as i64 - w.pad_begin[0] as i64;
+                    let ws = (pw * w.strides[1]) as i64 - w.pad_begin[1] as i64;
+                    let (mut best, mut at) = (f32::MIN, -1i64);
+                    for kh in 0..w.kernel[0] as i64 {
+                        for kw in 0..w.kernel[1] as i64 {
+                            let (hh, ww) = (hs + kh * w.dilations[0] as i64, ws + kw * w.dilations[1] as i64);
+                            if (0..h as i64).contains(&hh) && (0..wd as i64).contains(&ww) {
+                                let i = (p * h * wd) as i64 + hh * wd as i64 + ww;
+                                if x[i as usize] > best {
+                                    best = x[i as usize];
+                                    at = i;
+                                }
+                            }
+                        }
+                    }
+                    idx.push(at);
+                }
+            }
+        }
+        reference::max_pool_grad(gy, &idx, planes * h * wd).unwrap()
+    }
+
+    #[test]
+    fn equals_the_indices_route_with_ties_and_padding() {
+        let cases = [
+            (3, (8, 8), [2, 2], [2, 2], [1, 1], [0, 0]),
+            (2, (9, 7), [3, 3], [1, 1], [1, 1], [1, 1]),
+            (4, (11, 9), [2, 3], [2, 1], [2, 1], [1, 0]),
+            (64, (16, 16), [3, 3], [2, 2], [1, 1], [1, 1]),
+        ];
+        for (seed, &(planes, (h, wd), k, s, d, p)) in cases.iter().enumerate() {
+            let w = Window { kernel: k.to_vec(), strides: s.to_vec(), dilations: d.to_vec(), pad_begin: p.to_vec() };
+            let oh = (h + 2 * p[0] - (k[0] - 1) * d[0] - 1) / s[0] + 1;
+            let ow = (wd + 2 * p[1] - (k[1] - 1) * d[1] - 1) / s[1] + 1;
+            let mut u = uniform(seed as u64);
+            // Relu-like data: many exact zeros, so windows tie.
+            let x: Vec<f32> = (0..planes * h * wd).map(|_| (u() as f32).max(0.0)).collect();
+            let gy: Vec<f32> = (0..planes * oh * ow).map(|_| u() as f32).collect();
+            let want = reference_2d(&gy, &x, planes, (h, wd), (oh, ow), &w);
+            for par in [&Sequential as &dyn Parallelism, &RayonPool(None)] {
+                let mut gx = vec![f32::NAN; x.len()];
+                max_pool_grad_from_input(&gy, &x, planes, &[h, wd], &[oh, ow], &w, &mut gx, par).unwrap();
+                assert_eq!(
+                    gx.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                    want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn bad_lengths_are_errors() {
+        let w = Window { kernel: vec![2], strides: vec![2], dilations: vec![1], pad_begin: vec![0] };
+        let mut gx = [0.0; 4];
+        assert!(max_pool_grad_from_input(&[1.0; 2], &[0.0; 4], 1, &[4], &[2], &w, &mut gx, &Sequential).is_ok());
+        assert!(max_pool_grad_from_input(&[1.0; 3], &[0.0; 4], 1, &[4], &[2], &w, &mut gx, &Sequential).is_err());
+        assert!(max_pool_grad_from_input(&[1.0; 2], &[0.0; 4], 1, &[2, 2], &[2], &w, &mut gx, &Sequential).is_err());
+    }
+}

@@ -2,7 +2,7 @@
 //! run path they share), [`loss_scale`] (MixedPrecisionAdam, DynamicLossScale, AllFinite),
 //! [`random`] (Philox, PhiloxUniform, PhiloxNormal, PhiloxDropout, and the state and shape
 //! handling they share), [`grad`] (backward kernels: ReluGrad, LeakyReluGrad, GeluGrad,
-//! MaxPoolGrad), [`bench`]
+//! MaxPoolGrad, MaxPoolGradFromInput), [`bench`]
 //! (MemoryCeiling); [`io`] is the one input reader and output check.
 
 pub mod bench;
@@ -43,6 +43,7 @@ pub fn catalogue() -> Vec<Domain> {
                 &grad::activation::LEAKY_RELU_GRAD,
                 &grad::activation::GELU_GRAD,
                 &grad::pool::MaxPoolGrad,
+                &grad::pool::MaxPoolGradFromInput,
             ]
             .into_iter()
             // PhiloxUniform and PhiloxNormal, once per output type (see `distributions`).

@@ -4,7 +4,7 @@
 //!
 //! - [`activation`]: `ReluGrad(dY, X)`, `LeakyReluGrad(dY, X; alpha)`,
 //!   `GeluGrad(dY, X; approximate)` -> `dX`.
-//! - [`pool`]: `MaxPoolGrad(dY, Indices, shape) -> dX`.
+//! - [`pool`]: `MaxPoolGrad(dY, Indices, shape) -> dX`, `MaxPoolGradFromInput(dY, X) -> dX`.
 
 pub mod activation;
 pub mod pool;
