@@ -259,35 +259,51 @@ fn pad3(v: &[usize], fill: usize) -> [usize; 3] {
     out
 }
 
+/// Per spatial dimension and output position, the range of window steps that land inside
+/// the input (the same for every plane: worked out once per call).
+type Spans = [Vec<(usize, usize)>; 3];
+
+fn spans(inp: [usize; 3], out: [usize; 3], w: &[[usize; 3]; 4]) -> Spans {
+    let [k, s, d, p] = w;
+    let start = |a: usize, o: usize| (o * s[a]) as isize - p[a] as isize;
+    core::array::from_fn(|a| {
+        let inside = |o: usize, j: usize| (0..inp[a] as isize).contains(&(start(a, o) + (j * d[a]) as isize));
+        (0..out[a])
+            .map(|o| {
+                let lo = (0..k[a]).find(|&j| inside(o, j)).unwrap_or(k[a]);
+                let hi = (lo..k[a]).take_while(|&j| inside(o, j)).last().map_or(lo, |j| j + 1);
+                (lo, hi)
+            })
+            .collect()
+    })
+}
+
 /// One plane of [`max_pool_grad_from_input`]: each output element's argmax in its window
 /// found as ONNX Runtime's MaxPool finds its `Indices` (scan in row-major window order,
 /// starting below every finite value, taking a strictly greater one: the first of equal
 /// maxima, NaN never), then `gy` added there.
-fn argmax_plane(gy: &[f32], x: &[f32], gx: &mut [f32], inp: [usize; 3], out: [usize; 3], w: &[[usize; 3]; 4]) {
-    let [k, s, d, p] = w;
+fn argmax_plane(gy: &[f32], x: &[f32], gx: &mut [f32], inp: [usize; 3], w: &[[usize; 3]; 4], spans: &Spans) {
+    let [_, s, d, p] = w;
     gx.fill(0.0);
+    let start = |a: usize, o: usize| (o * s[a]) as isize - p[a] as isize;
     let mut j = 0;
-    for o0 in 0..out[0] {
-        for o1 in 0..out[1] {
-            for o2 in 0..out[2] {
+    for (o0, &(lo0, hi0)) in spans[0].iter().enumerate() {
+        for (o1, &(lo1, hi1)) in spans[1].iter().enumerate() {
+            for (o2, &(lo2, hi2)) in spans[2].iter().enumerate() {
                 let (mut best, mut at) = (f32::MIN, usize::MAX);
-                for k0 in 0..k[0] {
-                    let i0 = (o0 * s[0] + k0 * d[0]).wrapping_sub(p[0]);
-                    if i0 >= inp[0] {
-                        continue;
-                    }
-                    for k1 in 0..k[1] {
-                        let i1 = (o1 * s[1] + k1 * d[1]).wrapping_sub(p[1]);
-                        if i1 >= inp[1] {
-                            continue;
-                        }
+                for k0 in lo0..hi0 {
+                    let i0 = (start(0, o0) + (k0 * d[0]) as isize) as usize;
+                    for k1 in lo1..hi1 {
+                        let i1 = (start(1, o1) + (k1 * d[1]) as isize) as usize;
                         let row = (i0 * inp[1] + i1) * inp[2];
-                        for k2 in 0..k[2] {
-                            let i2 = (o2 * s[2] + k2 * d[2]).wrapping_sub(p[2]);
-                            if i2 < inp[2] && x[row + i2] > best {
-                                best = x[row + i2];
-                                at = row + i2;
-                            }
+                        let base = start(2, o2);
+                        for k2 in lo2..hi2 {
+                            let i = row + (base + (k2 * d[2]) as isize) as usize;
+                            let v = x[i];
+                            // Branch-free: random data would mispredict a branch half the time.
+                            let better = v > best;
+                            best = if better { v } else { best };
+                            at = if better { i } else { at };
                         }
                     }
                 }
@@ -334,6 +350,7 @@ pub fn max_pool_grad_from_input(
     }
     let w = [pad3(&window.kernel, 1), pad3(&window.strides, 1), pad3(&window.dilations, 1), pad3(&window.pad_begin, 0)];
     let (inp3, out3) = (pad3(in_sp, 1), pad3(out_sp, 1));
+    let spans = spans(inp3, out3, &w);
     let per_plane = (out + inp).max(1);
     let work = WithInput { gy, x, gx, out, inp };
     run_chunked(vec![work], par, (CHUNK / per_plane).max(1), SERIAL_BELOW.div_ceil(per_plane), |p| {
@@ -342,7 +359,7 @@ pub fn max_pool_grad_from_input(
         }
         let planes = p.gy.chunks_exact(p.out.max(1)).zip(p.x.chunks_exact(p.inp));
         for (gx, (gy, x)) in p.gx.chunks_exact_mut(p.inp).zip(planes) {
-            argmax_plane(gy, x, gx, inp3, out3, &w);
+            argmax_plane(gy, x, gx, inp3, &w, &spans);
         }
     });
     Ok(())
