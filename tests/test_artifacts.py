@@ -163,7 +163,8 @@ def test_manifest_describes_the_training_model(library_path, tmp_path):
     d = tmp_path / "dropout"
     man = make_trainer("dropout-momentum").save_artifacts(d)
     assert man["custom_ops"] == ["ai.onnx.preview.training::Momentum",
-                                 "com.trainops::PhiloxDropout"]
+                                 "com.trainops::PhiloxDropout",
+                                 "com.trainops::ReluGrad"]  # the CPU step's fused Relu gradient
 
 
 def test_manifest_validates_against_the_schema(library_path, tmp_path):

@@ -16,14 +16,7 @@
 use crate::parallel::{run_chunked, Splittable, CHUNK, SERIAL_BELOW};
 use crate::{KernelError, Level, Parallelism};
 
-/// Which ONNX Gelu the gradient is of (its `approximate` attribute).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Gelu {
-    /// `approximate="none"`: `x/2 (1 + erf(x/sqrt 2))`.
-    Erf,
-    /// `approximate="tanh"`: `x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
-    Tanh,
-}
+pub use super::gelu::Gelu;
 
 /// Gelu's work per element is ~20x Relu's: smaller chunks, and threads from fewer elements.
 const GELU_CHUNK: usize = 1 << 12;

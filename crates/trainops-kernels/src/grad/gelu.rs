@@ -12,8 +12,16 @@
 //! The same code is compiled for each x86 level ([`Level`]); no fused multiply-add is ever
 //! formed (Rust does not contract), so every level gives the same bits.
 
-use super::activation::Gelu;
 use crate::simd::{Isa, Level};
+
+/// Which ONNX Gelu the gradient is of (its `approximate` attribute).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gelu {
+    /// `approximate="none"`: `x/2 (1 + erf(x/sqrt 2))`.
+    Erf,
+    /// `approximate="tanh"`: `x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+    Tanh,
+}
 
 /// `1/sqrt(2 pi)`.
 const INV_SQRT_2PI: f64 = 0.398_942_280_401_432_7;
