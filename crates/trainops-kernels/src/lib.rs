@@ -3,6 +3,7 @@
 //! - [`optim`]: the optimizer family (Adam, Adagrad, Momentum) behind one contract,
 //!   [`optim::Optimizer`]; [`ceiling`]: the benchmarks' memory yardstick on the same contract.
 //! - [`random`]: Philox4x32-10 random bits.
+//! - [`grad`]: backward kernels of standard ops (activations, pooling).
 //! - [`loss_scale`]: mixed precision (loss-scale rule, finiteness, 16-bit copies).
 //! - [`simd`] picks the instruction set once; [`parallel`] cuts work into chunks run on a
 //!   caller-supplied [`Parallelism`]; [`stream`]'s [`InOut`] keeps in-place updates from ever

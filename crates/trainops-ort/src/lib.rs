@@ -9,6 +9,9 @@
 //! - `com.trainops::Philox` (v1), DirectML's Philox4x32-10 random generator, and
 //!   `PhiloxUniform`, `PhiloxNormal`, `PhiloxDropout` (v1): distributions from its stream.
 //! - `com.trainops::MixedPrecisionAdam`, `DynamicLossScale`, `AllFinite` (v1): mixed precision.
+//! - `com.trainops::ReluGrad`, `LeakyReluGrad`, `GeluGrad`, `MaxPoolGrad`,
+//!   `MaxPoolGradFromInput` (v1): backward
+//!   kernels the autodiff rules emit on the CPU.
 //! - `com.trainops.bench::MemoryCeiling` (v1): Adam's memory traffic, for benchmarks.
 //!
 //! All arithmetic lives in `trainops-kernels`; `ops` checks nodes and plans memory; `ffi` is

@@ -172,6 +172,10 @@ def reciprocal(c: Ctx):
 def relu(c: Ctx):
     b = c.b
     x = c.x(0)
+    # (gy has y's type; emitted gradients carry no type of their own, so fuses() asks y.)
+    if b.fuses(x, c.y):
+        # ReluGrad reads Relu's output y (y > 0 exactly when x > 0), so x may be freed.
+        return [b.op("ReluGrad", [c.gy, c.y], domain=TRAINOPS_DOMAIN)]
     return [b.op("Where", [b.op("Greater", [x, b.scalar(0.0, x)]), c.gy, b.scalar(0.0, x)])]
 
 
@@ -180,6 +184,10 @@ def leaky_relu(c: Ctx):
     b = c.b
     x = c.x(0)
     alpha = c.attr("alpha", 0.01)
+    if b.fuses(x, c.y):
+        # With alpha > 0, y > 0 exactly when x > 0: read y then (x may be freed).
+        y = c.y if alpha > 0 else x
+        return [b.op("LeakyReluGrad", [c.gy, y], domain=TRAINOPS_DOMAIN, alpha=float(alpha))]
     return [b.op("Where", [b.op("Greater", [x, b.scalar(0.0, x)]), c.gy,
                            b.op("Mul", [c.gy, b.scalar(alpha, x)])])]
 
@@ -212,6 +220,8 @@ def gelu(c: Ctx):
     x = c.x(0)
     s = lambda v: b.scalar(v, x)  # noqa: E731
     approx = c.attr("approximate", "none")
+    if approx in ("none", "tanh") and b.fuses(x, c.y):
+        return [b.op("GeluGrad", [c.gy, x], domain=TRAINOPS_DOMAIN, approximate=approx)]
     if approx == "none":
         # d/dx [x/2 (1 + erf(x/sqrt2))] = (1 + erf(x/sqrt2))/2 + x exp(-x^2/2)/sqrt(2 pi)
         cdf = b.op("Mul", [s(0.5), b.op("Add", [s(1.0), b.op("Erf", [
@@ -731,11 +741,19 @@ def max_pool(c: Ctx):
     k = list(c.attr("kernel_shape"))
     strides = list(c.attr("strides", [1] * n))
     dil = list(c.attr("dilations", [1] * n))
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in c.node.attribute}
+    if b.fuses(X, c.y):
+        outs = c.node.output
+        if len(outs) > 1 and outs[1]:  # the forward's own Indices
+            return [b.op("MaxPoolGrad", [c.gy, outs[1], b.shape_of(X)], domain=TRAINOPS_DOMAIN)]
+        # Else the argmax found again in X: asking MaxPool for Indices would take the forward
+        # off onnxruntime's fast pooling (2-3x slower with them).
+        return [b.op("MaxPoolGradFromInput", [c.gy, X], domain=TRAINOPS_DOMAIN, kernel_shape=k,
+                     strides=strides, dilations=dil, pads=_pads(c, in_sp, k, strides, dil))]
     overlap = any(s < (kk - 1) * d + 1 for s, kk, d in zip(strides, k, dil))
     if overlap and b.opset < 16:
         raise c.fail("overlapping pooling windows need opset >= 16 (ScatterElements "
                      "with reduction 'add')")
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in c.node.attribute}
     _, idx = b.op("MaxPool", [X], 2, **attrs)
     return [_scatter_flat(b, X, idx, c.gy, add=overlap)]
 

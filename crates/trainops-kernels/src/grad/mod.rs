@@ -1,5 +1,13 @@
-//! Backward ("gradient") kernels of the autodiff rules' fused ops (issue 24), each on plain
+//! Backward ("gradient") kernels of standard ONNX ops, which the autodiff rules emit as
+//! `com.trainops` ops on the CPU in place of chains of standard ops (issue 24); each on plain
 //! slices with a scalar reference.
+//!
+//! - [`activation`]: Relu, LeakyRelu and Gelu (both forms).
+//! - [`pool`]: MaxPool (a scatter-add at the forward's Indices, or the argmax found again).
+//! - [`norm`]: LayerNormalization; [`softmax`]: Softmax, LogSoftmax, SoftmaxCrossEntropyLoss.
 
+pub mod activation;
+mod gelu;
 pub mod norm;
+pub mod pool;
 pub mod softmax;

@@ -1,7 +1,8 @@
 //! The op catalogue, in family folders: [`optim`] (Adam, Adagrad, Momentum, AdamW, and the generic
 //! run path they share), [`loss_scale`] (MixedPrecisionAdam, DynamicLossScale, AllFinite),
 //! [`random`] (Philox, PhiloxUniform, PhiloxNormal, PhiloxDropout, and the state and shape
-//! handling they share), [`bench`]
+//! handling they share), [`grad`] (backward kernels: ReluGrad, LeakyReluGrad, GeluGrad,
+//! MaxPoolGrad, MaxPoolGradFromInput), [`bench`]
 //! (MemoryCeiling); [`io`] is the one input reader and output check.
 
 pub mod bench;
@@ -42,6 +43,11 @@ pub fn catalogue() -> Vec<Domain> {
                 &grad::softmax::SOFTMAX_GRAD,
                 &grad::softmax::LOG_SOFTMAX_GRAD,
                 &grad::softmax::SoftmaxCrossEntropyLossGrad,
+                &grad::activation::RELU_GRAD,
+                &grad::activation::LEAKY_RELU_GRAD,
+                &grad::activation::GELU_GRAD,
+                &grad::pool::MaxPoolGrad,
+                &grad::pool::MaxPoolGradFromInput,
             ]
             .into_iter()
             // PhiloxUniform and PhiloxNormal, once per output type (see `distributions`).

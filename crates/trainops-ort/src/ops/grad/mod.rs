@@ -1,18 +1,38 @@
-//! The backward ops the autodiff rules emit for the CPU placement (issue 24), and the input
-//! checks they share.
+//! Backward ("gradient") ops of `com.trainops` that the autodiff rules emit for the CPU
+//! placement in place of chains of standard ops (issue 24), and the input checks they share.
+//! All float32; the arithmetic is `trainops_kernels::grad`.
+//!
+//! - [`activation`]: `ReluGrad(dY, X)`, `LeakyReluGrad(dY, X; alpha)`,
+//!   `GeluGrad(dY, X; approximate)` -> `dX`.
+//! - [`pool`]: `MaxPoolGrad(dY, Indices, shape) -> dX`, `MaxPoolGradFromInput(dY, X) -> dX`.
+//! - [`norm`]: `LayerNormGrad`; [`softmax`]: `SoftmaxGrad`, `LogSoftmaxGrad`,
+//!   `SoftmaxCrossEntropyLossGrad`.
 
+pub mod activation;
 pub mod norm;
+pub mod pool;
 pub mod softmax;
 
 use crate::error::{Error, Result};
 use crate::ffi::{Context, DType, Tensor};
 use crate::ops::io;
 
-/// Input `index`: present, a float32 tensor, aligned.
+/// Input `index`: present, float32, aligned.
 pub(crate) fn float_input(ctx: &Context<'_>, op: &'static str, index: usize, name: &str) -> Result<Tensor> {
+    typed_input(ctx, op, index, name, DType::Float)
+}
+
+/// Input `index`: present, of `dtype`, aligned.
+pub(crate) fn typed_input(
+    ctx: &Context<'_>,
+    op: &'static str,
+    index: usize,
+    name: &str,
+    dtype: DType,
+) -> Result<Tensor> {
     let t = io::required(ctx, op, index, name)?;
-    if t.dtype != DType::Float {
-        return Err(Error::input(op, index, name, "tensor(float)", t.dtype.name()));
+    if t.dtype != dtype {
+        return Err(Error::input(op, index, name, dtype.name(), t.dtype.name()));
     }
     if !t.aligned() {
         return Err(Error::input(op, index, name, "a buffer aligned for its type", "a misaligned one"));
@@ -32,17 +52,23 @@ pub(crate) fn axis_of(op: &'static str, axis: i64, rank: usize, index: usize, na
 }
 
 /// An error unless no output buffer overlaps an input buffer (a caller's binding could make
-/// them share memory; the kernels read inputs while writing outputs).
+/// them share memory; the kernels read inputs while writing outputs). Empty buffers overlap
+/// nothing.
 pub(crate) fn disjoint(op: &'static str, outputs: &[(&str, &Tensor)], inputs: &[(&str, &Tensor)]) -> Result<()> {
     for (on, o) in outputs {
         for (iname, i) in inputs {
             let (a, b) = (o.bytes(), i.bytes());
-            if a.start < b.end && b.start < a.end {
+            if !a.is_empty() && !b.is_empty() && a.start < b.end && b.start < a.end {
                 return Err(Error::Aliasing { op, what: format!("output {on} shares memory with input {iname}") });
             }
         }
     }
     Ok(())
+}
+
+/// [`disjoint`] for an op whose one output is `dX`.
+pub(crate) fn no_overlap(op: &'static str, out: &Tensor, inputs: &[(&str, &Tensor)]) -> Result<()> {
+    disjoint(op, &[("dX", out)], inputs)
 }
 
 /// A kernel's refusal (lengths it cannot use) as the op's error.

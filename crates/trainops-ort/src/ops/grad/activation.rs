@@ -1,0 +1,105 @@
+//! `com.trainops::ReluGrad(dY, X)`, `LeakyReluGrad(dY, X; alpha)` and
+//! `GeluGrad(dY, X; approximate)` (since version 1): float32 `dX = dY * f'(X)`, `dY` and `X`
+//! of one shape (no broadcasting). `X` of ReluGrad may be Relu's output `Y` (`Y > 0` exactly
+//! when `X > 0`).
+
+use trainops_kernels::grad::activation::{self as kernels, Gelu};
+use trainops_kernels::KernelError;
+
+use super::{float_input, no_overlap};
+use crate::error::{Error, Result};
+use crate::ffi::pool::OrtPool;
+use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
+use crate::ops::io;
+
+static INPUTS: [Formal; 2] = [Formal::One(Some(DType::Float)), Formal::One(Some(DType::Float))];
+static OUTPUTS: [Formal; 1] = [Formal::One(Some(DType::Float))];
+
+/// Which activation a node differentiates, with its attributes.
+#[derive(Clone, Copy)]
+enum Act {
+    Relu,
+    LeakyRelu(f32),
+    Gelu(Gelu),
+}
+
+/// One of the three ops as registered in `com.trainops`.
+pub struct ActivationGrad {
+    signature: Signature,
+}
+
+/// `ReluGrad(dY, X) -> dX`.
+pub static RELU_GRAD: ActivationGrad =
+    ActivationGrad { signature: Signature { name: c"ReluGrad", inputs: &INPUTS, outputs: &OUTPUTS } };
+/// `LeakyReluGrad(dY, X; alpha = 0.01) -> dX`.
+pub static LEAKY_RELU_GRAD: ActivationGrad =
+    ActivationGrad { signature: Signature { name: c"LeakyReluGrad", inputs: &INPUTS, outputs: &OUTPUTS } };
+/// `GeluGrad(dY, X; approximate = "none") -> dX`.
+pub static GELU_GRAD: ActivationGrad =
+    ActivationGrad { signature: Signature { name: c"GeluGrad", inputs: &INPUTS, outputs: &OUTPUTS } };
+
+impl OpSpec for ActivationGrad {
+    fn signature(&self) -> &Signature {
+        &self.signature
+    }
+
+    fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
+        let op = self.op();
+        let act = match op {
+            "LeakyReluGrad" => {
+                let alpha = info.f32_or("alpha", 0.01)?;
+                if !alpha.is_finite() {
+                    return Err(Error::Attribute {
+                        op,
+                        name: "alpha",
+                        what: format!("expected a finite value, got {alpha}"),
+                    });
+                }
+                Act::LeakyRelu(alpha)
+            }
+            "GeluGrad" => match info.string_opt("approximate")?.as_deref() {
+                None | Some("none") => Act::Gelu(Gelu::Erf),
+                Some("tanh") => Act::Gelu(Gelu::Tanh),
+                Some(other) => {
+                    let what = format!("expected \"none\" or \"tanh\", got {other:?}");
+                    return Err(Error::Attribute { op, name: "approximate", what });
+                }
+            },
+            _ => Act::Relu,
+        };
+        Ok(Box::new(ActivationKernel { op, act }))
+    }
+
+    fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
+        ctx.output_like_input(0, 1)
+    }
+}
+
+struct ActivationKernel {
+    op: &'static str,
+    act: Act,
+}
+
+impl Kernel for ActivationKernel {
+    fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
+        let op = self.op;
+        let gy_t = float_input(ctx, op, 0, "dY")?;
+        let x_t = float_input(ctx, op, 1, "X")?;
+        if gy_t.shape != x_t.shape {
+            let want = format!("the shape of dY, {:?}", gy_t.shape);
+            return Err(Error::input(op, 1, "X", want, format!("shape {:?}", x_t.shape)));
+        }
+        let out = io::output(ctx, op, 0, "dX", DType::Float, &x_t.shape)?;
+        no_overlap(op, &out, &[("dY", &gy_t), ("X", &x_t)])?;
+        // SAFETY: types, sizes and alignment checked; the output overlaps no input, and the
+        // inputs are never written.
+        let (gy, x, gx) = unsafe { (gy_t.slice::<f32>(), x_t.slice::<f32>(), out.slice_mut::<f32>()) };
+        let pool = OrtPool::new(ctx);
+        let done = match self.act {
+            Act::Relu => kernels::relu_grad(gy, x, gx, &pool),
+            Act::LeakyRelu(alpha) => kernels::leaky_relu_grad(gy, x, alpha, gx, &pool),
+            Act::Gelu(g) => kernels::gelu_grad(gy, x, g, gx, &pool),
+        };
+        done.map_err(|e: KernelError| Error::input(op, 1, "X", "as many elements as dY", e.to_string()))
+    }
+}
