@@ -184,7 +184,9 @@ fn groups(sh: BnShape, out: BnGrads<'_>) -> Vec<Group<'_>> {
         if sh.c * sh.s > 0 {
             for row in dx.chunks_mut(sh.c * sh.s) {
                 for (g, piece) in gs.iter_mut().zip(row.chunks_mut(width * sh.s)) {
-                    g.dx.as_mut().map(|v| v.push(piece));
+                    if let Some(v) = g.dx.as_mut() {
+                        v.push(piece);
+                    }
                 }
             }
         }
@@ -249,13 +251,8 @@ fn run_group(cx: &Inputs<'_>, mut g: Group<'_>) {
     }
     let mut coef = Vec::with_capacity(g.width);
     for (k, s) in sums.iter().enumerate() {
-        if sh.n * sh.s == 0 {
-            // No element: zero sums (and no dX to write).
-            g.dscale.as_deref_mut().map(|d| d[k] = 0.0);
-            g.dbias.as_deref_mut().map(|d| d[k] = 0.0);
-            continue;
-        }
-        let rstd = 1.0 / (s.sq / count + cx.eps).sqrt();
+        // No element (N or the spatial size 0): zero sums, and no dX to write.
+        let rstd = if count > 0.0 { 1.0 / (s.sq / count + cx.eps).sqrt() } else { 0.0 };
         let dscale = s.dyxc * rstd;
         if let Some(d) = g.dscale.as_deref_mut() {
             d[k] = dscale as f32;

@@ -31,7 +31,7 @@ fn fast(level: Level, par: &dyn Parallelism, dy: &[f32], x: &[f32], scale: &[f32
 fn check_bound(got: &Out, dy: &[f32], x: &[f32], scale: &[f32], sh: BnShape) {
     let u = 2f64.powi(-24);
     let cnt = (sh.n * sh.s) as f64;
-    for c in 0..sh.c {
+    for (c, &sc) in scale.iter().enumerate() {
         let idx: Vec<usize> = (0..sh.n).flat_map(|n| (0..sh.s).map(move |s| (n * sh.c + c) * sh.s + s)).collect();
         let f = |v: f32| f64::from(v);
         let mean = idx.iter().map(|&i| f(x[i])).sum::<f64>() / cnt;
@@ -40,7 +40,7 @@ fn check_bound(got: &Out, dy: &[f32], x: &[f32], scale: &[f32], sh: BnShape) {
         let sdy = idx.iter().map(|&i| f(dy[i])).sum::<f64>();
         let terms: Vec<f64> = idx.iter().map(|&i| f(dy[i]) * (f(x[i]) - mean) * rstd).collect();
         let sdyxhat = terms.iter().sum::<f64>();
-        let k = f(scale[c]) * rstd;
+        let k = f(sc) * rstd;
         let (p, mdy) = (rstd * sdyxhat / cnt, sdy / cnt);
         for &i in &idx {
             let exact = k * (f(dy[i]) - sdy / cnt - (f(x[i]) - mean) * rstd * sdyxhat / cnt);
