@@ -12,10 +12,10 @@
 //! ```
 //!
 //! The statistics are recomputed (ONNX's training-mode BatchNormalization outputs the
-//! running statistics, not the batch ones) in two passes with `f64` accumulators: the mean,
-//! then `sum((X - mean)^2)`, `sum(dY)` and `sum(dY * (X - mean))` together; a third pass
-//! writes `dX = k * ((dY - mean(dY)) - p * (X - mean))` in `f32` with per-channel `f32`
-//! coefficients `k = scale * rstd`, `mean(dY)`, `mean`, `p = rstd^2 * sum(dY * (X - mean)) / n`.
+//! running statistics, not the batch ones) in two passes with `f64` accumulators: the mean
+//! and `sum(dY)`, then `sum((X - mean)^2)` and `sum(dY * (X - mean))`; a third pass writes
+//! `dX = k * ((dY - mean(dY)) - p * (X - mean))` in `f32` with per-channel `f32` coefficients
+//! `k = scale * rstd`, `mean(dY)`, `mean`, `p = rstd^2 * sum(dY * (X - mean)) / n`.
 //!
 //! Error bound (tested here against the `f64` [`reference`] and in
 //! `tests/test_grad_batchnorm.py` against numpy in float64): every element of `dX` is within
@@ -70,13 +70,13 @@ pub struct BnGrads<'a> {
     pub dbias: Option<&'a mut [f32]>,
 }
 
-/// Spatial elements from which a channel's rows are summed in SIMD lanes; below it the
-/// rows are walked sample by sample over groups of channels (rank-2 inputs).
-const LANE_PATH_FROM: usize = 8;
-/// Lanes of the `f64` accumulators (two AVX2 vectors, one AVX-512 vector).
-const L: usize = 8;
-/// Channels per task on the row path.
-const ROW_GROUP: usize = 64;
+/// Elements per sample a task's channel group aims at (its channels' rows side by side).
+const GROUP_ROW: usize = 256;
+/// Spatial elements from which the passes walk each channel's row with its own scalars
+/// (below, the per-channel values are spread over the element positions of a group).
+const LONG_ROW: usize = 64;
+/// Tasks a node is cut into at least, channels allowing.
+const MIN_GROUPS: usize = 4;
 
 /// The gradients of training-mode BatchNormalization (see the module text), with the
 /// widest SIMD level of this CPU.
@@ -166,10 +166,11 @@ struct Group<'a> {
     dbias: Option<&'a mut [f32]>,
 }
 
-/// The outputs cut into tasks: one channel each on the lane path, [`ROW_GROUP`] channels on
-/// the row path.
+/// The outputs cut into tasks of `width` consecutive channels (about [`GROUP_ROW`] elements
+/// per sample, at least [`MIN_GROUPS`] tasks where there are channels enough); the width
+/// depends on the shape alone.
 fn groups(sh: BnShape, out: BnGrads<'_>) -> Vec<Group<'_>> {
-    let width = if sh.s >= LANE_PATH_FROM { 1 } else { ROW_GROUP.min(sh.c).max(1) };
+    let width = GROUP_ROW.div_ceil(sh.s.max(1)).min(sh.c.div_ceil(MIN_GROUPS)).max(1);
     let count = sh.c.div_ceil(width);
     let mut gs: Vec<Group<'_>> = (0..count)
         .map(|k| {
@@ -200,15 +201,6 @@ fn groups(sh: BnShape, out: BnGrads<'_>) -> Vec<Group<'_>> {
     gs
 }
 
-/// One channel's sums (see the module text).
-#[derive(Debug, Clone, Copy, Default)]
-struct Sums {
-    mean: f64,
-    sq: f64,
-    dy: f64,
-    dyxc: f64,
-}
-
 /// The group's work with AVX2 enabled (the portable body, vectorised by the compiler).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -235,43 +227,106 @@ unsafe fn run_group_avx512(_: Avx512, cx: &Inputs<'_>, g: Group<'_>) {
     run_group(cx, g);
 }
 
+/// One group's work. Its channels' rows of one sample are contiguous (`w = width * S`
+/// elements): every pass walks the samples in order and updates `w` accumulators side by
+/// side (one per element position, no dependency between neighbours, so the loops vectorise
+/// at any `S`); a channel's sum is then its `S` accumulators added in order.
 #[inline(always)]
-fn run_group(cx: &Inputs<'_>, mut g: Group<'_>) {
+fn run_group<'a>(cx: &Inputs<'a>, mut g: Group<'_>) {
     let sh = cx.shape;
+    let w = g.width * sh.s;
     let count = (sh.n * sh.s) as f64;
-    let mut sums = vec![Sums::default(); g.width];
-    if sh.n * sh.s > 0 {
-        if sh.s >= LANE_PATH_FROM {
-            for (k, s) in sums.iter_mut().enumerate() {
-                *s = lane_sums(cx, g.c0 + k, count);
-            }
-        } else {
-            row_sums(cx, g.c0, &mut sums, count);
+    let c0 = g.c0;
+    let block = move |t: &'a [f32], n: usize| -> &'a [f32] {
+        let at = (n * sh.c + c0) * sh.s;
+        &t[at..at + w]
+    };
+    let width = g.width;
+    let per_channel = move |acc: &[f64]| -> Vec<f64> {
+        (0..width).map(|k| acc[k * sh.s..(k + 1) * sh.s].iter().fold(0.0, |a, &v| a + v)).collect()
+    };
+    // Pass 1: sum(X), sum(dY).
+    let (mut sx, mut sd) = (vec![0f64; w], vec![0f64; w]);
+    for n in 0..sh.n {
+        for (((a, b), &x), &d) in sx.iter_mut().zip(sd.iter_mut()).zip(block(cx.x, n)).zip(block(cx.dy, n)) {
+            *a += f64::from(x);
+            *b += f64::from(d);
         }
     }
+    let sdy = per_channel(&sd);
+    let mean: Vec<f64> = per_channel(&sx).into_iter().map(|v| v / count).collect();
+    // Pass 2: sum((X - mean)^2), sum(dY * (X - mean)); long rows channel by channel, short
+    // ones with the mean spread over the element positions.
+    let (sq, sdx) = (&mut sx, &mut sd);
+    sq.fill(0.0);
+    sdx.fill(0.0);
+    if sh.s >= LONG_ROW {
+        for n in 0..sh.n {
+            let (x, d) = (block(cx.x, n), block(cx.dy, n));
+            let rows = sq.chunks_mut(sh.s).zip(sdx.chunks_mut(sh.s)).zip(x.chunks(sh.s).zip(d.chunks(sh.s)));
+            for (((a, b), (x, d)), &m) in rows.zip(&mean) {
+                pass2_row(a, b, x, d, m);
+            }
+        }
+    } else {
+        let mean_at: Vec<f64> = mean.iter().flat_map(|&m| std::iter::repeat_n(m, sh.s)).collect();
+        for n in 0..sh.n {
+            let (x, d) = (block(cx.x, n), block(cx.dy, n));
+            for (((((a, b), &m), &x), &d)) in sq.iter_mut().zip(sdx.iter_mut()).zip(&mean_at).zip(x).zip(d) {
+                let v = f64::from(x) - m;
+                *a += v * v;
+                *b += f64::from(d) * v;
+            }
+        }
+    }
+    let (sq, sdx) = (per_channel(sq), per_channel(sdx));
     let mut coef = Vec::with_capacity(g.width);
-    for (k, s) in sums.iter().enumerate() {
+    for k in 0..g.width {
         // No element (N or the spatial size 0): zero sums, and no dX to write.
-        let rstd = if count > 0.0 { 1.0 / (s.sq / count + cx.eps).sqrt() } else { 0.0 };
-        let dscale = s.dyxc * rstd;
+        let rstd = if count > 0.0 { 1.0 / (sq[k] / count + cx.eps).sqrt() } else { 0.0 };
+        let dscale = sdx[k] * rstd;
         if let Some(d) = g.dscale.as_deref_mut() {
             d[k] = dscale as f32;
         }
         if let Some(d) = g.dbias.as_deref_mut() {
-            d[k] = s.dy as f32;
+            d[k] = sdy[k] as f32;
         }
         let kk = f64::from(cx.scale[g.c0 + k]) * rstd;
-        let p = rstd * dscale / count;
-        coef.push(Coef { k: kk as f32, p: p as f32, m: s.mean as f32, mdy: (s.dy / count) as f32 });
+        coef.push(Coef { k: kk as f32, p: (rstd * dscale / count) as f32, m: mean[k] as f32, mdy: (sdy[k] / count) as f32 });
     }
-    if let Some(dx) = g.dx.as_mut() {
-        for (n, piece) in dx.iter_mut().enumerate() {
-            let base = (n * sh.c + g.c0) * sh.s;
-            for (k, (out, cf)) in piece.chunks_mut(sh.s).zip(&coef).enumerate() {
-                let at = base + k * sh.s;
-                write_dx(out, &cx.dy[at..at + sh.s], &cx.x[at..at + sh.s], *cf);
+    // Pass 3: dX; long rows channel by channel, short ones with the coefficients spread
+    // over the element positions.
+    let Some(dx) = g.dx.as_mut() else { return };
+    if sh.s >= LONG_ROW {
+        for (n, out) in dx.iter_mut().enumerate() {
+            let (x, d) = (block(cx.x, n), block(cx.dy, n));
+            for ((o, (x, d)), cf) in out.chunks_mut(sh.s).zip(x.chunks(sh.s).zip(d.chunks(sh.s))).zip(&coef) {
+                for ((o, &x), &d) in o.iter_mut().zip(x).zip(d) {
+                    *o = cf.k * ((d - cf.mdy) - cf.p * (x - cf.m));
+                }
             }
         }
+    } else {
+        let at: Vec<Coef> = coef.iter().flat_map(|&c| std::iter::repeat_n(c, sh.s)).collect();
+        let (k, p): (Vec<f32>, Vec<f32>) = at.iter().map(|c| (c.k, c.p)).unzip();
+        let (m, mdy): (Vec<f32>, Vec<f32>) = at.iter().map(|c| (c.m, c.mdy)).unzip();
+        for (n, out) in dx.iter_mut().enumerate() {
+            let (x, dy) = (block(cx.x, n), block(cx.dy, n));
+            let coefs = k.iter().zip(&p).zip(m.iter().zip(&mdy));
+            for ((o, (&x, &d)), ((&k, &p), (&m, &md))) in out.iter_mut().zip(x.iter().zip(dy)).zip(coefs) {
+                *o = k * ((d - md) - p * (x - m));
+            }
+        }
+    }
+}
+
+/// Pass 2 over one channel's row: `a += (x - m)^2`, `b += d * (x - m)` element by element.
+#[inline(always)]
+fn pass2_row(a: &mut [f64], b: &mut [f64], x: &[f32], d: &[f32], m: f64) {
+    for (((a, b), &x), &d) in a.iter_mut().zip(b.iter_mut()).zip(x).zip(d) {
+        let v = f64::from(x) - m;
+        *a += v * v;
+        *b += f64::from(d) * v;
     }
 }
 
@@ -282,101 +337,6 @@ struct Coef {
     p: f32,
     m: f32,
     mdy: f32,
-}
-
-#[inline(always)]
-fn write_dx(out: &mut [f32], dy: &[f32], x: &[f32], cf: Coef) {
-    for ((o, &d), &v) in out.iter_mut().zip(dy).zip(x) {
-        *o = cf.k * ((d - cf.mdy) - cf.p * (v - cf.m));
-    }
-}
-
-/// Sum of eight lanes in a fixed order.
-#[inline(always)]
-fn fold(a: [f64; L]) -> f64 {
-    ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
-}
-
-/// Channel `c`'s row of every sample in `data`.
-#[inline(always)]
-fn rows(data: &[f32], sh: BnShape, c: usize) -> impl Iterator<Item = &[f32]> {
-    (0..sh.n).map(move |n| {
-        let at = (n * sh.c + c) * sh.s;
-        &data[at..at + sh.s]
-    })
-}
-
-/// Channel `c`'s sums on the lane path: every sample's contiguous row in [`L`] lanes (the
-/// tail of a row into the first lanes).
-#[inline(always)]
-fn lane_sums(cx: &Inputs<'_>, c: usize, count: f64) -> Sums {
-    let sh = cx.shape;
-    let mut acc = [0f64; L];
-    for row in rows(cx.x, sh, c) {
-        let mut it = row.chunks_exact(L);
-        for ch in &mut it {
-            for k in 0..L {
-                acc[k] += f64::from(ch[k]);
-            }
-        }
-        for (k, &v) in it.remainder().iter().enumerate() {
-            acc[k] += f64::from(v);
-        }
-    }
-    let mean = fold(acc) / count;
-    let (mut sq, mut sdy, mut sdx) = ([0f64; L], [0f64; L], [0f64; L]);
-    for (xr, dr) in rows(cx.x, sh, c).zip(rows(cx.dy, sh, c)) {
-        let (mut xi, mut di) = (xr.chunks_exact(L), dr.chunks_exact(L));
-        for (xc, dc) in (&mut xi).zip(&mut di) {
-            for k in 0..L {
-                let v = f64::from(xc[k]) - mean;
-                let d = f64::from(dc[k]);
-                sq[k] += v * v;
-                sdy[k] += d;
-                sdx[k] += d * v;
-            }
-        }
-        for (k, (&xv, &dv)) in xi.remainder().iter().zip(di.remainder()).enumerate() {
-            let v = f64::from(xv) - mean;
-            let d = f64::from(dv);
-            sq[k] += v * v;
-            sdy[k] += d;
-            sdx[k] += d * v;
-        }
-    }
-    Sums { mean, sq: fold(sq), dy: fold(sdy), dyxc: fold(sdx) }
-}
-
-/// The sums of channels `c0 ..` (`sums.len()` of them) on the row path: sample by sample,
-/// each channel's elements in order (the reference's order).
-#[inline(always)]
-fn row_sums(cx: &Inputs<'_>, c0: usize, sums: &mut [Sums], count: f64) {
-    let sh = cx.shape;
-    let w = sums.len();
-    let piece = |n: usize| (n * sh.c + c0) * sh.s..(n * sh.c + c0 + w) * sh.s;
-    let mut acc = vec![0f64; w];
-    for n in 0..sh.n {
-        for (a, ch) in acc.iter_mut().zip(cx.x[piece(n)].chunks_exact(sh.s)) {
-            for &v in ch {
-                *a += f64::from(v);
-            }
-        }
-    }
-    for (s, a) in sums.iter_mut().zip(&acc) {
-        s.mean = a / count;
-    }
-    for n in 0..sh.n {
-        let r = piece(n);
-        for ((s, xc), dc) in sums.iter_mut().zip(cx.x[r.clone()].chunks_exact(sh.s)).zip(cx.dy[r].chunks_exact(sh.s)) {
-            for (&xv, &dv) in xc.iter().zip(dc) {
-                let v = f64::from(xv) - s.mean;
-                let d = f64::from(dv);
-                s.sq += v * v;
-                s.dy += d;
-                s.dyxc += d * v;
-            }
-        }
-    }
 }
 
 /// The plain scalar reference, straight from the formula, in `f64` throughout (tests only).

@@ -172,3 +172,23 @@ fn shape_of_dims() {
     assert_eq!(BnShape::of(&[4, 3, 5, 2]), Some(BnShape { n: 4, c: 3, s: 10 }));
     assert_eq!(BnShape::of(&[4]), None);
 }
+
+/// Not a test: the kernel's time per element (minimum of many calls, one thread), for
+/// tuning (`cargo test --release -p trainops-kernels --lib bn_timing -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn bn_timing() {
+    for (n, c, s) in [(256, 16, 16), (256, 8, 64), (8, 16, 1024), (256, 512, 1)] {
+        let sh = BnShape { n, c, s };
+        let (x, dy, scale) = data(sh, 1);
+        let (mut dx, mut ds, mut db) = (vec![0f32; sh.len()], vec![0f32; c], vec![0f32; c]);
+        let mut best = f64::MAX;
+        for _ in 0..300 {
+            let t = std::time::Instant::now();
+            let out = BnGrads { dx: Some(&mut dx), dscale: Some(&mut ds), dbias: Some(&mut db) };
+            batch_norm_train_grad(&dy, &x, &scale, EPS, sh, out, &Sequential).unwrap();
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        println!("{sh:?}: {:.1} us, {:.3} ns/element", best * 1e6, best * 1e9 / sh.len() as f64);
+    }
+}
