@@ -228,9 +228,9 @@ unsafe fn run_group_avx512(_: Avx512, cx: &Inputs<'_>, g: Group<'_>) {
 }
 
 /// One group's work. Its channels' rows of one sample are contiguous (`w = width * S`
-/// elements): every pass walks the samples in order and updates `w` accumulators side by
-/// side (one per element position, no dependency between neighbours, so the loops vectorise
-/// at any `S`); a channel's sum is then its `S` accumulators added in order.
+/// elements): the sums keep one accumulator per element position, summed over the samples
+/// in order ([`side_by_side`]: no dependency between neighbours, so the loops vectorise at
+/// any `S`); a channel's sum is then its `S` accumulators added in a fixed order ([`fold`]).
 #[inline(always)]
 fn run_group<'a>(cx: &Inputs<'a>, mut g: Group<'_>) {
     let sh = cx.shape;
@@ -242,43 +242,31 @@ fn run_group<'a>(cx: &Inputs<'a>, mut g: Group<'_>) {
         &t[at..at + w]
     };
     let width = g.width;
-    let per_channel = move |acc: &[f64]| -> Vec<f64> {
-        (0..width).map(|k| acc[k * sh.s..(k + 1) * sh.s].iter().fold(0.0, |a, &v| a + v)).collect()
-    };
+    let per_channel =
+        move |acc: &[f64]| -> Vec<f64> { (0..width).map(|k| fold(&acc[k * sh.s..(k + 1) * sh.s])).collect() };
     // Pass 1: sum(X), sum(dY).
     let (mut sx, mut sd) = (vec![0f64; w], vec![0f64; w]);
-    for n in 0..sh.n {
-        for (((a, b), &x), &d) in sx.iter_mut().zip(sd.iter_mut()).zip(block(cx.x, n)).zip(block(cx.dy, n)) {
-            *a += f64::from(x);
-            *b += f64::from(d);
-        }
-    }
+    side_by_side(sh.n, w, &mut sx, &mut sd, None, |n| (block(cx.x, n), block(cx.dy, n)), |x, d, _| (x, d));
     let sdy = per_channel(&sd);
     let mean: Vec<f64> = per_channel(&sx).into_iter().map(|v| v / count).collect();
-    // Pass 2: sum((X - mean)^2), sum(dY * (X - mean)); long rows channel by channel, short
-    // ones with the mean spread over the element positions.
-    let (sq, sdx) = (&mut sx, &mut sd);
-    sq.fill(0.0);
-    sdx.fill(0.0);
-    if sh.s >= LONG_ROW {
-        for n in 0..sh.n {
-            let (x, d) = (block(cx.x, n), block(cx.dy, n));
-            let rows = sq.chunks_mut(sh.s).zip(sdx.chunks_mut(sh.s)).zip(x.chunks(sh.s).zip(d.chunks(sh.s)));
-            for (((a, b), (x, d)), &m) in rows.zip(&mean) {
-                pass2_row(a, b, x, d, m);
-            }
-        }
-    } else {
-        let mean_at: Vec<f64> = mean.iter().flat_map(|&m| std::iter::repeat_n(m, sh.s)).collect();
-        for n in 0..sh.n {
-            let (x, d) = (block(cx.x, n), block(cx.dy, n));
-            for (((((a, b), &m), &x), &d)) in sq.iter_mut().zip(sdx.iter_mut()).zip(&mean_at).zip(x).zip(d) {
-                let v = f64::from(x) - m;
-                *a += v * v;
-                *b += f64::from(d) * v;
-            }
-        }
+    // Pass 2: sum((X - mean)^2), sum(dY * (X - mean)).
+    let mut mean_at = Vec::with_capacity(w);
+    for &m in &mean {
+        mean_at.resize(mean_at.len() + sh.s, m);
     }
+    let (sq, sdx) = (&mut sx, &mut sd);
+    side_by_side(
+        sh.n,
+        w,
+        sq,
+        sdx,
+        Some(&mean_at),
+        |n| (block(cx.x, n), block(cx.dy, n)),
+        |x, d, m| {
+            let v = x - m;
+            (v * v, d * v)
+        },
+    );
     let (sq, sdx) = (per_channel(sq), per_channel(sdx));
     let mut coef = Vec::with_capacity(g.width);
     for k in 0..g.width {
@@ -292,7 +280,12 @@ fn run_group<'a>(cx: &Inputs<'a>, mut g: Group<'_>) {
             d[k] = sdy[k] as f32;
         }
         let kk = f64::from(cx.scale[g.c0 + k]) * rstd;
-        coef.push(Coef { k: kk as f32, p: (rstd * dscale / count) as f32, m: mean[k] as f32, mdy: (sdy[k] / count) as f32 });
+        coef.push(Coef {
+            k: kk as f32,
+            p: (rstd * dscale / count) as f32,
+            m: mean[k] as f32,
+            mdy: (sdy[k] / count) as f32,
+        });
     }
     // Pass 3: dX; long rows channel by channel, short ones with the coefficients spread
     // over the element positions.
@@ -320,14 +313,72 @@ fn run_group<'a>(cx: &Inputs<'a>, mut g: Group<'_>) {
     }
 }
 
-/// Pass 2 over one channel's row: `a += (x - m)^2`, `b += d * (x - m)` element by element.
+/// Positions whose accumulators [`side_by_side`] keeps in registers across the samples.
+const BLOCK: usize = 32;
+
+/// For every position `j < w`: `a[j] = sum_n fa`, `b[j] = sum_n fb` of `f(x, d, m[j])` with
+/// `(x, d)` the `j`-th elements of `rows(n)`, summed over the samples `n` in order from 0. In
+/// blocks of [`BLOCK`] positions (their sums in registers), the tail side by side in memory:
+/// the same order either way.
 #[inline(always)]
-fn pass2_row(a: &mut [f64], b: &mut [f64], x: &[f32], d: &[f32], m: f64) {
-    for (((a, b), &x), &d) in a.iter_mut().zip(b.iter_mut()).zip(x).zip(d) {
-        let v = f64::from(x) - m;
-        *a += v * v;
-        *b += f64::from(d) * v;
+fn side_by_side<'a>(
+    samples: usize,
+    w: usize,
+    a: &mut [f64],
+    b: &mut [f64],
+    m: Option<&[f64]>,
+    rows: impl Fn(usize) -> (&'a [f32], &'a [f32]),
+    f: impl Fn(f64, f64, f64) -> (f64, f64),
+) {
+    let full = w - w % BLOCK;
+    for j0 in (0..full).step_by(BLOCK) {
+        let (mut sa, mut sb) = ([0f64; BLOCK], [0f64; BLOCK]);
+        let mut mj = [0f64; BLOCK];
+        if let Some(m) = m {
+            mj.copy_from_slice(&m[j0..j0 + BLOCK]);
+        }
+        for n in 0..samples {
+            let (x, d) = rows(n);
+            let (x, d): (&[f32; BLOCK], &[f32; BLOCK]) =
+                (x[j0..j0 + BLOCK].try_into().expect("a block"), d[j0..j0 + BLOCK].try_into().expect("a block"));
+            for k in 0..BLOCK {
+                let (p, q) = f(f64::from(x[k]), f64::from(d[k]), mj[k]);
+                sa[k] += p;
+                sb[k] += q;
+            }
+        }
+        a[j0..j0 + BLOCK].copy_from_slice(&sa);
+        b[j0..j0 + BLOCK].copy_from_slice(&sb);
     }
+    let (a, b) = (&mut a[full..w], &mut b[full..w]);
+    a.fill(0.0);
+    b.fill(0.0);
+    for n in 0..samples {
+        let (x, d) = rows(n);
+        for (j, ((sa, sb), (&x, &d))) in
+            a.iter_mut().zip(b.iter_mut()).zip(x[full..].iter().zip(&d[full..])).enumerate()
+        {
+            let (p, q) = f(f64::from(x), f64::from(d), m.map_or(0.0, |m| m[full + j]));
+            *sa += p;
+            *sb += q;
+        }
+    }
+}
+
+/// A channel's accumulators added in a fixed order (four interleaved partial sums).
+#[inline(always)]
+fn fold(v: &[f64]) -> f64 {
+    let (body, tail) = v.as_chunks::<4>();
+    let mut l = [0f64; 4];
+    for ch in body {
+        for k in 0..4 {
+            l[k] += ch[k];
+        }
+    }
+    for (s, &t) in l.iter_mut().zip(tail) {
+        *s += t;
+    }
+    (l[0] + l[2]) + (l[1] + l[3])
 }
 
 /// The per-channel coefficients of `dX = k * ((dY - mdy) - p * (X - m))`.
