@@ -838,6 +838,21 @@ def _batch_norm_training(c: Ctx):
     b = c.b
     X, scale = c.x(0), c.x(1)
     eps = float(c.attr("epsilon", 1e-5))
+    # One com.trainops kernel for all three gradients. (gy has Y's type; gradient names
+    # carry no recorded type, so the forward tensors are asked.)
+    if b.fuses(X, scale, c.y):
+        from ..onnx_defs import TRAINOPS_DOMAIN
+
+        outs = [b.fresh("BatchNormTrainGrad") if c.need(i) else "" for i in range(3)]
+        while outs and not outs[-1]:
+            outs.pop()
+        if outs:
+            b.op("BatchNormTrainGrad", [c.gy, X, scale], outs, domain=TRAINOPS_DOMAIN, epsilon=eps)
+        for name, like in zip(outs, (X, scale, scale)):
+            if name:
+                b.set_info(name, onnx.TensorProto.FLOAT, b.shape(like))
+        grads = [name or None for name in outs]
+        return grads + [None] * (len(c.node.input) - len(grads))
     r = c.rank(X)
     axes = [0] + list(range(2, r))
     chan = lambda t: b.op("Reshape", [t, b.ints([-1] + [1] * (r - 2))])  # noqa: E731

@@ -5,8 +5,10 @@
 //! - [`activation`]: Relu, LeakyRelu and Gelu (both forms).
 //! - [`pool`]: MaxPool (a scatter-add at the forward's Indices, or the argmax found again).
 //! - [`norm`]: LayerNormalization; [`softmax`]: Softmax, LogSoftmax, SoftmaxCrossEntropyLoss.
+//! - [`batchnorm`]: BatchNormalization in training mode (batch statistics).
 
 pub mod activation;
+pub mod batchnorm;
 mod gelu;
 pub mod norm;
 pub mod pool;

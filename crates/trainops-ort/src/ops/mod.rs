@@ -48,6 +48,7 @@ pub fn catalogue() -> Vec<Domain> {
                 &grad::activation::GELU_GRAD,
                 &grad::pool::MaxPoolGrad,
                 &grad::pool::MaxPoolGradFromInput,
+                &grad::batchnorm::BatchNormTrainGrad,
             ]
             .into_iter()
             // PhiloxUniform and PhiloxNormal, once per output type (see `distributions`).

@@ -7,8 +7,10 @@
 //! - [`pool`]: `MaxPoolGrad(dY, Indices, shape) -> dX`, `MaxPoolGradFromInput(dY, X) -> dX`.
 //! - [`norm`]: `LayerNormGrad`; [`softmax`]: `SoftmaxGrad`, `LogSoftmaxGrad`,
 //!   `SoftmaxCrossEntropyLossGrad`.
+//! - [`batchnorm`]: `BatchNormTrainGrad(dY, X, scale; epsilon) -> dX?, dScale?, dBias?`.
 
 pub mod activation;
+pub mod batchnorm;
 pub mod norm;
 pub mod pool;
 pub mod softmax;
