@@ -48,7 +48,7 @@ def per_step(library_path, tr, f):
 
 
 @pytest.mark.parametrize("dropout", [False, True], ids=["plain", "dropout"])
-def test_states_live_on_the_device_and_train_as_the_cpu(library_path, dropout):
+def test_states_live_on_the_device_and_train_as_the_cpu(library_path, dropout, standard_grads):
     ep, cpu = pair(library_path, dropout)
     mem = ep.runtime.memory
     assert mem == Memory("gpu", mem.device_id, td.NVIDIA_VENDOR_ID)
@@ -88,7 +88,7 @@ def test_the_optimizer_state_never_crosses(library_path, monkeypatch):
     assert host.transfers.last_step["state_bytes"] == 2 * states
 
 
-def test_checkpoint_from_the_device_resumes_on_the_cpu(library_path, tmp_path):
+def test_checkpoint_from_the_device_resumes_on_the_cpu(library_path, tmp_path, standard_grads):
     pytest.importorskip("safetensors")  # the checkpoint format (not in CI's 1.24 venv)
     ep, cpu = pair(library_path, dropout=True)
     fs = list(batches(6))

@@ -237,8 +237,10 @@ def test_trainer_steps_are_bitwise_the_unsimplified_ones(library_path, monkeypat
         assert same_bits(simple.parameters()[k], v), k
 
 
-def test_zoo_model_steps_are_bitwise_the_unsimplified_ones(library_path, monkeypatch):
-    """Static shapes (squeezenet as shipped): the shape chains fold, bit for bit."""
+def test_zoo_model_steps_are_bitwise_the_unsimplified_ones(library_path, monkeypatch,
+                                                           standard_grads):
+    """Static shapes (squeezenet as shipped): the shape chains fold, bit for bit (the
+    standard-op backward, whose MaxPool gradient has the shape chains)."""
     import trainops.train.backward as tb
     from helpers.zoo import light_model
     from trainops import Trainer, losses, optim
