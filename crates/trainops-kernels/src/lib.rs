@@ -15,6 +15,7 @@ pub mod broadcast;
 pub mod ceiling;
 pub mod elem;
 mod error;
+pub mod grad;
 pub mod loss_scale;
 pub mod optim;
 pub mod parallel;
