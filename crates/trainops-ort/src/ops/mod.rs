@@ -5,6 +5,7 @@
 //! (MemoryCeiling); [`io`] is the one input reader and output check.
 
 pub mod bench;
+pub mod grad;
 pub mod io;
 pub mod loss_scale;
 pub mod optim;
@@ -37,6 +38,7 @@ pub fn catalogue() -> Vec<Domain> {
                 &optim::quantized::ADAMW_8BIT,
                 &optim::bf16state::ADAM_BF16_STATE,
                 &optim::bf16state::ADAMW_BF16_STATE,
+                &grad::rnn::GruGrad,
             ]
             .into_iter()
             // PhiloxUniform and PhiloxNormal, once per output type (see `distributions`).
