@@ -143,17 +143,20 @@ pub(crate) fn check_lens(sh: &GruShape, i: &GruGradIn<'_>, o: &GruGradOut<'_>) -
 }
 
 /// `exp(x)` for float32 without a call: Cody-Waite reduction by ln 2 and a degree-6
-/// polynomial (relative error about 2 ulp); inputs clamped to [-87, 87]. Branch-free, so
-/// loops over it vectorise.
+/// polynomial (relative error about 2 ulp); inputs clamped to [-87, 87]. Branch-free and
+/// free of libm calls (rounding by the 1.5 * 2^23 shift), so loops over it vectorise.
 #[inline(always)]
 fn exp_f32(x: f32) -> f32 {
+    const SHIFT: f32 = 12_582_912.0; // 1.5 * 2^23: x + SHIFT rounds x to an integer
     let x = x.clamp(-87.0, 87.0);
-    let n = (x * std::f32::consts::LOG2_E).round();
+    let t = x * std::f32::consts::LOG2_E + SHIFT;
+    let n = t - SHIFT;
     let r = x - n * 0.693_145_75 - n * 1.428_606_8e-6;
     let p =
         1.0 + r * (1.0 + r * (0.5 + r * (0.166_666_67 + r * (0.041_666_66 + r * (0.008_333_452 + r * 0.001_388_89)))));
-    // n is in [-126, 126]: 2^n is a normal float32.
-    p * f32::from_bits(((n as i32 + 127) as u32) << 23)
+    // t's low mantissa bits hold n (|n| <= 126): 2^n is a normal float32.
+    let n_bits = t.to_bits().wrapping_sub(SHIFT.to_bits());
+    p * f32::from_bits(n_bits.wrapping_add(127) << 23)
 }
 
 #[inline(always)]
@@ -205,44 +208,72 @@ fn view_mut<'a>(v: &'a mut [f32], rows: usize, cols: usize) -> ArrayViewMut2<'a,
     ArrayViewMut2::from_shape((rows, cols), &mut v[..rows * cols]).expect("lengths checked")
 }
 
+/// Working memory of [`gru_grad_with`], kept by the caller between calls so that repeated
+/// steps neither allocate nor fault in fresh pages. Every buffer is rewritten before it is
+/// read, so its contents between calls do not matter.
+#[derive(Debug, Default)]
+pub struct GruScratch {
+    /// `[n, 3H]`: z, r, ĥ.
+    g: Vec<f32>,
+    /// `[n, 3H]`: lbr 1: `H_{t-1} R^T` (+ `Rbh` in its h part); lbr 0: its z, r parts, and
+    /// `(r ⊙ H_{t-1}) Rh^T` in the h part.
+    gh: Vec<f32>,
+    /// `[n, H]` previous hidden states.
+    hp: Vec<f32>,
+    /// `[n, H]` lbr 0: `r ⊙ H_{t-1}`.
+    rh: Vec<f32>,
+    /// `[n, 3H]` gradients of the gate pre-activations (X, W, Wb; R and Rb with lbr 0).
+    da: Vec<f32>,
+    /// `[n, 3H]` lbr 1: as `da` with the h part times r (R, Rb).
+    dar: Vec<f32>,
+    /// `[batch, H]` the carried `dH`, the next one, and lbr 0's `d(r ⊙ H_{t-1})`.
+    dh: Vec<f32>,
+    dhn: Vec<f32>,
+    drh: Vec<f32>,
+}
+
+/// `v` with exactly `n` elements (old contents kept, new ones zero).
+fn sized(v: &mut Vec<f32>, n: usize) -> &mut [f32] {
+    v.resize(n, 0.0);
+    v
+}
+
 /// The gradients of one GRU node's inputs (see the module's formulas). Every output given
 /// is overwritten; `par` runs the large GEMMs' row blocks and the gate recomputation.
-pub fn gru_grad(
+pub fn gru_grad(sh: &GruShape, i: &GruGradIn<'_>, o: GruGradOut<'_>, par: &dyn Parallelism) -> Result<(), KernelError> {
+    gru_grad_with(sh, i, o, par, &mut GruScratch::default())
+}
+
+/// [`gru_grad`] with the caller's working memory.
+pub fn gru_grad_with(
     sh: &GruShape,
     i: &GruGradIn<'_>,
     mut o: GruGradOut<'_>,
     par: &dyn Parallelism,
+    scratch: &mut GruScratch,
 ) -> Result<(), KernelError> {
     check_lens(sh, i, &o)?;
-    let (bt, h) = (sh.batch, sh.hidden);
-    let dirs = sh.direction.count();
-    if h == 0 || bt == 0 {
+    if sh.hidden == 0 || sh.batch == 0 {
         // Nothing flows: every gradient is zero (X's too when hidden is 0).
         for out in [o.dx, o.dw, o.dr, o.db, o.dh0].into_iter().flatten() {
             out.fill(0.0);
         }
         return Ok(());
     }
-    for d in 0..dirs {
-        one_direction(sh, i, &mut o, d, par);
+    for d in 0..sh.direction.count() {
+        one_direction(sh, i, &mut o, d, par, scratch);
     }
     Ok(())
 }
 
-/// Scratch of one direction: recomputed gates and the gate pre-activations' gradients.
-struct Work {
-    /// `[n, 3H]`: z, r, ĥ.
-    g: Vec<f32>,
-    /// `[n, 3H]`: lbr 1: `H_{t-1} R^T + Rb` (its h part is used); lbr 0: columns 2H.. hold
-    /// `(r ⊙ H_{t-1}) Rh^T`.
-    gh: Vec<f32>,
-    /// `[n, H]` previous hidden states.
-    hp: Vec<f32>,
-    /// `[n, H]` lbr 0: `r ⊙ H_{t-1}`.
-    rh: Vec<f32>,
-}
-
-fn one_direction(sh: &GruShape, i: &GruGradIn<'_>, o: &mut GruGradOut<'_>, d: usize, par: &dyn Parallelism) {
+fn one_direction(
+    sh: &GruShape,
+    i: &GruGradIn<'_>,
+    o: &mut GruGradOut<'_>,
+    d: usize,
+    par: &dyn Parallelism,
+    wk: &mut GruScratch,
+) {
     let (t_len, bt, isz, h) = (sh.seq, sh.batch, sh.input, sh.hidden);
     let (dirs, lbr, rev) = (sh.direction.count(), sh.linear_before_reset, sh.direction.reversed(d));
     let (g3, n, bh) = (3 * h, t_len * bt, bt * h);
@@ -251,12 +282,16 @@ fn one_direction(sh: &GruShape, i: &GruGradIn<'_>, o: &mut GruGradOut<'_>, d: us
     let zero_b = vec![0.0f32; 6 * h];
     let bias = i.b.map_or(&zero_b[..], |b| &b[d * 6 * h..(d + 1) * 6 * h]);
     let y_at = |t: usize| &i.y[(t * dirs + d) * bh..(t * dirs + d + 1) * bh];
+    let GruScratch { g, gh, hp, rh, da, dar, dh, dhn, drh } = wk;
+    let (g, gh, hp) = (sized(g, n * g3), sized(gh, n * g3), sized(hp, n * h));
+    let rh = sized(rh, if lbr { 0 } else { n * h });
+    let (da, dar) = (sized(da, n * g3), sized(dar, if lbr { n * g3 } else { 0 }));
+    let (dh, dhn, drh) = (sized(dh, bh), sized(dhn, bh), sized(drh, if lbr { 0 } else { bh }));
 
     // 1. Previous hidden states, gates recomputed for every step.
-    let mut wk = Work { g: vec![0.0; n * g3], gh: vec![0.0; n * g3], hp: vec![0.0; n * h], rh: Vec::new() };
     for t in 0..t_len {
         let prev = if rev { (t + 1 < t_len).then_some(t + 1) } else { t.checked_sub(1) };
-        let dst = &mut wk.hp[t * bh..(t + 1) * bh];
+        let dst = &mut hp[t * bh..(t + 1) * bh];
         match (prev, i.initial_h) {
             (Some(p), _) => dst.copy_from_slice(y_at(p)),
             (None, Some(h0)) => dst.copy_from_slice(&h0[d * bh..(d + 1) * bh]),
@@ -264,30 +299,25 @@ fn one_direction(sh: &GruShape, i: &GruGradIn<'_>, o: &mut GruGradOut<'_>, d: us
         }
     }
     let x = view(i.x, n, isz);
-    gemm(par, x, w.t(), 0.0, view_mut(&mut wk.g, n, g3));
-    let hpv = view(&wk.hp, n, h);
+    gemm(par, x, w.t(), 0.0, view_mut(g, n, g3));
     if lbr {
-        gemm(par, hpv, r.t(), 0.0, view_mut(&mut wk.gh, n, g3));
-        gates(par, &mut wk, h, bias, lbr, Pass::All);
+        gemm(par, view(hp, n, h), r.t(), 0.0, view_mut(gh, n, g3));
+        gates(par, g, gh, hp, rh, h, bias, lbr, Pass::All);
     } else {
-        let mut ghv = view_mut(&mut wk.gh, n, g3);
-        gemm(par, hpv, r.slice(s![..2 * h, ..]).t(), 0.0, ghv.slice_mut(s![.., ..2 * h]));
-        wk.rh = vec![0.0; n * h];
-        gates(par, &mut wk, h, bias, lbr, Pass::ZR);
-        let mut ghv = view_mut(&mut wk.gh, n, g3);
-        gemm(par, view(&wk.rh, n, h), r.slice(s![2 * h.., ..]).t(), 0.0, ghv.slice_mut(s![.., 2 * h..]));
-        gates(par, &mut wk, h, bias, lbr, Pass::H);
+        let mut ghv = view_mut(gh, n, g3);
+        gemm(par, view(hp, n, h), r.slice(s![..2 * h, ..]).t(), 0.0, ghv.slice_mut(s![.., ..2 * h]));
+        gates(par, g, gh, hp, rh, h, bias, lbr, Pass::ZR);
+        let mut ghv = view_mut(gh, n, g3);
+        gemm(par, view(rh, n, h), r.slice(s![2 * h.., ..]).t(), 0.0, ghv.slice_mut(s![.., 2 * h..]));
+        gates(par, g, gh, hp, rh, h, bias, lbr, Pass::H);
     }
 
-    // 2. Backward through time: da (for X, W, Wb; and R, Rb with lbr 0), dar (R, Rb, lbr 1).
-    let mut da = vec![0.0f32; n * g3];
-    let mut dar = if lbr { vec![0.0f32; n * g3] } else { Vec::new() };
-    let mut dh = match i.dy_h {
-        Some(g) => g[d * bh..(d + 1) * bh].to_vec(),
-        None => vec![0.0; bh],
-    };
-    let mut dhn = vec![0.0f32; bh];
-    let mut drh = if lbr { Vec::new() } else { vec![0.0f32; bh] };
+    // 2. Backward through time.
+    match i.dy_h {
+        Some(v) => dh.copy_from_slice(&v[d * bh..(d + 1) * bh]),
+        None => dh.fill(0.0),
+    }
+    let (mut dh, mut dhn) = (dh, dhn);
     for step in (0..t_len).rev() {
         let t = if rev { t_len - 1 - step } else { step };
         if let Some(dy) = i.dy {
@@ -295,83 +325,115 @@ fn one_direction(sh: &GruShape, i: &GruGradIn<'_>, o: &mut GruGradOut<'_>, d: us
             dh.iter_mut().zip(dyt).for_each(|(a, b)| *a += b);
         }
         let rows = t * bt..(t + 1) * bt;
-        let g = &wk.g[rows.start * g3..rows.end * g3];
-        let hp = &wk.hp[rows.start * h..rows.end * h];
+        let g_t = &g[rows.start * g3..rows.end * g3];
+        let hp_t = &hp[rows.start * h..rows.end * h];
         let da_t = &mut da[rows.start * g3..rows.end * g3];
         if lbr {
-            let gh = &wk.gh[rows.start * g3..rows.end * g3];
+            let gh_t = &gh[rows.start * g3..rows.end * g3];
             let dar_t = &mut dar[rows.start * g3..rows.end * g3];
-            for b in 0..bt {
-                let (gb, ghb) = (&g[b * g3..(b + 1) * g3], &gh[b * g3 + 2 * h..(b + 1) * g3]);
-                let (dab, darb) = (&mut da_t[b * g3..(b + 1) * g3], &mut dar_t[b * g3..(b + 1) * g3]);
-                let (dhb, hpb, dhnb) = (&dh[b * h..(b + 1) * h], &hp[b * h..(b + 1) * h], &mut dhn[b * h..(b + 1) * h]);
-                for j in 0..h {
-                    let (z, rg, hh, hr) = (gb[j], gb[h + j], gb[2 * h + j], ghb[j]);
-                    let dhj = dhb[j];
-                    let da_h = dhj * (1.0 - z) * (1.0 - hh * hh);
-                    let da_z = dhj * (hpb[j] - hh) * z * (1.0 - z);
-                    let da_r = da_h * hr * rg * (1.0 - rg);
-                    dab[j] = da_z;
-                    dab[h + j] = da_r;
-                    dab[2 * h + j] = da_h;
-                    darb[j] = da_z;
-                    darb[h + j] = da_r;
-                    darb[2 * h + j] = da_h * rg;
-                    dhnb[j] = dhj * z;
-                }
-            }
-            gemm(par, view(dar_t, bt, g3), r, 1.0, view_mut(&mut dhn, bt, h));
+            step_lbr(h, g_t, gh_t, hp_t, dh, da_t, dar_t, dhn);
+            gemm(par, view(dar_t, bt, g3), r, 1.0, view_mut(dhn, bt, h));
         } else {
-            for b in 0..bt {
-                let (gb, dab) = (&g[b * g3..(b + 1) * g3], &mut da_t[b * g3..(b + 1) * g3]);
-                for j in 0..h {
-                    let (z, hh, dhj) = (gb[j], gb[2 * h + j], dh[b * h + j]);
-                    dab[j] = dhj * (hp[b * h + j] - hh) * z * (1.0 - z);
-                    dab[2 * h + j] = dhj * (1.0 - z) * (1.0 - hh * hh);
-                }
-            }
+            step_zh(h, g_t, hp_t, dh, da_t);
             let dav = view(da_t, bt, g3);
-            gemm(par, dav.slice(s![.., 2 * h..]), r.slice(s![2 * h.., ..]), 0.0, view_mut(&mut drh, bt, h));
-            for b in 0..bt {
-                let (gb, dab) = (&g[b * g3..(b + 1) * g3], &mut da_t[b * g3..(b + 1) * g3]);
-                for j in 0..h {
-                    let (z, rg, k) = (gb[j], gb[h + j], b * h + j);
-                    dab[h + j] = drh[k] * hp[k] * rg * (1.0 - rg);
-                    dhn[k] = dh[k] * z + drh[k] * rg;
-                }
-            }
+            gemm(par, dav.slice(s![.., 2 * h..]), r.slice(s![2 * h.., ..]), 0.0, view_mut(drh, bt, h));
+            step_r(h, g_t, hp_t, dh, drh, da_t, dhn);
             let dav = view(da_t, bt, g3);
-            gemm(par, dav.slice(s![.., ..2 * h]), r.slice(s![..2 * h, ..]), 1.0, view_mut(&mut dhn, bt, h));
+            gemm(par, dav.slice(s![.., ..2 * h]), r.slice(s![..2 * h, ..]), 1.0, view_mut(dhn, bt, h));
         }
         std::mem::swap(&mut dh, &mut dhn);
     }
     if let Some(dh0) = o.dh0.as_deref_mut() {
-        dh0[d * bh..(d + 1) * bh].copy_from_slice(&dh);
+        dh0[d * bh..(d + 1) * bh].copy_from_slice(dh);
     }
 
     // 3. The weights' and the input's gradients over all steps at once.
-    let dav = view(&da, n, g3);
+    let dav = view(da, n, g3);
     if let Some(dx) = o.dx.as_deref_mut() {
         gemm(par, dav, w, if d == 0 { 0.0 } else { 1.0 }, view_mut(dx, n, isz));
     }
     if let Some(dw) = o.dw.as_deref_mut() {
         gemm(par, dav.t(), x, 0.0, view_mut(&mut dw[d * g3 * isz..], g3, isz));
     }
-    let hpv = view(&wk.hp, n, h);
+    let hpv = view(hp, n, h);
     if let Some(dr) = o.dr.as_deref_mut() {
         let mut drv = view_mut(&mut dr[d * g3 * h..], g3, h);
         if lbr {
-            gemm(par, view(&dar, n, g3).t(), hpv, 0.0, drv);
+            gemm(par, view(dar, n, g3).t(), hpv, 0.0, drv);
         } else {
             gemm(par, dav.slice(s![.., ..2 * h]).t(), hpv, 0.0, drv.slice_mut(s![..2 * h, ..]));
-            gemm(par, dav.slice(s![.., 2 * h..]).t(), view(&wk.rh, n, h), 0.0, drv.slice_mut(s![2 * h.., ..]));
+            gemm(par, dav.slice(s![.., 2 * h..]).t(), view(rh, n, h), 0.0, drv.slice_mut(s![2 * h.., ..]));
         }
     }
     if let Some(db) = o.db.as_deref_mut() {
         let db = &mut db[d * 6 * h..(d + 1) * 6 * h];
         let (dwb, drb) = db.split_at_mut(g3);
-        column_sums(&da, g3, dwb);
-        column_sums(if lbr { &dar } else { &da }, g3, drb);
+        column_sums(da, g3, dwb);
+        column_sums(if lbr { dar } else { da }, g3, drb);
+    }
+}
+
+/// One step's gate gradients with `linear_before_reset` 1, row by row: `da = [dA_z, dA_r,
+/// dA_h]`, `dar = [dA_z, dA_r, dA_h ⊙ r]`, `dhn = dH ⊙ z` (the GEMM with R adds the rest).
+#[allow(clippy::too_many_arguments)]
+fn step_lbr(h: usize, g: &[f32], gh: &[f32], hp: &[f32], dh: &[f32], da: &mut [f32], dar: &mut [f32], dhn: &mut [f32]) {
+    let g3 = 3 * h;
+    let rows = g.chunks_exact(g3).zip(gh.chunks_exact(g3)).zip(hp.chunks_exact(h).zip(dh.chunks_exact(h)));
+    let outs = da.chunks_exact_mut(g3).zip(dar.chunks_exact_mut(g3)).zip(dhn.chunks_exact_mut(h));
+    for (((g, gh), (hp, dh)), ((da, dar), dhn)) in rows.zip(outs) {
+        let (z, rest) = g.split_at(h);
+        let (rg, hh) = rest.split_at(h);
+        let hr = &gh[2 * h..];
+        let (da_z, rest) = da.split_at_mut(h);
+        let (da_r, da_h) = rest.split_at_mut(h);
+        let (dar_z, rest) = dar.split_at_mut(h);
+        let (dar_r, dar_h) = rest.split_at_mut(h);
+        for j in 0..h {
+            let (z, rg, hh, dhj) = (z[j], rg[j], hh[j], dh[j]);
+            let ah = dhj * (1.0 - z) * (1.0 - hh * hh);
+            let az = dhj * (hp[j] - hh) * z * (1.0 - z);
+            let ar = ah * hr[j] * rg * (1.0 - rg);
+            da_z[j] = az;
+            da_r[j] = ar;
+            da_h[j] = ah;
+            dar_z[j] = az;
+            dar_r[j] = ar;
+            dar_h[j] = ah * rg;
+            dhn[j] = dhj * z;
+        }
+    }
+}
+
+/// `linear_before_reset` 0, first half of a step: `dA_z` and `dA_h` into `da`.
+fn step_zh(h: usize, g: &[f32], hp: &[f32], dh: &[f32], da: &mut [f32]) {
+    let g3 = 3 * h;
+    for ((g, da), (hp, dh)) in
+        g.chunks_exact(g3).zip(da.chunks_exact_mut(g3)).zip(hp.chunks_exact(h).zip(dh.chunks_exact(h)))
+    {
+        let (z, rest) = g.split_at(h);
+        let hh = &rest[h..];
+        let (da_z, rest) = da.split_at_mut(h);
+        let da_h = &mut rest[h..];
+        for j in 0..h {
+            da_z[j] = dh[j] * (hp[j] - hh[j]) * z[j] * (1.0 - z[j]);
+            da_h[j] = dh[j] * (1.0 - z[j]) * (1.0 - hh[j] * hh[j]);
+        }
+    }
+}
+
+/// `linear_before_reset` 0, second half: with `drh = dA_h Rh`, `dA_r` into `da` and
+/// `dhn = dH ⊙ z + drh ⊙ r` (the GEMM with `R_zr` adds the rest).
+fn step_r(h: usize, g: &[f32], hp: &[f32], dh: &[f32], drh: &[f32], da: &mut [f32], dhn: &mut [f32]) {
+    let g3 = 3 * h;
+    let ins = g.chunks_exact(g3).zip(hp.chunks_exact(h)).zip(dh.chunks_exact(h).zip(drh.chunks_exact(h)));
+    for (((g, hp), (dh, drh)), (da, dhn)) in ins.zip(da.chunks_exact_mut(g3).zip(dhn.chunks_exact_mut(h))) {
+        let (z, rest) = g.split_at(h);
+        let rg = &rest[..h];
+        let da_r = &mut da[h..2 * h];
+        for j in 0..h {
+            da_r[j] = drh[j] * hp[j] * rg[j] * (1.0 - rg[j]);
+            dhn[j] = dh[j] * z[j] + drh[j] * rg[j];
+        }
     }
 }
 
@@ -396,44 +458,58 @@ enum Pass {
 
 /// Pre-activations in `g` (from `X W^T`) and `gh` to gate values in `g`, in row blocks run
 /// as tasks of `par`.
-fn gates(par: &dyn Parallelism, wk: &mut Work, h: usize, bias: &[f32], lbr: bool, pass: Pass) {
+#[allow(clippy::too_many_arguments)]
+fn gates(
+    par: &dyn Parallelism,
+    g: &mut [f32],
+    gh: &mut [f32],
+    hp: &[f32],
+    rh: &mut [f32],
+    h: usize,
+    bias: &[f32],
+    lbr: bool,
+    pass: Pass,
+) {
     let g3 = 3 * h;
     let rows = (GATE_TASK / g3).max(1);
-    let n = wk.hp.len() / h;
-    let rh_rows: Vec<&mut [f32]> = if wk.rh.is_empty() {
+    let n = hp.len() / h;
+    let rh_rows: Vec<&mut [f32]> = if rh.is_empty() {
         (0..n.div_ceil(rows)).map(|_| &mut [][..]).collect()
     } else {
-        wk.rh.chunks_mut(rows * h).collect()
+        rh.chunks_mut(rows * h).collect()
     };
     let items: Vec<_> =
-        wk.g.chunks_mut(rows * g3).zip(wk.gh.chunks_mut(rows * g3)).zip(wk.hp.chunks(rows * h)).zip(rh_rows).collect();
+        g.chunks_mut(rows * g3).zip(gh.chunks_mut(rows * g3)).zip(hp.chunks(rows * h)).zip(rh_rows).collect();
     let (wb, rb) = bias.split_at(g3);
+    // Both biases of z and r, and Wbh, summed once.
+    let bzr: Vec<f32> = wb[..2 * h].iter().zip(&rb[..2 * h]).map(|(a, b)| a + b).collect();
+    let (wbh, rbh) = (&wb[2 * h..], &rb[2 * h..]);
     for_each_item(par, items, |(((g, gh), hp), rh)| {
         for (k, (gr, ghr)) in g.chunks_exact_mut(g3).zip(gh.chunks_exact_mut(g3)).enumerate() {
-            let (gz, rest) = gr.split_at_mut(h);
-            let (gr_, gh_) = rest.split_at_mut(h);
+            let (gzr, gh_) = gr.split_at_mut(2 * h);
+            let (ghzr, ghh) = ghr.split_at_mut(2 * h);
             if pass != Pass::H {
-                for j in 0..h {
-                    gz[j] = sigmoid(gz[j] + ghr[j] + wb[j] + rb[j]);
-                    gr_[j] = sigmoid(gr_[j] + ghr[h + j] + wb[h + j] + rb[h + j]);
+                for ((a, b), c) in gzr.iter_mut().zip(&*ghzr).zip(&bzr) {
+                    *a = sigmoid(*a + b + c);
                 }
             }
             if pass == Pass::ZR {
                 let (hpk, rhk) = (&hp[k * h..(k + 1) * h], &mut rh[k * h..(k + 1) * h]);
-                for j in 0..h {
-                    rhk[j] = gr_[j] * hpk[j];
+                for ((o, r), p) in rhk.iter_mut().zip(&gzr[h..]).zip(hpk) {
+                    *o = r * p;
                 }
                 continue;
             }
-            let ghh = &mut ghr[2 * h..];
-            for j in 0..h {
-                let a = if lbr {
-                    ghh[j] += rb[2 * h + j]; // kept: the backward's `H_{t-1} Rh^T + Rbh`
-                    gh_[j] + wb[2 * h + j] + gr_[j] * ghh[j]
-                } else {
-                    gh_[j] + wb[2 * h + j] + ghh[j] + rb[2 * h + j]
-                };
-                gh_[j] = tanh(a);
+            let rg = &gzr[h..];
+            if lbr {
+                for j in 0..h {
+                    ghh[j] += rbh[j]; // kept: the backward's `H_{t-1} Rh^T + Rbh`
+                    gh_[j] = tanh(gh_[j] + wbh[j] + rg[j] * ghh[j]);
+                }
+            } else {
+                for j in 0..h {
+                    gh_[j] = tanh(gh_[j] + wbh[j] + ghh[j] + rbh[j]);
+                }
             }
         }
     });

@@ -253,3 +253,28 @@ fn exp_and_activations_are_close() {
         x += 0.0137;
     }
 }
+
+/// Timing at the bench's sizes (not a test: `cargo test --release -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn timing_bench_sizes() {
+    for lbr in [true, false] {
+        let c = case(shape(16, 64, 32, 64, Direction::Forward, lbr), 5);
+        let y = y32(&c, true, false);
+        let i = inputs(&c, &y, true, false, false, true);
+        let [lx, lw, lr, lb, lh, _] = c.sh.lens();
+        let (mut dx, mut dw, mut dr, mut db, mut dh0) =
+            (vec![0.0; lx], vec![0.0; lw], vec![0.0; lr], vec![0.0; lb], vec![0.0; lh]);
+        let mut best = f64::MAX;
+        let mut scratch = GruScratch::default();
+        for _ in 0..100 {
+            let o =
+                GruGradOut { dx: None, dw: Some(&mut dw), dr: Some(&mut dr), db: Some(&mut db), dh0: Some(&mut dh0) };
+            let t = std::time::Instant::now();
+            gru_grad_with(&c.sh, &i, o, &Sequential, &mut scratch).unwrap();
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let _ = &mut dx;
+        println!("lbr={lbr}: best {:.0} us", best * 1e6);
+    }
+}

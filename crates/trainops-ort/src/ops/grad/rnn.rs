@@ -7,7 +7,9 @@
 //! GRU's shapes even where B or initial_h is absent). Attributes `hidden_size` (required),
 //! `linear_before_reset` (0), `direction` ("forward").
 
-use trainops_kernels::grad::rnn::{gru_grad, Direction, GruGradIn, GruGradOut, GruShape};
+use std::sync::Mutex;
+
+use trainops_kernels::grad::rnn::{gru_grad_with, Direction, GruGradIn, GruGradOut, GruScratch, GruShape};
 
 use crate::error::{Error, Result};
 use crate::ffi::pool::OrtPool;
@@ -63,7 +65,7 @@ impl OpSpec for GruGrad {
                 return Err(attr("direction", what));
             }
         };
-        Ok(Box::new(GruGradKernel { hidden, lbr, direction }))
+        Ok(Box::new(GruGradKernel { hidden, lbr, direction, scratch: Mutex::default() }))
     }
 }
 
@@ -71,6 +73,9 @@ struct GruGradKernel {
     hidden: usize,
     lbr: bool,
     direction: Direction,
+    /// Working memory kept between runs (no allocation or page faults per step); a run that
+    /// finds it busy (the same node run concurrently) uses its own.
+    scratch: Mutex<GruScratch>,
 }
 
 /// Input `k` (absent optional inputs are `None`), checked to be float32 of `dims`.
@@ -139,7 +144,8 @@ impl Kernel for GruGradKernel {
                 return Err(Error::Aliasing { op: OP, what });
             }
         }
-        let sh = GruShape { seq, batch, input: isz, hidden: h, direction: self.direction, linear_before_reset: self.lbr };
+        let sh =
+            GruShape { seq, batch, input: isz, hidden: h, direction: self.direction, linear_before_reset: self.lbr };
         // SAFETY: every tensor was checked to be an aligned float32 buffer; the inputs are
         // only read and no output overlaps an input or another output (checked above), so
         // the mutable views are the only references to their memory.
@@ -159,7 +165,13 @@ impl Kernel for GruGradKernel {
             (gin, GruGradOut { dx: m(0), dw: m(1), dr: m(2), db: m(3), dh0: m(4) })
         };
         let pool = OrtPool::new(ctx);
-        gru_grad(&sh, &gin, gout, &pool)
-            .map_err(|e| Error::Runtime { op: OP, call: "gru_grad", message: e.to_string() })
+        let mut own = GruScratch::default();
+        let mut kept = self.scratch.try_lock().ok();
+        let scratch = kept.as_deref_mut().unwrap_or(&mut own);
+        gru_grad_with(&sh, &gin, gout, &pool, scratch).map_err(|e| Error::Runtime {
+            op: OP,
+            call: "gru_grad",
+            message: e.to_string(),
+        })
     }
 }
