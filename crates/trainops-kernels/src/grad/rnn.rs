@@ -26,6 +26,25 @@ use ndarray::{s, ArrayView2, ArrayViewMut2, Axis};
 use crate::parallel::{for_each_item, Parallelism};
 use crate::KernelError;
 
+/// Runs `f` compiled for AVX2 and FMA where the CPU has them, else as portable code. The
+/// element loops do the same operations either way (Rust never contracts `a * b + c`), so
+/// the results are the same bits; only the vector width changes.
+#[inline(always)]
+fn wide<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(crate::simd::Isa::Avx2(token)) = crate::simd::Level::Avx2.isa() {
+        // SAFETY: the token proves this CPU has AVX2 and FMA (runtime detection).
+        return unsafe { wide_avx2(token, f) };
+    }
+    f()
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn wide_avx2<R>(_: crate::simd::Avx2, f: impl FnOnce() -> R) -> R {
+    f()
+}
+
 /// Direction attribute of the op.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
@@ -331,13 +350,22 @@ fn one_direction(
         if lbr {
             let gh_t = &gh[rows.start * g3..rows.end * g3];
             let dar_t = &mut dar[rows.start * g3..rows.end * g3];
-            step_lbr(h, g_t, gh_t, hp_t, dh, da_t, dar_t, dhn);
+            wide(
+                #[inline(always)]
+                || step_lbr(h, g_t, gh_t, hp_t, dh, da_t, dar_t, dhn),
+            );
             gemm(par, view(dar_t, bt, g3), r, 1.0, view_mut(dhn, bt, h));
         } else {
-            step_zh(h, g_t, hp_t, dh, da_t);
+            wide(
+                #[inline(always)]
+                || step_zh(h, g_t, hp_t, dh, da_t),
+            );
             let dav = view(da_t, bt, g3);
             gemm(par, dav.slice(s![.., 2 * h..]), r.slice(s![2 * h.., ..]), 0.0, view_mut(drh, bt, h));
-            step_r(h, g_t, hp_t, dh, drh, da_t, dhn);
+            wide(
+                #[inline(always)]
+                || step_r(h, g_t, hp_t, dh, drh, da_t, dhn),
+            );
             let dav = view(da_t, bt, g3);
             gemm(par, dav.slice(s![.., ..2 * h]), r.slice(s![..2 * h, ..]), 1.0, view_mut(dhn, bt, h));
         }
@@ -368,14 +396,21 @@ fn one_direction(
     if let Some(db) = o.db.as_deref_mut() {
         let db = &mut db[d * 6 * h..(d + 1) * 6 * h];
         let (dwb, drb) = db.split_at_mut(g3);
-        column_sums(da, g3, dwb);
-        column_sums(if lbr { dar } else { da }, g3, drb);
+        wide(
+            #[inline(always)]
+            || column_sums(da, g3, dwb),
+        );
+        wide(
+            #[inline(always)]
+            || column_sums(if lbr { dar } else { da }, g3, drb),
+        );
     }
 }
 
 /// One step's gate gradients with `linear_before_reset` 1, row by row: `da = [dA_z, dA_r,
 /// dA_h]`, `dar = [dA_z, dA_r, dA_h ⊙ r]`, `dhn = dH ⊙ z` (the GEMM with R adds the rest).
 #[allow(clippy::too_many_arguments)]
+#[inline(always)]
 fn step_lbr(h: usize, g: &[f32], gh: &[f32], hp: &[f32], dh: &[f32], da: &mut [f32], dar: &mut [f32], dhn: &mut [f32]) {
     let g3 = 3 * h;
     let rows = g.chunks_exact(g3).zip(gh.chunks_exact(g3)).zip(hp.chunks_exact(h).zip(dh.chunks_exact(h)));
@@ -405,6 +440,7 @@ fn step_lbr(h: usize, g: &[f32], gh: &[f32], hp: &[f32], dh: &[f32], da: &mut [f
 }
 
 /// `linear_before_reset` 0, first half of a step: `dA_z` and `dA_h` into `da`.
+#[inline(always)]
 fn step_zh(h: usize, g: &[f32], hp: &[f32], dh: &[f32], da: &mut [f32]) {
     let g3 = 3 * h;
     for ((g, da), (hp, dh)) in
@@ -423,6 +459,7 @@ fn step_zh(h: usize, g: &[f32], hp: &[f32], dh: &[f32], da: &mut [f32]) {
 
 /// `linear_before_reset` 0, second half: with `drh = dA_h Rh`, `dA_r` into `da` and
 /// `dhn = dH ⊙ z + drh ⊙ r` (the GEMM with `R_zr` adds the rest).
+#[inline(always)]
 fn step_r(h: usize, g: &[f32], hp: &[f32], dh: &[f32], drh: &[f32], da: &mut [f32], dhn: &mut [f32]) {
     let g3 = 3 * h;
     let ins = g.chunks_exact(g3).zip(hp.chunks_exact(h)).zip(dh.chunks_exact(h).zip(drh.chunks_exact(h)));
@@ -438,6 +475,7 @@ fn step_r(h: usize, g: &[f32], hp: &[f32], dh: &[f32], drh: &[f32], da: &mut [f3
 }
 
 /// `out[j] = sum_i m[i, j]` of a row-major `[rows, cols]` matrix.
+#[inline(always)]
 fn column_sums(m: &[f32], cols: usize, out: &mut [f32]) {
     out.fill(0.0);
     for row in m.chunks_exact(cols) {
@@ -485,33 +523,38 @@ fn gates(
     let bzr: Vec<f32> = wb[..2 * h].iter().zip(&rb[..2 * h]).map(|(a, b)| a + b).collect();
     let (wbh, rbh) = (&wb[2 * h..], &rb[2 * h..]);
     for_each_item(par, items, |(((g, gh), hp), rh)| {
-        for (k, (gr, ghr)) in g.chunks_exact_mut(g3).zip(gh.chunks_exact_mut(g3)).enumerate() {
-            let (gzr, gh_) = gr.split_at_mut(2 * h);
-            let (ghzr, ghh) = ghr.split_at_mut(2 * h);
-            if pass != Pass::H {
-                for ((a, b), c) in gzr.iter_mut().zip(&*ghzr).zip(&bzr) {
-                    *a = sigmoid(*a + b + c);
+        wide(
+            #[inline(always)]
+            || {
+                for (k, (gr, ghr)) in g.chunks_exact_mut(g3).zip(gh.chunks_exact_mut(g3)).enumerate() {
+                    let (gzr, gh_) = gr.split_at_mut(2 * h);
+                    let (ghzr, ghh) = ghr.split_at_mut(2 * h);
+                    if pass != Pass::H {
+                        for ((a, b), c) in gzr.iter_mut().zip(&*ghzr).zip(&bzr) {
+                            *a = sigmoid(*a + b + c);
+                        }
+                    }
+                    if pass == Pass::ZR {
+                        let (hpk, rhk) = (&hp[k * h..(k + 1) * h], &mut rh[k * h..(k + 1) * h]);
+                        for ((o, r), p) in rhk.iter_mut().zip(&gzr[h..]).zip(hpk) {
+                            *o = r * p;
+                        }
+                        continue;
+                    }
+                    let rg = &gzr[h..];
+                    if lbr {
+                        for j in 0..h {
+                            ghh[j] += rbh[j]; // kept: the backward's `H_{t-1} Rh^T + Rbh`
+                            gh_[j] = tanh(gh_[j] + wbh[j] + rg[j] * ghh[j]);
+                        }
+                    } else {
+                        for j in 0..h {
+                            gh_[j] = tanh(gh_[j] + wbh[j] + ghh[j] + rbh[j]);
+                        }
+                    }
                 }
-            }
-            if pass == Pass::ZR {
-                let (hpk, rhk) = (&hp[k * h..(k + 1) * h], &mut rh[k * h..(k + 1) * h]);
-                for ((o, r), p) in rhk.iter_mut().zip(&gzr[h..]).zip(hpk) {
-                    *o = r * p;
-                }
-                continue;
-            }
-            let rg = &gzr[h..];
-            if lbr {
-                for j in 0..h {
-                    ghh[j] += rbh[j]; // kept: the backward's `H_{t-1} Rh^T + Rbh`
-                    gh_[j] = tanh(gh_[j] + wbh[j] + rg[j] * ghh[j]);
-                }
-            } else {
-                for j in 0..h {
-                    gh_[j] = tanh(gh_[j] + wbh[j] + ghh[j] + rbh[j]);
-                }
-            }
-        }
+            },
+        )
     });
 }
 
