@@ -1,6 +1,9 @@
 //! The plain form of [`super::gru_grad`]: straight loops in float64, one time step and one
 //! element at a time, written from ONNX's GRU equations (the spec the fast path is held to).
 
+// Index loops on purpose: they mirror the subscripts of the equations.
+#![allow(clippy::needless_range_loop)]
+
 use super::{check_lens, GruGradIn, GruGradOut, GruShape};
 use crate::KernelError;
 

@@ -35,7 +35,8 @@ fn case(sh: GruShape, seed: u64) -> Case {
 }
 
 /// The forward in float64: Y `[seq, dirs, batch, hidden]` (Y_h is its last step per direction).
-fn forward(c: &Case, x: &[f64], w: &[f64], r: &[f64], b: &[f64], h0: &[f64], use_b: bool, use_h0: bool) -> Vec<f64> {
+fn forward(c: &Case, p: [&[f64]; 5], use_b: bool, use_h0: bool) -> Vec<f64> {
+    let [x, w, r, b, h0] = p;
     let sh = &c.sh;
     let (tn, bn, inn, hn, dn) = (sh.seq, sh.batch, sh.input, sh.hidden, sh.direction.count());
     let mut y = vec![0.0; tn * dn * bn * hn];
@@ -78,7 +79,7 @@ fn to64(v: &[f32]) -> Vec<f64> {
 }
 
 fn y32(c: &Case, use_b: bool, use_h0: bool) -> Vec<f32> {
-    let y = forward(c, &to64(&c.x), &to64(&c.w), &to64(&c.r), &to64(&c.b), &to64(&c.h0), use_b, use_h0);
+    let y = forward(c, [&to64(&c.x), &to64(&c.w), &to64(&c.r), &to64(&c.b), &to64(&c.h0)], use_b, use_h0);
     y.iter().map(|&v| v as f32).collect()
 }
 
@@ -199,7 +200,7 @@ fn reference_matches_finite_differences() {
             let g = reference::gru_grad(&c.sh, &inputs(&c, &y, true, true, true, true)).unwrap();
             let (dn, bh) = (dir.count(), c.sh.batch * c.sh.hidden);
             let loss = |p: &[Vec<f64>; 5]| -> f64 {
-                let y = forward(&c, &p[0], &p[1], &p[2], &p[3], &p[4], true, true);
+                let y = forward(&c, [&p[0], &p[1], &p[2], &p[3], &p[4]], true, true);
                 let mut l: f64 = y.iter().zip(&c.dy).map(|(a, b)| a * f64::from(*b)).sum();
                 for d in 0..dn {
                     let last = if dir.reversed(d) { 0 } else { c.sh.seq - 1 };
