@@ -209,7 +209,9 @@ fn gemm(
         c.mapv_inplace(|v| if beta == 0.0 { 0.0 } else { beta * v });
         return;
     }
+    // A power of two, so that blocks share out evenly over 2, 4 or 8 threads.
     let tasks = ((m * n * k) / GEMM_TASK_MACS).clamp(1, 8).min(m.div_ceil(8).max(1));
+    let tasks = if tasks.is_power_of_two() { tasks } else { tasks.next_power_of_two() / 2 };
     if tasks <= 1 || m == 0 {
         general_mat_mul(1.0, &a, &b, beta, &mut c);
         return;
