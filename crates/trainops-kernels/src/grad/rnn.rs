@@ -194,7 +194,14 @@ const GEMM_TASK_MACS: usize = 1 << 18;
 /// Elements of gate math per task.
 const GATE_TASK: usize = 1 << 13;
 
-/// `C = A B + beta C`, C's rows cut into tasks of `par` when the product is large.
+/// Fewest rows (columns) of C per task: each task packs all of B (of A) again, so a
+/// task needs enough of C to make that copy small next to its multiply-adds.
+const MIN_ROWS: usize = 64;
+const MIN_COLS: usize = 32;
+
+/// `C = A B + beta C`; when the product is large, C is cut into row blocks (or, for a short
+/// C, column blocks) run as tasks of `par`, a power of two of them so that they share out
+/// evenly over 2, 4 or 8 threads.
 fn gemm(
     par: &dyn Parallelism,
     a: ArrayView2<'_, f32>,
@@ -209,16 +216,21 @@ fn gemm(
         c.mapv_inplace(|v| if beta == 0.0 { 0.0 } else { beta * v });
         return;
     }
-    // A power of two, so that blocks share out evenly over 2, 4 or 8 threads.
-    let tasks = ((m * n * k) / GEMM_TASK_MACS).clamp(1, 8).min(m.div_ceil(8).max(1));
-    let tasks = if tasks.is_power_of_two() { tasks } else { tasks.next_power_of_two() / 2 };
-    if tasks <= 1 || m == 0 {
+    let pow2 = |t: usize| if t.is_power_of_two() { t } else { t.next_power_of_two() / 2 };
+    let by_work = ((m * n * k) / GEMM_TASK_MACS).clamp(1, 8);
+    let row_tasks = pow2(by_work.min(m / MIN_ROWS).max(1));
+    let col_tasks = pow2(by_work.min(n / MIN_COLS).max(1));
+    if row_tasks > 1 {
+        let rows = m.div_ceil(row_tasks);
+        let items: Vec<_> = a.axis_chunks_iter(Axis(0), rows).zip(c.axis_chunks_iter_mut(Axis(0), rows)).collect();
+        for_each_item(par, items, |(a, mut c)| general_mat_mul(1.0, &a, &b, beta, &mut c));
+    } else if col_tasks > 1 {
+        let cols = n.div_ceil(col_tasks);
+        let items: Vec<_> = b.axis_chunks_iter(Axis(1), cols).zip(c.axis_chunks_iter_mut(Axis(1), cols)).collect();
+        for_each_item(par, items, |(b, mut c)| general_mat_mul(1.0, &a, &b, beta, &mut c));
+    } else {
         general_mat_mul(1.0, &a, &b, beta, &mut c);
-        return;
     }
-    let rows = m.div_ceil(tasks).next_multiple_of(8);
-    let items: Vec<_> = a.axis_chunks_iter(Axis(0), rows).zip(c.axis_chunks_iter_mut(Axis(0), rows)).collect();
-    for_each_item(par, items, |(a, mut c)| general_mat_mul(1.0, &a, &b, beta, &mut c));
 }
 
 fn view<'a>(v: &'a [f32], rows: usize, cols: usize) -> ArrayView2<'a, f32> {

@@ -279,3 +279,35 @@ fn timing_bench_sizes() {
         println!("lbr={lbr}: best {:.0} us", best * 1e6);
     }
 }
+
+/// GEMM shapes of the bench, timed alone (`--ignored --nocapture`).
+#[test]
+#[ignore]
+fn timing_gemm_shapes() {
+    use ndarray::Array2;
+    let t = |name: &str, m: usize, k: usize, n: usize, ta: bool, reps: usize| {
+        let a = Array2::<f32>::from_elem(if ta { (k, m) } else { (m, k) }, 0.5);
+        let b = Array2::<f32>::from_elem((k, n), 0.25);
+        let mut c = Array2::<f32>::zeros((m, n));
+        let mut best = f64::MAX;
+        for _ in 0..50 {
+            let s = std::time::Instant::now();
+            for _ in 0..reps {
+                if ta {
+                    gemm(&Sequential, a.t(), b.view(), 0.0, c.view_mut());
+                } else {
+                    gemm(&Sequential, a.view(), b.view(), 0.0, c.view_mut());
+                }
+            }
+            best = best.min(s.elapsed().as_secs_f64());
+        }
+        let gf = 2.0 * (m * k * n * reps) as f64 / best / 1e9;
+        println!("{name}: {:.0} us, {gf:.0} GFLOP/s", best * 1e6);
+    };
+    t("gx", 1024, 32, 192, false, 1);
+    t("gh", 1024, 64, 192, false, 1);
+    t("step x16", 64, 192, 64, false, 16);
+    t("dW (A^T)", 192, 1024, 32, true, 1);
+    t("dR (A^T)", 192, 1024, 64, true, 1);
+    t("dW (A)", 192, 1024, 32, false, 1);
+}
