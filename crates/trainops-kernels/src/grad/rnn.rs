@@ -472,6 +472,10 @@ fn step_lbr(h: usize, g: &[f32], gh: &[f32], hp: &[f32], dh: &[f32], da: &mut [f
         let (da_r, da_h) = rest.split_at_mut(h);
         let (dar_z, rest) = dar.split_at_mut(h);
         let (dar_r, dar_h) = rest.split_at_mut(h);
+        // Every slice cut to h: no bounds checks in the loop, so it vectorises.
+        let (z, rg, hh, hr, hp, dh) = (&z[..h], &rg[..h], &hh[..h], &hr[..h], &hp[..h], &dh[..h]);
+        let (da_z, da_r, da_h) = (&mut da_z[..h], &mut da_r[..h], &mut da_h[..h]);
+        let (dar_z, dar_r, dar_h, dhn) = (&mut dar_z[..h], &mut dar_r[..h], &mut dar_h[..h], &mut dhn[..h]);
         for j in 0..h {
             let (z, rg, hh, dhj) = (z[j], rg[j], hh[j], dh[j]);
             let ah = dhj * (1.0 - z) * (1.0 - hh * hh);
@@ -499,6 +503,7 @@ fn step_zh(h: usize, g: &[f32], hp: &[f32], dh: &[f32], da: &mut [f32]) {
         let hh = &rest[h..];
         let (da_z, rest) = da.split_at_mut(h);
         let da_h = &mut rest[h..];
+        let (z, hh, hp, dh, da_z, da_h) = (&z[..h], &hh[..h], &hp[..h], &dh[..h], &mut da_z[..h], &mut da_h[..h]);
         for j in 0..h {
             da_z[j] = dh[j] * (hp[j] - hh[j]) * z[j] * (1.0 - z[j]);
             da_h[j] = dh[j] * (1.0 - z[j]) * (1.0 - hh[j] * hh[j]);
@@ -516,6 +521,7 @@ fn step_r(h: usize, g: &[f32], hp: &[f32], dh: &[f32], drh: &[f32], da: &mut [f3
         let (z, rest) = g.split_at(h);
         let rg = &rest[..h];
         let da_r = &mut da[h..2 * h];
+        let (z, rg, hp, dh, drh, dhn) = (&z[..h], &rg[..h], &hp[..h], &dh[..h], &drh[..h], &mut dhn[..h]);
         for j in 0..h {
             da_r[j] = drh[j] * hp[j] * rg[j] * (1.0 - rg[j]);
             dhn[j] = dh[j] * z[j] + drh[j] * rg[j];
@@ -590,7 +596,8 @@ fn gates(
                         }
                         continue;
                     }
-                    let rg = &gzr[h..];
+                    let rg = &gzr[h..2 * h];
+                    let (gh_, ghh, wbh, rbh) = (&mut gh_[..h], &mut ghh[..h], &wbh[..h], &rbh[..h]);
                     if lbr {
                         for j in 0..h {
                             ghh[j] += rbh[j]; // kept: the backward's `H_{t-1} Rh^T + Rbh`
