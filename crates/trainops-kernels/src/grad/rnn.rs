@@ -31,11 +31,23 @@ use crate::KernelError;
 #[inline(always)]
 fn wide<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
-    if let Some(crate::simd::Isa::Avx2(token)) = crate::simd::Level::Avx2.isa() {
+    if let Some(crate::simd::Isa::Avx2(token)) = crate::simd::Level::Avx2.isa().filter(|_| !portable_forced()) {
         // SAFETY: the token proves this CPU has AVX2 and FMA (runtime detection).
         return unsafe { wide_avx2(token, f) };
     }
     f()
+}
+
+/// Whether a test asked this thread for the portable loops (never outside tests).
+#[cfg(test)]
+fn portable_forced() -> bool {
+    tests::PORTABLE.with(std::cell::Cell::get)
+}
+
+#[cfg(not(test))]
+#[inline(always)]
+fn portable_forced() -> bool {
+    false
 }
 
 #[cfg(target_arch = "x86_64")]

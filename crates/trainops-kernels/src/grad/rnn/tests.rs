@@ -6,6 +6,11 @@ use super::*;
 use crate::test_util::uniform;
 use crate::{RayonPool, Sequential};
 
+thread_local! {
+    /// Set by a test: this thread's element loops run the portable code, not AVX2's.
+    pub(super) static PORTABLE: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
 /// Random inputs of one case: X, W, R, B, initial_h, dY, dY_h (scaled to keep gates alive).
 struct Case {
     sh: GruShape,
@@ -252,5 +257,22 @@ fn exp_and_activations_are_close() {
         assert!((f64::from(sigmoid(x)) - 1.0 / (1.0 + (-f64::from(x)).exp())).abs() < 2e-7, "sigmoid({x})");
         assert!((f64::from(tanh(x)) - f64::from(x).tanh()).abs() < 3e-7, "tanh({x})");
         x += 0.0137;
+    }
+}
+
+#[test]
+fn portable_element_loops_give_the_avx2_bits() {
+    // The same operations either way (no contraction into FMA): equal bits.
+    for lbr in [false, true] {
+        let c = case(shape(5, 3, 4, 19, Direction::Bidirectional, lbr), 31);
+        let y = y32(&c, true, true);
+        let i = inputs(&c, &y, true, true, true, true);
+        let wide = fast(&c, &i, &Sequential);
+        PORTABLE.with(|p| p.set(true));
+        let portable = fast(&c, &i, &Sequential);
+        PORTABLE.with(|p| p.set(false));
+        for (a, b) in wide.iter().zip(&portable) {
+            assert!(a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()), "lbr={lbr}");
+        }
     }
 }
