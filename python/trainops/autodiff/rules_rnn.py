@@ -17,6 +17,9 @@ hidden-state (and cell-state) gradient back through time.
    peephole gradients are again batched over all steps; ``d initial_h`` / ``d initial_c``
    are the Scan's final states.
 
+Where the builder fuses (the Trainer's CPU placement, float32), GRU's backward is instead
+one ``com.trainops::GRUGrad`` node (the same algorithm in one kernel, ``grad::rnn``).
+
 A Scan rather than an unrolled graph keeps the backward graph's size independent of the
 sequence length, and works when that length is known only at run time.
 
@@ -34,6 +37,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from ..onnx_defs import TRAINOPS_DOMAIN
 from .graph import Builder
 from .rules import Ctx, rule
 
@@ -432,8 +436,45 @@ class _Rnn:
         return out
 
 
+def _gru_fused(r: _Rnn) -> list[str | None] | None:
+    """GRU's backward as one ``com.trainops::GRUGrad`` node (float32, where the builder
+    fuses; layout 1 is transposed to layout 0 around it), or ``None`` for the Scan form.
+    The checks of :class:`_Rnn` (activations, clip, sequence_lens) have passed."""
+    c, b = r.c, r.b
+    gys = (list(c.gys) + [None, None])[:2]
+    # GRU has one element type T: the gradients (whose types the builder may not know)
+    # have the inputs' type.
+    if not b.fuses(*[n for n in (r.x_name, c.x(1), c.x(2), c.x(3), c.x(5)) if n]):
+        return None
+    ins = [r.relayout(r.x_name, [1, 0, 2]), c.x(1), c.x(2),
+           r.relayout(r.output_y(), [1, 2, 0, 3]), c.x(3) or "",
+           r.relayout(c.x(5), [1, 0, 2]) or "", r.relayout(gys[0], [1, 2, 0, 3]) or "",
+           r.relayout(gys[1], [1, 0, 2]) or ""]
+    wanted = [0, 1, 2, 3, 5]  # dX, dW, dR, dB, d_initial_h
+    outs = [b.fresh("GRUGrad_d" + str(i)) if c.need(i) else "" for i in wanted]
+    while ins[-1] == "":
+        ins.pop()
+    while outs and outs[-1] == "":
+        outs.pop()
+    if not outs:
+        return [None] * len(c.node.input)
+    names = b.op("GRUGrad", ins, outs, domain=TRAINOPS_DOMAIN, hidden_size=r.hidden,
+                 linear_before_reset=int(c.attr("linear_before_reset", 0)),
+                 direction=r.direction)
+    grads: list[str | None] = [None] * len(c.node.input)
+    for i, name in zip(wanted, names):
+        if name:
+            grads[i] = r.relayout(name, [1, 0, 2]) if i in (0, 5) else name
+    return grads
+
+
 @rule("RNN", "GRU", "LSTM")
 def recurrent(c: Ctx):
     """RNN, GRU and LSTM: backpropagation through time with a reverse Scan (see the
-    module's docstring)."""
-    return _Rnn(c).run()
+    module's docstring); GRU as one ``GRUGrad`` node where the builder fuses."""
+    r = _Rnn(c)
+    if r.kind == "GRU":
+        grads = _gru_fused(r)
+        if grads is not None:
+            return grads
+    return r.run()

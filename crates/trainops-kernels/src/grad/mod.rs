@@ -6,10 +6,12 @@
 //! - [`pool`]: MaxPool (a scatter-add at the forward's Indices, or the argmax found again).
 //! - [`norm`]: LayerNormalization; [`softmax`]: Softmax, LogSoftmax, SoftmaxCrossEntropyLoss.
 //! - [`batchnorm`]: BatchNormalization in training mode (batch statistics).
+//! - [`rnn`]: GRU (backpropagation through time, gates recomputed from Y).
 
 pub mod activation;
 pub mod batchnorm;
 mod gelu;
 pub mod norm;
 pub mod pool;
+pub mod rnn;
 pub mod softmax;

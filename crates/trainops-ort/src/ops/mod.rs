@@ -49,6 +49,7 @@ pub fn catalogue() -> Vec<Domain> {
                 &grad::pool::MaxPoolGrad,
                 &grad::pool::MaxPoolGradFromInput,
                 &grad::batchnorm::BatchNormTrainGrad,
+                &grad::rnn::GruGrad,
             ]
             .into_iter()
             // PhiloxUniform and PhiloxNormal, once per output type (see `distributions`).

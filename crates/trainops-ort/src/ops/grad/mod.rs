@@ -8,11 +8,13 @@
 //! - [`norm`]: `LayerNormGrad`; [`softmax`]: `SoftmaxGrad`, `LogSoftmaxGrad`,
 //!   `SoftmaxCrossEntropyLossGrad`.
 //! - [`batchnorm`]: `BatchNormTrainGrad(dY, X, scale; epsilon) -> dX?, dScale?, dBias?`.
+//! - [`rnn`]: `GRUGrad`, backpropagation through time of ONNX's `GRU`.
 
 pub mod activation;
 pub mod batchnorm;
 pub mod norm;
 pub mod pool;
+pub mod rnn;
 pub mod softmax;
 
 use crate::error::{Error, Result};
