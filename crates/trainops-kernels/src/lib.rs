@@ -4,6 +4,7 @@
 //!   [`optim::Optimizer`]; [`ceiling`]: the benchmarks' memory yardstick on the same contract.
 //! - [`random`]: Philox4x32-10 random bits.
 //! - [`loss_scale`]: mixed precision (loss-scale rule, finiteness, 16-bit copies).
+//! - [`grad`]: backward kernels of the training graph (convolution gradients).
 //! - [`simd`] picks the instruction set once; [`parallel`] cuts work into chunks run on a
 //!   caller-supplied [`Parallelism`]; [`stream`]'s [`InOut`] keeps in-place updates from ever
 //!   becoming overlapping references; [`elem`] loads and stores the element types.
@@ -15,6 +16,7 @@ pub mod broadcast;
 pub mod ceiling;
 pub mod elem;
 mod error;
+pub mod grad;
 pub mod loss_scale;
 pub mod optim;
 pub mod parallel;

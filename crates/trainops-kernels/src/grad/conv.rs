@@ -1,0 +1,358 @@
+//! The convolution's gradients (ONNX `Conv`, float32, N-d, groups, strides, dilations,
+//! explicit pads), for `Y[n, m, o] = sum_{c, k} W[m, c, k] * X[n, g*C/G + c, o*s + k*d - p]`
+//! (`g = m / (M/G)`, `c < C/G`, positions outside the input read 0):
+//!
+//! - [`weight_grad`]: `dW[m, c, k] = sum_{n, o} dY[n, m, o] * X[n, g*C/G + c, o*s + k*d - p]`,
+//!   as `dW_g += dY_{n,g} [M/G x P] * col_{n,g}^T [P x K]` over the samples (`col` the
+//!   [`im2col`](super::im2col) matrix, `K = C/G * prod(kernel)`, `P = prod(output)`).
+//! - [`input_grad`]: `dX[n, g*C/G + c, i] = sum_{m in g, k, o: o*s + k*d - p = i} W[m, c, k]
+//!   * dY[n, m, o]`, as `col = W_g^T [K x M/G] * dY_{n,g} [M/G x P]`, then col2im.
+//!
+//! Threads: the weight gradient is cut into blocks of `dW`'s columns (rows of `col`) per
+//! group, each task summing its own block over every sample; the input gradient into
+//! (sample, group) pairs. The cut depends on the shapes only, so results do not depend on
+//! the thread count. Against the float64 [`reference`], each result is within
+//! `terms * f32::EPSILON * sum |terms|` (float32 sums of `terms` products, any order).
+
+use core::ops::Range;
+use std::sync::Mutex;
+
+use super::gemm::{matmul, Mat};
+use super::im2col::Windows;
+use crate::error::KernelError;
+use crate::parallel::{for_each_item, Parallelism};
+
+/// A convolution's attributes, resolved (no `auto_pad`): one entry per spatial dimension,
+/// `pads` the beginnings then the ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvGeometry {
+    /// Kernel spatial shape.
+    pub kernel: Vec<usize>,
+    /// Strides (each at least 1).
+    pub strides: Vec<usize>,
+    /// Dilations (each at least 1).
+    pub dilations: Vec<usize>,
+    /// Pads: `[begin_0, .., begin_{d-1}, end_0, .., end_{d-1}]`.
+    pub pads: Vec<usize>,
+    /// Groups (at least 1).
+    pub group: usize,
+}
+
+impl ConvGeometry {
+    /// Checks the lists' lengths against the kernel's rank and that strides, dilations,
+    /// kernel sizes and the group are positive; the message says what is wrong.
+    pub fn check(&self) -> Result<(), String> {
+        let d = self.kernel.len();
+        if d == 0 {
+            return Err("kernel_shape must have at least one spatial dimension".into());
+        }
+        for (name, list, want) in
+            [("strides", &self.strides, d), ("dilations", &self.dilations, d), ("pads", &self.pads, 2 * d)]
+        {
+            if list.len() != want {
+                return Err(format!("{name} must have {want} values for a {d}-d kernel, got {list:?}"));
+            }
+        }
+        for (name, list) in [("kernel_shape", &self.kernel), ("strides", &self.strides), ("dilations", &self.dilations)]
+        {
+            if list.contains(&0) {
+                return Err(format!("{name} must be positive, got {list:?}"));
+            }
+        }
+        if self.group == 0 {
+            return Err("group must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The output spatial shape over input spatial shape `input`, `None` when the dilated
+    /// kernel does not fit in the padded input (or `input` has the wrong rank).
+    pub fn output_spatial(&self, input: &[usize]) -> Option<Vec<usize>> {
+        let d = self.kernel.len();
+        if input.len() != d {
+            return None;
+        }
+        (0..d)
+            .map(|j| {
+                let padded = input[j] + self.pads[j] + self.pads[j + d];
+                let window = (self.kernel[j] - 1) * self.dilations[j] + 1;
+                padded.checked_sub(window).map(|span| span / self.strides[j] + 1)
+            })
+            .collect()
+    }
+}
+
+/// The tensor shapes of one convolution, checked against its geometry: `X [batch, channels,
+/// input..]`, `W [out_channels, channels / group, kernel..]`, `dY [batch, out_channels,
+/// output..]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvDims {
+    batch: usize,
+    channels: usize,
+    out_channels: usize,
+    windows: Windows,
+    group: usize,
+}
+
+impl ConvDims {
+    /// The shapes of a convolution of `geo` over `batch` samples of `channels` input
+    /// channels on grid `input`, with `out_channels` filters. The message says what does
+    /// not fit (channel counts not divisible by the group, a kernel larger than the padded
+    /// input, a rank other than the kernel's).
+    pub fn new(
+        geo: &ConvGeometry,
+        batch: usize,
+        channels: usize,
+        out_channels: usize,
+        input: &[usize],
+    ) -> Result<Self, String> {
+        geo.check()?;
+        if input.len() != geo.kernel.len() {
+            return Err(format!(
+                "the input has {} spatial dimensions, the kernel {} (kernel_shape {:?})",
+                input.len(),
+                geo.kernel.len(),
+                geo.kernel
+            ));
+        }
+        if !channels.is_multiple_of(geo.group) || !out_channels.is_multiple_of(geo.group) {
+            return Err(format!(
+                "group {} must divide the input channels ({channels}) and the output channels ({out_channels})",
+                geo.group
+            ));
+        }
+        let output = geo.output_spatial(input).ok_or_else(|| {
+            format!(
+                "the kernel {:?} (dilations {:?}) does not fit the input {input:?} padded by {:?}",
+                geo.kernel, geo.dilations, geo.pads
+            )
+        })?;
+        let d = input.len();
+        let windows = Windows {
+            input: input.to_vec(),
+            output,
+            kernel: geo.kernel.clone(),
+            strides: geo.strides.clone(),
+            dilations: geo.dilations.clone(),
+            pads_begin: geo.pads[..d].to_vec(),
+        };
+        Ok(Self { batch, channels, out_channels, windows, group: geo.group })
+    }
+
+    /// `X`'s shape.
+    pub fn x_shape(&self) -> Vec<usize> {
+        [self.batch, self.channels].into_iter().chain(self.windows.input.iter().copied()).collect()
+    }
+
+    /// `dY`'s (and `Y`'s) shape.
+    pub fn y_shape(&self) -> Vec<usize> {
+        [self.batch, self.out_channels].into_iter().chain(self.windows.output.iter().copied()).collect()
+    }
+
+    /// `W`'s (and `dW`'s) shape.
+    pub fn w_shape(&self) -> Vec<usize> {
+        [self.out_channels, self.channels / self.group].into_iter().chain(self.windows.kernel.iter().copied()).collect()
+    }
+
+    fn cg(&self) -> usize {
+        self.channels / self.group
+    }
+
+    fn mg(&self) -> usize {
+        self.out_channels / self.group
+    }
+
+    /// Rows of one group's column matrix (`C/G * prod(kernel)`).
+    fn k(&self) -> usize {
+        self.cg() * self.windows.kernel_len()
+    }
+}
+
+fn check_len(what: &'static str, got: usize, expected: usize) -> Result<(), KernelError> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(KernelError::LengthMismatch { what, got, expected })
+    }
+}
+
+/// Below this many multiply-adds a weight gradient runs as one block per group.
+const SPLIT_ABOVE: usize = 1 << 20;
+/// Narrowest column block of a split weight gradient, and most blocks per group.
+const MIN_BLOCK: usize = 32;
+const MAX_BLOCKS: usize = 8;
+
+/// The column blocks of one group's `dW_g` (a function of the shapes only).
+fn blocks(dims: &ConvDims) -> Vec<Range<usize>> {
+    let k = dims.k();
+    let work = dims.batch * dims.mg() * k * dims.windows.output_len();
+    let count = if work < SPLIT_ABOVE { 1 } else { (k / MIN_BLOCK).clamp(1, MAX_BLOCKS) };
+    let size = k.div_ceil(count).max(1);
+    (0..k).step_by(size).map(|r| r..(r + size).min(k)).collect()
+}
+
+/// `dW` (`W`'s shape) from `x` (`X`) and `dy` (`dY`), all row-major; threads from `par`.
+pub fn weight_grad(
+    dims: &ConvDims,
+    x: &[f32],
+    dy: &[f32],
+    dw: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(), KernelError> {
+    check_len("X", x.len(), dims.x_shape().iter().product())?;
+    check_len("dY", dy.len(), dims.y_shape().iter().product())?;
+    check_len("dW", dw.len(), dims.w_shape().iter().product())?;
+    let (cg, mg, k) = (dims.cg(), dims.mg(), dims.k());
+    let (p, il) = (dims.windows.output_len(), dims.windows.input_len());
+    let ranges = blocks(dims);
+    let tasks: Vec<(usize, Range<usize>)> =
+        (0..dims.group).flat_map(|g| ranges.iter().map(move |r| (g, r.clone()))).collect();
+    let results: Vec<Mutex<Vec<f32>>> = tasks.iter().map(|_| Mutex::new(Vec::new())).collect();
+    let run = |t: usize| {
+        let (g, rows) = &tasks[t];
+        let nb = rows.len();
+        let mut acc = vec![0f32; mg * nb];
+        let mut col = vec![0f32; nb * p];
+        for n in 0..dims.batch {
+            let xs = &x[(n * dims.channels + g * cg) * il..(n * dims.channels + (g + 1) * cg) * il];
+            dims.windows.im2col(xs, rows.clone(), &mut col);
+            let dys = &dy[(n * dims.out_channels + g * mg) * p..(n * dims.out_channels + (g + 1) * mg) * p];
+            let a = Mat { data: dys, rows: mg, cols: p, rs: p, cs: 1 };
+            let b = Mat { data: &col, rows: p, cols: nb, rs: 1, cs: p };
+            matmul(a, b, &mut acc, nb, true);
+        }
+        *results[t].lock().unwrap_or_else(|e| e.into_inner()) = acc;
+    };
+    if tasks.len() == 1 {
+        run(0);
+    } else {
+        par.run(tasks.len(), &run);
+    }
+    for ((g, rows), block) in tasks.iter().zip(results) {
+        let block = block.into_inner().unwrap_or_else(|e| e.into_inner());
+        let nb = rows.len();
+        for m in 0..mg {
+            let dst = (g * mg + m) * k + rows.start;
+            dw[dst..dst + nb].copy_from_slice(&block[m * nb..(m + 1) * nb]);
+        }
+    }
+    Ok(())
+}
+
+/// `dX` (`X`'s shape) from `dy` (`dY`) and `w` (`W`), all row-major; threads from `par`.
+pub fn input_grad(
+    dims: &ConvDims,
+    dy: &[f32],
+    w: &[f32],
+    dx: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(), KernelError> {
+    check_len("dY", dy.len(), dims.y_shape().iter().product())?;
+    check_len("W", w.len(), dims.w_shape().iter().product())?;
+    check_len("dX", dx.len(), dims.x_shape().iter().product())?;
+    let (cg, mg, k) = (dims.cg(), dims.mg(), dims.k());
+    let (p, il) = (dims.windows.output_len(), dims.windows.input_len());
+    if cg * il == 0 {
+        return Ok(());
+    }
+    // One item per (sample, group): its channels of dX, contiguous.
+    let items: Vec<(usize, &mut [f32])> = dx.chunks_mut(cg * il).enumerate().collect();
+    for_each_item(par, items, |(item, dxg)| {
+        let (n, g) = (item / dims.group, item % dims.group);
+        let wg = &w[g * mg * k..(g + 1) * mg * k];
+        let dys = &dy[(n * dims.out_channels + g * mg) * p..(n * dims.out_channels + (g + 1) * mg) * p];
+        let mut col = vec![0f32; k * p];
+        let a = Mat { data: wg, rows: k, cols: mg, rs: 1, cs: k };
+        let b = Mat { data: dys, rows: mg, cols: p, rs: p, cs: 1 };
+        matmul(a, b, &mut col, p, false);
+        dxg.fill(0.0);
+        dims.windows.col2im_add(&col, dxg);
+    });
+    Ok(())
+}
+
+/// The specification as written: the six loops of the convolution's adjoint, in float64.
+/// Each function returns the gradient and, per element, the sum of the absolute values of
+/// its terms (for error bounds); tests only.
+pub mod reference {
+    use super::ConvDims;
+
+    /// `(flat X index, flat W index, flat Y index)` of every term `W * X -> Y` of the
+    /// convolution, padding excluded.
+    fn terms(dims: &ConvDims, mut f: impl FnMut(usize, usize, usize)) {
+        let win = &dims.windows;
+        let d = win.input.len();
+        let (cg, mg) = (dims.cg(), dims.mg());
+        let (p, il, kl) = (win.output_len(), win.input_len(), win.kernel_len());
+        let unravel = |mut flat: usize, shape: &[usize]| {
+            let mut idx = vec![0usize; shape.len()];
+            for j in (0..shape.len()).rev() {
+                idx[j] = flat % shape[j];
+                flat /= shape[j];
+            }
+            idx
+        };
+        for n in 0..dims.batch {
+            for m in 0..dims.out_channels {
+                let g = m / mg;
+                for op in 0..p {
+                    let o = unravel(op, &win.output);
+                    for c in 0..cg {
+                        for kk in 0..kl {
+                            let kc = unravel(kk, &win.kernel);
+                            let mut flat = 0usize;
+                            let mut inside = true;
+                            for j in 0..d {
+                                let i = (o[j] * win.strides[j] + kc[j] * win.dilations[j]) as isize
+                                    - win.pads_begin[j] as isize;
+                                inside &= i >= 0 && i < win.input[j] as isize;
+                                flat = flat * win.input[j] + i.max(0) as usize;
+                            }
+                            if inside {
+                                let xi = (n * dims.channels + g * cg + c) * il + flat;
+                                let wi = (m * cg + c) * kl + kk;
+                                let yi = (n * dims.out_channels + m) * p + op;
+                                f(xi, wi, yi);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `dW` and its terms' absolute sums.
+    pub fn weight_grad(dims: &ConvDims, x: &[f32], dy: &[f32]) -> (Vec<f64>, Vec<f64>) {
+        let len = dims.w_shape().iter().product();
+        let (mut dw, mut mag) = (vec![0f64; len], vec![0f64; len]);
+        terms(dims, |xi, wi, yi| {
+            let t = f64::from(dy[yi]) * f64::from(x[xi]);
+            dw[wi] += t;
+            mag[wi] += t.abs();
+        });
+        (dw, mag)
+    }
+
+    /// `dX` and its terms' absolute sums.
+    pub fn input_grad(dims: &ConvDims, dy: &[f32], w: &[f32]) -> (Vec<f64>, Vec<f64>) {
+        let len = dims.x_shape().iter().product();
+        let (mut dx, mut mag) = (vec![0f64; len], vec![0f64; len]);
+        terms(dims, |xi, wi, yi| {
+            let t = f64::from(w[wi]) * f64::from(dy[yi]);
+            dx[xi] += t;
+            mag[xi] += t.abs();
+        });
+        (dx, mag)
+    }
+
+    /// The forward convolution `Y` (no bias), for adjoint checks.
+    pub fn forward(dims: &ConvDims, x: &[f32], w: &[f32]) -> Vec<f64> {
+        let mut y = vec![0f64; dims.y_shape().iter().product()];
+        terms(dims, |xi, wi, yi| y[yi] += f64::from(w[wi]) * f64::from(x[xi]));
+        y
+    }
+}
+
+#[cfg(test)]
+#[path = "conv_tests.rs"]
+mod tests;

@@ -1,0 +1,156 @@
+//! The lowering of a convolution's windows to a matrix ("im2col") and its adjoint
+//! ("col2im"), N-dimensional.
+//!
+//! For one sample and a block of channels, row `r = c * kernel_len + kk` of the column
+//! matrix holds, at column `p` (the flattened output position `o`), the input element
+//! `x[c, o * strides + k(kk) * dilations - pads_begin]`, or 0 where that lies in the padding.
+
+/// The windows of one convolution over one input grid (all lists per spatial dimension).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Windows {
+    /// Input spatial shape.
+    pub input: Vec<usize>,
+    /// Output spatial shape.
+    pub output: Vec<usize>,
+    /// Kernel spatial shape.
+    pub kernel: Vec<usize>,
+    /// Strides.
+    pub strides: Vec<usize>,
+    /// Dilations.
+    pub dilations: Vec<usize>,
+    /// Padding at the beginning of each dimension.
+    pub pads_begin: Vec<usize>,
+}
+
+impl Windows {
+    /// Elements of one channel of the input grid.
+    pub fn input_len(&self) -> usize {
+        self.input.iter().product()
+    }
+
+    /// Output positions (columns of the column matrix).
+    pub fn output_len(&self) -> usize {
+        self.output.iter().product()
+    }
+
+    /// Kernel positions per channel.
+    pub fn kernel_len(&self) -> usize {
+        self.kernel.iter().product()
+    }
+
+    /// Calls `f(p0, src0, lo, hi)` for every run of the innermost output dimension of kernel
+    /// position `kk`: the run's columns are `p0 .. p0 + output[last]`; those in `lo..hi` read
+    /// input element `src0 + o * strides[last]` (`o` the innermost output index, the sum never
+    /// negative there), the others lie in the padding. `src0` is `None` when the whole run
+    /// lies in the padding of an outer dimension.
+    fn runs(&self, kk: usize, mut f: impl FnMut(usize, Option<isize>, usize, usize)) {
+        let d = self.input.len();
+        let last = d - 1;
+        // Kernel coordinates of `kk` (row-major over `kernel`).
+        let mut k = vec![0usize; d];
+        let mut rest = kk;
+        for j in (0..d).rev() {
+            k[j] = rest % self.kernel[j];
+            rest /= self.kernel[j];
+        }
+        let off = |j: usize| (k[j] * self.dilations[j]) as isize - self.pads_begin[j] as isize;
+        // Innermost dimension: o * s + off in [0, in) <=> lo <= o < hi.
+        let (s, off_l, in_l, out_l) =
+            (self.strides[last] as isize, off(last), self.input[last] as isize, self.output[last]);
+        let lo = if off_l >= 0 { 0 } else { (-off_l + s - 1) / s } as usize;
+        let hi = if in_l - off_l <= 0 { 0 } else { ((in_l - off_l + s - 1) / s) as usize };
+        let (lo, hi) = (lo.min(out_l), hi.min(out_l));
+        let (lo, hi) = if lo < hi { (lo, hi) } else { (0, 0) };
+        // Input strides of the outer dimensions.
+        let mut in_stride = vec![1usize; d];
+        for j in (0..last).rev() {
+            in_stride[j] = in_stride[j + 1] * self.input[j + 1];
+        }
+        let outer: usize = self.output[..last].iter().product();
+        let mut o = vec![0usize; last];
+        for run in 0..outer {
+            let mut src = off_l;
+            let mut inside = true;
+            for j in 0..last {
+                let i = (o[j] * self.strides[j]) as isize + off(j);
+                inside &= i >= 0 && i < self.input[j] as isize;
+                src += i * in_stride[j] as isize;
+            }
+            f(run * out_l, inside.then_some(src), lo, hi);
+            // Next outer position (row-major odometer).
+            for j in (0..last).rev() {
+                o[j] += 1;
+                if o[j] < self.output[j] {
+                    break;
+                }
+                o[j] = 0;
+            }
+        }
+    }
+
+    /// Fills `col` (`rows.len()` rows of `output_len()` columns) with rows `rows` of the
+    /// column matrix of `x` (`channels x input_len()` elements, channel 0 first).
+    pub fn im2col(&self, x: &[f32], rows: core::ops::Range<usize>, col: &mut [f32]) {
+        let (kl, p, il) = (self.kernel_len(), self.output_len(), self.input_len());
+        let out_l = self.output[self.output.len() - 1];
+        let s = self.strides[self.strides.len() - 1];
+        assert_eq!(col.len(), rows.len() * p, "im2col: column block of the wrong length");
+        for (r, dst) in rows.zip(col.chunks_exact_mut(p.max(1))) {
+            let (c, kk) = (r / kl, r % kl);
+            let xc = &x[c * il..(c + 1) * il];
+            self.runs(kk, |p0, src0, lo, hi| {
+                let row = &mut dst[p0..p0 + out_l];
+                let Some(src0) = src0 else {
+                    row.fill(0.0);
+                    return;
+                };
+                row[..lo].fill(0.0);
+                row[hi..].fill(0.0);
+                if hi > lo {
+                    let first = (src0 + (lo * s) as isize) as usize;
+                    if s == 1 {
+                        row[lo..hi].copy_from_slice(&xc[first..first + (hi - lo)]);
+                    } else {
+                        for (v, i) in row[lo..hi].iter_mut().zip((first..).step_by(s)) {
+                            *v = xc[i];
+                        }
+                    }
+                }
+            });
+        }
+    }
+
+    /// Adds the column matrix `col` (`channels * kernel_len()` rows of `output_len()`
+    /// columns) back onto the input grid `dx` (`channels x input_len()`): the adjoint of
+    /// [`Windows::im2col`] (every column element to the input element it was read from).
+    pub fn col2im_add(&self, col: &[f32], dx: &mut [f32]) {
+        let (kl, p, il) = (self.kernel_len(), self.output_len(), self.input_len());
+        let out_l = self.output[self.output.len() - 1];
+        let s = self.strides[self.strides.len() - 1];
+        let channels = dx.len() / il.max(1);
+        assert_eq!(col.len(), channels * kl * p, "col2im: column matrix of the wrong length");
+        if p == 0 || il == 0 {
+            return;
+        }
+        for (r, src) in col.chunks_exact(p).enumerate() {
+            let (c, kk) = (r / kl, r % kl);
+            let dxc = &mut dx[c * il..(c + 1) * il];
+            self.runs(kk, |p0, dst0, lo, hi| {
+                let Some(dst0) = dst0 else { return };
+                if hi > lo {
+                    let first = (dst0 + (lo * s) as isize) as usize;
+                    let from = &src[p0 + lo..p0 + hi];
+                    if s == 1 {
+                        for (d, v) in dxc[first..first + (hi - lo)].iter_mut().zip(from) {
+                            *d += v;
+                        }
+                    } else {
+                        for (i, v) in (first..).step_by(s).zip(from) {
+                            dxc[i] += v;
+                        }
+                    }
+                }
+            });
+        }
+    }
+}
