@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..onnx_defs import TRAINOPS_DOMAIN
 from .graph import FLOAT_TYPES, Builder, GradientError, attr, describe
 
 
@@ -661,6 +662,17 @@ def conv(c: Ctx):
     out_sp = _out_sizes(in_sp, k, strides, dil, pads)
     gy = c.gy
     out = [None, None, None]
+    if b.fuses(X, W, c.y):
+        # trainops' kernels (docs/ops/gradients-conv.md): im2col/col2im + GEMM; the input
+        # gradient takes X's shape, so windows that miss input rows need no output_padding.
+        attrs = dict(kernel_shape=k, strides=strides, pads=pads, dilations=dil, group=group)
+        if c.need(0):
+            out[0] = b.op("ConvInputGrad", [gy, W, b.shape_of(X)], domain=TRAINOPS_DOMAIN, **attrs)
+        if c.need(1):
+            out[1] = b.op("ConvWeightGrad", [X, gy], domain=TRAINOPS_DOMAIN, **attrs)
+        if B is not None and c.need(2):
+            out[2] = b.reduce("ReduceSum", gy, [0] + list(range(2, n + 2)), keepdims=0)
+        return out
     if c.need(0):
         out[0] = _conv_transpose(c, gy, W, in_sp, k, strides, dil, pads, group, out_sp)
     if c.need(1):

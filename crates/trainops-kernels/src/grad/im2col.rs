@@ -125,7 +125,6 @@ impl Windows {
     /// [`Windows::im2col`] (every column element to the input element it was read from).
     pub fn col2im_add(&self, col: &[f32], dx: &mut [f32]) {
         let (kl, p, il) = (self.kernel_len(), self.output_len(), self.input_len());
-        let out_l = self.output[self.output.len() - 1];
         let s = self.strides[self.strides.len() - 1];
         let channels = dx.len() / il.max(1);
         assert_eq!(col.len(), channels * kl * p, "col2im: column matrix of the wrong length");

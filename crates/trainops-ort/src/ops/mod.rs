@@ -2,9 +2,10 @@
 //! run path they share), [`loss_scale`] (MixedPrecisionAdam, DynamicLossScale, AllFinite),
 //! [`random`] (Philox, PhiloxUniform, PhiloxNormal, PhiloxDropout, and the state and shape
 //! handling they share), [`bench`]
-//! (MemoryCeiling); [`io`] is the one input reader and output check.
+//! (MemoryCeiling); [`grad`] (ConvWeightGrad, ConvInputGrad: backward kernels); [`io`] is the one input reader and output check.
 
 pub mod bench;
+pub mod grad;
 pub mod io;
 pub mod loss_scale;
 pub mod optim;
@@ -37,6 +38,8 @@ pub fn catalogue() -> Vec<Domain> {
                 &optim::quantized::ADAMW_8BIT,
                 &optim::bf16state::ADAM_BF16_STATE,
                 &optim::bf16state::ADAMW_BF16_STATE,
+                &grad::conv::ConvWeightGrad,
+                &grad::conv::ConvInputGrad,
             ]
             .into_iter()
             // PhiloxUniform and PhiloxNormal, once per output type (see `distributions`).
