@@ -8,9 +8,10 @@
 //! - [`input_grad`]: `dX[n, g*C/G + c, i] = sum_{m in g, k, o: o*s + k*d - p = i} W[m, c, k]
 //!   * dY[n, m, o]`, as `col = W_g^T [K x M/G] * dY_{n,g} [M/G x P]`, then col2im.
 //!
-//! Threads: the weight gradient is cut into blocks of `dW`'s columns (rows of `col`) per
-//! group, each task summing its own block over every sample; the input gradient into
-//! (sample, group) pairs. The cut depends on the shapes only, so results do not depend on
+//! Consecutive samples share one column matrix (side by side) until it has 256 columns, so
+//! small grids make few large products. Threads: the weight gradient is cut into blocks of
+//! `dW`'s columns (rows of `col`) per group, each task summing its own block over every
+//! sample; the input gradient into chunks of samples. The cut depends on the shapes only, so results do not depend on
 //! the thread count. Against the float64 [`reference`], each result is within
 //! `terms * f32::EPSILON * sum |terms|` (float32 sums of `terms` products, any order).
 
@@ -191,6 +192,34 @@ fn blocks(dims: &ConvDims) -> Vec<Range<usize>> {
     (0..k).step_by(size).map(|r| r..(r + size).min(k)).collect()
 }
 
+/// Columns of one GEMM: consecutive samples sit side by side in the column matrix until it
+/// has at least this many (small grids would otherwise make many tiny products).
+const TARGET_COLUMNS: usize = 256;
+
+/// Samples per column matrix (a function of the shapes only).
+fn samples_per_chunk(dims: &ConvDims) -> usize {
+    TARGET_COLUMNS.div_ceil(dims.windows.output_len().max(1)).clamp(1, dims.batch.max(1))
+}
+
+/// Group `g` of `dY` for samples `n0 .. n0 + nc` as one `[M/G x nc*P]` matrix: a view of
+/// `dy` itself for one sample, else gathered into `buf`.
+fn dy_block<'a>(dims: &ConvDims, dy: &'a [f32], g: usize, n0: usize, nc: usize, buf: &'a mut Vec<f32>) -> Mat<'a> {
+    let (mg, p, m_all) = (dims.mg(), dims.windows.output_len(), dims.out_channels);
+    let cols = nc * p;
+    if nc == 1 {
+        let start = (n0 * m_all + g * mg) * p;
+        return Mat { data: &dy[start..start + mg * p], rows: mg, cols, rs: p, cs: 1 };
+    }
+    buf.resize(mg * cols, 0.0);
+    for m in 0..mg {
+        for s in 0..nc {
+            let src = ((n0 + s) * m_all + g * mg + m) * p;
+            buf[m * cols + s * p..m * cols + (s + 1) * p].copy_from_slice(&dy[src..src + p]);
+        }
+    }
+    Mat { data: buf, rows: mg, cols, rs: cols, cs: 1 }
+}
+
 /// `dW` (`W`'s shape) from `x` (`X`) and `dy` (`dY`), all row-major; threads from `par`.
 pub fn weight_grad(
     dims: &ConvDims,
@@ -204,6 +233,7 @@ pub fn weight_grad(
     check_len("dW", dw.len(), dims.w_shape().iter().product())?;
     let (cg, mg, k) = (dims.cg(), dims.mg(), dims.k());
     let (p, il) = (dims.windows.output_len(), dims.windows.input_len());
+    let chunk = samples_per_chunk(dims);
     let ranges = blocks(dims);
     let tasks: Vec<(usize, Range<usize>)> =
         (0..dims.group).flat_map(|g| ranges.iter().map(move |r| (g, r.clone()))).collect();
@@ -212,13 +242,17 @@ pub fn weight_grad(
         let (g, rows) = &tasks[t];
         let nb = rows.len();
         let mut acc = vec![0f32; mg * nb];
-        let mut col = vec![0f32; nb * p];
-        for n in 0..dims.batch {
-            let xs = &x[(n * dims.channels + g * cg) * il..(n * dims.channels + (g + 1) * cg) * il];
-            dims.windows.im2col(xs, rows.clone(), &mut col);
-            let dys = &dy[(n * dims.out_channels + g * mg) * p..(n * dims.out_channels + (g + 1) * mg) * p];
-            let a = Mat { data: dys, rows: mg, cols: p, rs: p, cs: 1 };
-            let b = Mat { data: &col, rows: p, cols: nb, rs: 1, cs: p };
+        let mut col = vec![0f32; nb * chunk.min(dims.batch) * p];
+        let mut buf = Vec::new();
+        for n0 in (0..dims.batch).step_by(chunk) {
+            let nc = chunk.min(dims.batch - n0);
+            let cols = nc * p;
+            for s in 0..nc {
+                let start = ((n0 + s) * dims.channels + g * cg) * il;
+                dims.windows.im2col(&x[start..start + cg * il], rows.clone(), &mut col, cols, s * p);
+            }
+            let a = dy_block(dims, dy, *g, n0, nc, &mut buf);
+            let b = Mat { data: &col[..nb * cols], rows: cols, cols: nb, rs: 1, cs: cols };
             matmul(a, b, &mut acc, nb, true);
         }
         *results[t].lock().unwrap_or_else(|e| e.into_inner()) = acc;
@@ -252,21 +286,28 @@ pub fn input_grad(
     check_len("dX", dx.len(), dims.x_shape().iter().product())?;
     let (cg, mg, k) = (dims.cg(), dims.mg(), dims.k());
     let (p, il) = (dims.windows.output_len(), dims.windows.input_len());
-    if cg * il == 0 {
+    let sample = dims.channels * il;
+    if sample == 0 {
         return Ok(());
     }
-    // One item per (sample, group): its channels of dX, contiguous.
-    let items: Vec<(usize, &mut [f32])> = dx.chunks_mut(cg * il).enumerate().collect();
-    for_each_item(par, items, |(item, dxg)| {
-        let (n, g) = (item / dims.group, item % dims.group);
-        let wg = &w[g * mg * k..(g + 1) * mg * k];
-        let dys = &dy[(n * dims.out_channels + g * mg) * p..(n * dims.out_channels + (g + 1) * mg) * p];
-        let mut col = vec![0f32; k * p];
-        let a = Mat { data: wg, rows: k, cols: mg, rs: 1, cs: k };
-        let b = Mat { data: dys, rows: mg, cols: p, rs: p, cs: 1 };
-        matmul(a, b, &mut col, p, false);
-        dxg.fill(0.0);
-        dims.windows.col2im_add(&col, dxg);
+    let chunk = samples_per_chunk(dims);
+    // One item per chunk of samples: their dX, contiguous.
+    let items: Vec<(usize, &mut [f32])> = dx.chunks_mut(chunk * sample).enumerate().collect();
+    for_each_item(par, items, |(item, dxc)| {
+        let (n0, nc) = (item * chunk, dxc.len() / sample);
+        let cols = nc * p;
+        dxc.fill(0.0);
+        let mut col = vec![0f32; k * cols];
+        let mut buf = Vec::new();
+        for g in 0..dims.group {
+            let a = Mat { data: &w[g * mg * k..(g + 1) * mg * k], rows: k, cols: mg, rs: 1, cs: k };
+            let b = dy_block(dims, dy, g, n0, nc, &mut buf);
+            matmul(a, b, &mut col, cols, false);
+            for s in 0..nc {
+                let start = s * sample + g * cg * il;
+                dims.windows.col2im_add(&col, cols, s * p, &mut dxc[start..start + cg * il]);
+            }
+        }
     });
     Ok(())
 }

@@ -54,6 +54,9 @@ fn cases() -> Vec<Case> {
         case("1-d dilated grouped", (2, 4, 2), &[15], &[3], &[1], &[3], &[2, 0], 2),
         case("1-d length 1", (2, 1, 1), &[1], &[1], &[1], &[1], &[0, 0], 1),
         case("3-d", (2, 2, 3), &[4, 5, 3], &[2, 3, 2], &[1, 2, 1], &[1, 1, 2], &[1, 0, 1, 0, 1, 1], 1),
+        // Samples side by side in one column matrix (4 per chunk), the last chunk short.
+        case("chunked samples", (6, 4, 8), &[8, 8], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
+        case("chunked grouped", (5, 4, 4), &[8, 8], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 2),
         // Big enough to cut the weight gradient into column blocks (SPLIT_ABOVE).
         case("split blocks", (4, 16, 32), &[16, 16], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
         case("split blocks, groups", (2, 32, 64), &[12, 12], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 2),
@@ -108,11 +111,20 @@ fn fast_matches_reference() {
     }
 }
 
+/// Small grids put several samples in one column matrix, the last chunk short here.
+#[test]
+fn small_grids_chunk_samples() {
+    let c = cases().into_iter().find(|c| c.name == "chunked samples").unwrap();
+    let dims = ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input).unwrap();
+    assert_eq!(samples_per_chunk(&dims), 4);
+}
+
 /// The split case really is split (else the block path goes untested).
 #[test]
 fn large_weight_gradients_are_cut_into_blocks() {
-    let c = &cases()[18];
+    let c = cases().into_iter().find(|c| c.name == "split blocks").unwrap();
     let dims = ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input).unwrap();
+    assert_eq!(samples_per_chunk(&dims), 1);
     let b = blocks(&dims);
     assert!(b.len() > 1, "{}: {b:?}", c.name);
     assert_eq!(b.first().unwrap().start, 0);

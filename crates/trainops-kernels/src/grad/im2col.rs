@@ -88,16 +88,20 @@ impl Windows {
         }
     }
 
-    /// Fills `col` (`rows.len()` rows of `output_len()` columns) with rows `rows` of the
-    /// column matrix of `x` (`channels x input_len()` elements, channel 0 first).
-    pub fn im2col(&self, x: &[f32], rows: core::ops::Range<usize>, col: &mut [f32]) {
+    /// Writes rows `rows` of the column matrix of `x` (`channels x input_len()` elements,
+    /// channel 0 first) into `col`: row `rows.start + i` goes to `col[i * ld + col0..][..
+    /// output_len()]` (so several samples can sit side by side in one matrix).
+    pub fn im2col(&self, x: &[f32], rows: core::ops::Range<usize>, col: &mut [f32], ld: usize, col0: usize) {
         let (kl, p, il) = (self.kernel_len(), self.output_len(), self.input_len());
         let out_l = self.output[self.output.len() - 1];
         let s = self.strides[self.strides.len() - 1];
-        assert_eq!(col.len(), rows.len() * p, "im2col: column block of the wrong length");
-        for (r, dst) in rows.zip(col.chunks_exact_mut(p.max(1))) {
+        if p == 0 {
+            return;
+        }
+        for (i, r) in rows.enumerate() {
             let (c, kk) = (r / kl, r % kl);
             let xc = &x[c * il..(c + 1) * il];
+            let dst = &mut col[i * ld + col0..i * ld + col0 + p];
             self.runs(kk, |p0, src0, lo, hi| {
                 let row = &mut dst[p0..p0 + out_l];
                 let Some(src0) = src0 else {
@@ -120,18 +124,19 @@ impl Windows {
         }
     }
 
-    /// Adds the column matrix `col` (`channels * kernel_len()` rows of `output_len()`
-    /// columns) back onto the input grid `dx` (`channels x input_len()`): the adjoint of
-    /// [`Windows::im2col`] (every column element to the input element it was read from).
-    pub fn col2im_add(&self, col: &[f32], dx: &mut [f32]) {
+    /// Adds the column matrix (`channels * kernel_len()` rows, row `r` at `col[r * ld +
+    /// col0..][..output_len()]`) back onto the input grid `dx` (`channels x input_len()`):
+    /// the adjoint of [`Windows::im2col`] (every column element to the input element it was
+    /// read from).
+    pub fn col2im_add(&self, col: &[f32], ld: usize, col0: usize, dx: &mut [f32]) {
         let (kl, p, il) = (self.kernel_len(), self.output_len(), self.input_len());
         let s = self.strides[self.strides.len() - 1];
-        let channels = dx.len() / il.max(1);
-        assert_eq!(col.len(), channels * kl * p, "col2im: column matrix of the wrong length");
         if p == 0 || il == 0 {
             return;
         }
-        for (r, src) in col.chunks_exact(p).enumerate() {
+        let channels = dx.len() / il;
+        for r in 0..channels * kl {
+            let src = &col[r * ld + col0..r * ld + col0 + p];
             let (c, kk) = (r / kl, r % kl);
             let dxc = &mut dx[c * il..(c + 1) * il];
             self.runs(kk, |p0, dst0, lo, hi| {
