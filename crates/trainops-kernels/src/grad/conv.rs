@@ -129,30 +129,26 @@ impl ConvDims {
             )
         })?;
         let d = input.len();
-        let windows = Windows {
-            input: input.to_vec(),
-            output,
-            kernel: geo.kernel.clone(),
-            strides: geo.strides.clone(),
-            dilations: geo.dilations.clone(),
-            pads_begin: geo.pads[..d].to_vec(),
-        };
+        let windows = Windows::new(input, &output, &geo.kernel, &geo.strides, &geo.dilations, &geo.pads[..d]);
         Ok(Self { batch, channels, out_channels, windows, group: geo.group })
     }
 
     /// `X`'s shape.
     pub fn x_shape(&self) -> Vec<usize> {
-        [self.batch, self.channels].into_iter().chain(self.windows.input.iter().copied()).collect()
+        [self.batch, self.channels].into_iter().chain(self.windows.input().iter().copied()).collect()
     }
 
     /// `dY`'s (and `Y`'s) shape.
     pub fn y_shape(&self) -> Vec<usize> {
-        [self.batch, self.out_channels].into_iter().chain(self.windows.output.iter().copied()).collect()
+        [self.batch, self.out_channels].into_iter().chain(self.windows.output().iter().copied()).collect()
     }
 
     /// `W`'s (and `dW`'s) shape.
     pub fn w_shape(&self) -> Vec<usize> {
-        [self.out_channels, self.channels / self.group].into_iter().chain(self.windows.kernel.iter().copied()).collect()
+        [self.out_channels, self.channels / self.group]
+            .into_iter()
+            .chain(self.windows.kernel().iter().copied())
+            .collect()
     }
 
     fn cg(&self) -> usize {
@@ -322,7 +318,7 @@ pub mod reference {
     /// convolution, padding excluded.
     fn terms(dims: &ConvDims, mut f: impl FnMut(usize, usize, usize)) {
         let win = &dims.windows;
-        let d = win.input.len();
+        let d = win.input().len();
         let (cg, mg) = (dims.cg(), dims.mg());
         let (p, il, kl) = (win.output_len(), win.input_len(), win.kernel_len());
         let unravel = |mut flat: usize, shape: &[usize]| {
@@ -337,17 +333,17 @@ pub mod reference {
             for m in 0..dims.out_channels {
                 let g = m / mg;
                 for op in 0..p {
-                    let o = unravel(op, &win.output);
+                    let o = unravel(op, win.output());
                     for c in 0..cg {
                         for kk in 0..kl {
-                            let kc = unravel(kk, &win.kernel);
+                            let kc = unravel(kk, win.kernel());
                             let mut flat = 0usize;
                             let mut inside = true;
                             for j in 0..d {
-                                let i = (o[j] * win.strides[j] + kc[j] * win.dilations[j]) as isize
-                                    - win.pads_begin[j] as isize;
-                                inside &= i >= 0 && i < win.input[j] as isize;
-                                flat = flat * win.input[j] + i.max(0) as usize;
+                                let i = (o[j] * win.strides()[j] + kc[j] * win.dilations()[j]) as isize
+                                    - win.pads_begin()[j] as isize;
+                                inside &= i >= 0 && i < win.input()[j] as isize;
+                                flat = flat * win.input()[j] + i.max(0) as usize;
                             }
                             if inside {
                                 let xi = (n * dims.channels + g * cg + c) * il + flat;

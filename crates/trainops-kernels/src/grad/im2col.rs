@@ -5,24 +5,96 @@
 //! matrix holds, at column `p` (the flattened output position `o`), the input element
 //! `x[c, o * strides + k(kk) * dilations - pads_begin]`, or 0 where that lies in the padding.
 
-/// The windows of one convolution over one input grid (all lists per spatial dimension).
+/// The windows of one convolution over one input grid (all lists per spatial dimension),
+/// with the runs of every kernel position worked out once.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Windows {
-    /// Input spatial shape.
-    pub input: Vec<usize>,
-    /// Output spatial shape.
-    pub output: Vec<usize>,
-    /// Kernel spatial shape.
-    pub kernel: Vec<usize>,
-    /// Strides.
-    pub strides: Vec<usize>,
-    /// Dilations.
-    pub dilations: Vec<usize>,
-    /// Padding at the beginning of each dimension.
-    pub pads_begin: Vec<usize>,
+    input: Vec<usize>,
+    output: Vec<usize>,
+    kernel: Vec<usize>,
+    strides: Vec<usize>,
+    dilations: Vec<usize>,
+    pads_begin: Vec<usize>,
+    /// `outer` runs per kernel position (see [`Windows::runs`]), kernel position 0 first.
+    table: Vec<Run>,
+}
+
+/// One run of the innermost output dimension: columns `p0 .. p0 + output[last]`; those in
+/// `lo..hi` read input element `src0 + o * strides[last]`, the others lie in the padding
+/// (all of them when `src0` is `None`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Run {
+    p0: usize,
+    src0: Option<isize>,
+    lo: usize,
+    hi: usize,
 }
 
 impl Windows {
+    /// The windows of a kernel `kernel` with `strides`, `dilations` and `pads_begin` from grid
+    /// `input` to grid `output` (each list of one length, at least 1, the caller's shapes
+    /// consistent: `ConvDims::new` builds it).
+    pub fn new(
+        input: &[usize],
+        output: &[usize],
+        kernel: &[usize],
+        strides: &[usize],
+        dilations: &[usize],
+        pads_begin: &[usize],
+    ) -> Self {
+        let mut w = Self {
+            input: input.to_vec(),
+            output: output.to_vec(),
+            kernel: kernel.to_vec(),
+            strides: strides.to_vec(),
+            dilations: dilations.to_vec(),
+            pads_begin: pads_begin.to_vec(),
+            table: Vec::new(),
+        };
+        let mut table = Vec::new();
+        for kk in 0..w.kernel_len() {
+            w.runs(kk, |p0, src0, lo, hi| table.push(Run { p0, src0, lo, hi }));
+        }
+        w.table = table;
+        w
+    }
+
+    /// Input spatial shape.
+    pub fn input(&self) -> &[usize] {
+        &self.input
+    }
+
+    /// Output spatial shape.
+    pub fn output(&self) -> &[usize] {
+        &self.output
+    }
+
+    /// Kernel spatial shape.
+    pub fn kernel(&self) -> &[usize] {
+        &self.kernel
+    }
+
+    /// Strides.
+    pub fn strides(&self) -> &[usize] {
+        &self.strides
+    }
+
+    /// Dilations.
+    pub fn dilations(&self) -> &[usize] {
+        &self.dilations
+    }
+
+    /// Padding at the beginning of each dimension.
+    pub fn pads_begin(&self) -> &[usize] {
+        &self.pads_begin
+    }
+
+    /// The runs of kernel position `kk`, from the table.
+    fn table_runs(&self, kk: usize) -> &[Run] {
+        let outer = self.table.len() / self.kernel_len().max(1);
+        &self.table[kk * outer..(kk + 1) * outer]
+    }
+
     /// Elements of one channel of the input grid.
     pub fn input_len(&self) -> usize {
         self.input.iter().product()
@@ -102,11 +174,11 @@ impl Windows {
             let (c, kk) = (r / kl, r % kl);
             let xc = &x[c * il..(c + 1) * il];
             let dst = &mut col[i * ld + col0..i * ld + col0 + p];
-            self.runs(kk, |p0, src0, lo, hi| {
+            for &Run { p0, src0, lo, hi } in self.table_runs(kk) {
                 let row = &mut dst[p0..p0 + out_l];
                 let Some(src0) = src0 else {
                     row.fill(0.0);
-                    return;
+                    continue;
                 };
                 row[..lo].fill(0.0);
                 row[hi..].fill(0.0);
@@ -120,7 +192,7 @@ impl Windows {
                         }
                     }
                 }
-            });
+            }
         }
     }
 
@@ -139,8 +211,8 @@ impl Windows {
             let src = &col[r * ld + col0..r * ld + col0 + p];
             let (c, kk) = (r / kl, r % kl);
             let dxc = &mut dx[c * il..(c + 1) * il];
-            self.runs(kk, |p0, dst0, lo, hi| {
-                let Some(dst0) = dst0 else { return };
+            for &Run { p0, src0, lo, hi } in self.table_runs(kk) {
+                let Some(dst0) = src0 else { continue };
                 if hi > lo {
                     let first = (dst0 + (lo * s) as isize) as usize;
                     let from = &src[p0 + lo..p0 + hi];
@@ -154,7 +226,7 @@ impl Windows {
                         }
                     }
                 }
-            });
+            }
         }
     }
 }
