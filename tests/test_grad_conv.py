@@ -293,7 +293,8 @@ def test_trainer_fused_matches_standard_ops(library_path, monkeypatch, which):
     fused = _trainer(model, params, monkeypatch, True)
     plain = _trainer(model, params, monkeypatch, False)
     ops = _conv_grad_ops(fused)
-    assert "ConvWeightGrad" in ops and "ConvInputGrad" in ops, ops
+    # The rule keeps ConvTranspose for dX (measured faster, docs/ops/gradients-conv.md).
+    assert "ConvWeightGrad" in ops and "ConvInputGrad" not in ops, ops
     assert _conv_grad_ops(plain) == []
     for step in range(4):
         la, lb = fused.step(feeds), plain.step(feeds)
@@ -312,4 +313,4 @@ def test_portable_has_no_fused_ops(library_path, monkeypatch):
     tr = _trainer(model, params, monkeypatch, True, portable=True)
     assert _conv_grad_ops(tr) == []
     ops = {n.op_type for n in tr.training_model.graph.node}
-    assert "ConvTranspose" in ops, sorted(ops)
+    assert "ConvTranspose" in ops and "Conv" in ops, sorted(ops)
