@@ -192,28 +192,31 @@ fn blocks(dims: &ConvDims) -> Vec<Range<usize>> {
 /// has at least this many (small grids would otherwise make many tiny products).
 const TARGET_COLUMNS: usize = 256;
 
+/// Elements between the end of one row of a column matrix and the start of the next: rows a
+/// power of two apart (a 32x32 grid: 4 KiB) alias in the cache when the GEMM packs the
+/// matrix column by column.
+const ROW_PAD: usize = 16;
+
 /// Samples per column matrix (a function of the shapes only).
 fn samples_per_chunk(dims: &ConvDims) -> usize {
     TARGET_COLUMNS.div_ceil(dims.windows.output_len().max(1)).clamp(1, dims.batch.max(1))
 }
 
-/// Group `g` of `dY` for samples `n0 .. n0 + nc` as one `[M/G x nc*P]` matrix: a view of
-/// `dy` itself for one sample, else gathered into `buf`.
-fn dy_block<'a>(dims: &ConvDims, dy: &'a [f32], g: usize, n0: usize, nc: usize, buf: &'a mut Vec<f32>) -> Mat<'a> {
+/// Group `g` of `dY` for samples `n0 .. n0 + nc` as one `[M/G x nc*P]` matrix, gathered
+/// into `buf` with rows [`ROW_PAD`] apart beyond their length (a view of `dy` itself would
+/// put them `P` apart: 4 KiB for a 32x32 grid, aliasing in the cache).
+fn dy_block<'a>(dims: &ConvDims, dy: &[f32], g: usize, n0: usize, nc: usize, buf: &'a mut Vec<f32>) -> Mat<'a> {
     let (mg, p, m_all) = (dims.mg(), dims.windows.output_len(), dims.out_channels);
     let cols = nc * p;
-    if nc == 1 {
-        let start = (n0 * m_all + g * mg) * p;
-        return Mat { data: &dy[start..start + mg * p], rows: mg, cols, rs: p, cs: 1 };
-    }
-    buf.resize(mg * cols, 0.0);
+    let ld = cols + ROW_PAD;
+    buf.resize(mg * ld, 0.0);
     for m in 0..mg {
         for s in 0..nc {
             let src = ((n0 + s) * m_all + g * mg + m) * p;
-            buf[m * cols + s * p..m * cols + (s + 1) * p].copy_from_slice(&dy[src..src + p]);
+            buf[m * ld + s * p..m * ld + (s + 1) * p].copy_from_slice(&dy[src..src + p]);
         }
     }
-    Mat { data: buf, rows: mg, cols, rs: cols, cs: 1 }
+    Mat { data: buf, rows: mg, cols, rs: ld, cs: 1 }
 }
 
 /// `dW` (`W`'s shape) from `x` (`X`) and `dy` (`dY`), all row-major; threads from `par`.
@@ -238,17 +241,18 @@ pub fn weight_grad(
         let (g, rows) = &tasks[t];
         let nb = rows.len();
         let mut acc = vec![0f32; mg * nb];
-        let mut col = vec![0f32; nb * chunk.min(dims.batch) * p];
+        let mut col = vec![0f32; nb * (chunk.min(dims.batch) * p + ROW_PAD)];
         let mut buf = Vec::new();
         for n0 in (0..dims.batch).step_by(chunk) {
             let nc = chunk.min(dims.batch - n0);
             let cols = nc * p;
+            let ld = cols + ROW_PAD;
             for s in 0..nc {
                 let start = ((n0 + s) * dims.channels + g * cg) * il;
-                dims.windows.im2col(&x[start..start + cg * il], rows.clone(), &mut col, cols, s * p);
+                dims.windows.im2col(&x[start..start + cg * il], rows.clone(), &mut col, ld, s * p);
             }
             let a = dy_block(dims, dy, *g, n0, nc, &mut buf);
-            let b = Mat { data: &col[..nb * cols], rows: cols, cols: nb, rs: 1, cs: cols };
+            let b = Mat { data: &col[..nb * ld], rows: cols, cols: nb, rs: 1, cs: ld };
             matmul(a, b, &mut acc, nb, true);
         }
         *results[t].lock().unwrap_or_else(|e| e.into_inner()) = acc;
