@@ -14,6 +14,7 @@ struct Case {
     geo: ConvGeometry,
 }
 
+#[allow(clippy::too_many_arguments)] // one row of the table below
 fn case(
     name: &'static str,
     (batch, channels, out_channels): (usize, usize, usize),
