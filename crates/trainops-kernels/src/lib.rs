@@ -5,6 +5,7 @@
 //! - [`random`]: Philox4x32-10 random bits.
 //! - [`grad`]: backward kernels of standard ops (activations, pooling).
 //! - [`loss_scale`]: mixed precision (loss-scale rule, finiteness, 16-bit copies).
+//! - [`grad`]: backward kernels of the training graph (convolution gradients).
 //! - [`simd`] picks the instruction set once; [`parallel`] cuts work into chunks run on a
 //!   caller-supplied [`Parallelism`]; [`stream`]'s [`InOut`] keeps in-place updates from ever
 //!   becoming overlapping references; [`elem`] loads and stores the element types.

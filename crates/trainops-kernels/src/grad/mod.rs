@@ -7,10 +7,14 @@
 //! - [`norm`]: LayerNormalization; [`softmax`]: Softmax, LogSoftmax, SoftmaxCrossEntropyLoss.
 //! - [`batchnorm`]: BatchNormalization in training mode (batch statistics).
 //! - [`rnn`]: GRU (backpropagation through time, gates recomputed from Y).
+//! - [`conv`]: the convolution's weight and input gradients (im2col + GEMM, col2im).
 
 pub mod activation;
 pub mod batchnorm;
+pub mod conv;
 mod gelu;
+mod gemm;
+pub mod im2col;
 pub mod norm;
 pub mod pool;
 pub mod rnn;

@@ -4,6 +4,8 @@
 //! handling they share), [`grad`] (backward kernels: ReluGrad, LeakyReluGrad, GeluGrad,
 //! MaxPoolGrad, MaxPoolGradFromInput), [`bench`]
 //! (MemoryCeiling); [`io`] is the one input reader and output check.
+//! handling they share), [`bench`]
+//! (MemoryCeiling); [`grad`] (ConvWeightGrad, ConvInputGrad: backward kernels); [`io`] is the one input reader and output check.
 
 pub mod bench;
 pub mod grad;
@@ -50,6 +52,8 @@ pub fn catalogue() -> Vec<Domain> {
                 &grad::pool::MaxPoolGradFromInput,
                 &grad::batchnorm::BatchNormTrainGrad,
                 &grad::rnn::GruGrad,
+                &grad::conv::ConvWeightGrad,
+                &grad::conv::ConvInputGrad,
             ]
             .into_iter()
             // PhiloxUniform and PhiloxNormal, once per output type (see `distributions`).

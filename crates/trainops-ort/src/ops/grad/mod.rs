@@ -9,9 +9,11 @@
 //!   `SoftmaxCrossEntropyLossGrad`.
 //! - [`batchnorm`]: `BatchNormTrainGrad(dY, X, scale; epsilon) -> dX?, dScale?, dBias?`.
 //! - [`rnn`]: `GRUGrad`, backpropagation through time of ONNX's `GRU`.
+//! - [`conv`]: `ConvWeightGrad(X, dY) -> dW`, `ConvInputGrad(dY, W, X_shape) -> dX`.
 
 pub mod activation;
 pub mod batchnorm;
+pub mod conv;
 pub mod norm;
 pub mod pool;
 pub mod rnn;

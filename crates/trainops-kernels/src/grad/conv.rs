@@ -1,0 +1,399 @@
+//! The convolution's gradients (ONNX `Conv`, float32, N-d, groups, strides, dilations,
+//! explicit pads), for `Y[n, m, o] = sum_{c, k} W[m, c, k] * X[n, g*C/G + c, o*s + k*d - p]`
+//! (`g = m / (M/G)`, `c < C/G`, positions outside the input read 0):
+//!
+//! - [`weight_grad`]: `dW[m, c, k] = sum_{n, o} dY[n, m, o] * X[n, g*C/G + c, o*s + k*d - p]`,
+//!   as `dW_g += dY_{n,g} [M/G x P] * col_{n,g}^T [P x K]` over the samples (`col` the
+//!   [`im2col`](super::im2col) matrix, `K = C/G * prod(kernel)`, `P = prod(output)`).
+//! - [`input_grad`]: `dX[n, g*C/G + c, i] = sum_{m in g, k, o: o*s + k*d - p = i} W[m, c, k]
+//!   * dY[n, m, o]`, as `col = W_g^T [K x M/G] * dY_{n,g} [M/G x P]`, then col2im.
+//!
+//! Consecutive samples share one column matrix (side by side) until it has 256 columns, so
+//! small grids make few large products. Threads: the weight gradient is cut into blocks of
+//! `dW`'s columns (rows of `col`) per group, each task summing its own block over every
+//! sample; the input gradient into chunks of samples. The cut depends on the shapes only, so results do not depend on
+//! the thread count. Against the float64 [`reference`], each result is within
+//! `terms * f32::EPSILON * sum |terms|` (float32 sums of `terms` products, any order).
+
+use core::ops::Range;
+use std::sync::Mutex;
+
+use super::gemm::{matmul, Mat};
+use super::im2col::Windows;
+use crate::error::KernelError;
+use crate::parallel::{for_each_item, Parallelism};
+
+/// A convolution's attributes, resolved (no `auto_pad`): one entry per spatial dimension,
+/// `pads` the beginnings then the ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvGeometry {
+    /// Kernel spatial shape.
+    pub kernel: Vec<usize>,
+    /// Strides (each at least 1).
+    pub strides: Vec<usize>,
+    /// Dilations (each at least 1).
+    pub dilations: Vec<usize>,
+    /// Pads: `[begin_0, .., begin_{d-1}, end_0, .., end_{d-1}]`.
+    pub pads: Vec<usize>,
+    /// Groups (at least 1).
+    pub group: usize,
+}
+
+impl ConvGeometry {
+    /// Checks the lists' lengths against the kernel's rank and that strides, dilations,
+    /// kernel sizes and the group are positive; the message says what is wrong.
+    pub fn check(&self) -> Result<(), String> {
+        let d = self.kernel.len();
+        if d == 0 {
+            return Err("kernel_shape must have at least one spatial dimension".into());
+        }
+        for (name, list, want) in
+            [("strides", &self.strides, d), ("dilations", &self.dilations, d), ("pads", &self.pads, 2 * d)]
+        {
+            if list.len() != want {
+                return Err(format!("{name} must have {want} values for a {d}-d kernel, got {list:?}"));
+            }
+        }
+        for (name, list) in [("kernel_shape", &self.kernel), ("strides", &self.strides), ("dilations", &self.dilations)]
+        {
+            if list.contains(&0) {
+                return Err(format!("{name} must be positive, got {list:?}"));
+            }
+        }
+        if self.group == 0 {
+            return Err("group must be positive".into());
+        }
+        Ok(())
+    }
+
+    /// The output spatial shape over input spatial shape `input`, `None` when the dilated
+    /// kernel does not fit in the padded input (or `input` has the wrong rank).
+    pub fn output_spatial(&self, input: &[usize]) -> Option<Vec<usize>> {
+        let d = self.kernel.len();
+        if input.len() != d {
+            return None;
+        }
+        (0..d)
+            .map(|j| {
+                let padded = input[j] + self.pads[j] + self.pads[j + d];
+                let window = (self.kernel[j] - 1) * self.dilations[j] + 1;
+                padded.checked_sub(window).map(|span| span / self.strides[j] + 1)
+            })
+            .collect()
+    }
+}
+
+/// The tensor shapes of one convolution, checked against its geometry: `X [batch, channels,
+/// input..]`, `W [out_channels, channels / group, kernel..]`, `dY [batch, out_channels,
+/// output..]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvDims {
+    batch: usize,
+    channels: usize,
+    out_channels: usize,
+    windows: Windows,
+    group: usize,
+}
+
+impl ConvDims {
+    /// The shapes of a convolution of `geo` over `batch` samples of `channels` input
+    /// channels on grid `input`, with `out_channels` filters. The message says what does
+    /// not fit (channel counts not divisible by the group, a kernel larger than the padded
+    /// input, a rank other than the kernel's).
+    pub fn new(
+        geo: &ConvGeometry,
+        batch: usize,
+        channels: usize,
+        out_channels: usize,
+        input: &[usize],
+    ) -> Result<Self, String> {
+        geo.check()?;
+        if input.len() != geo.kernel.len() {
+            return Err(format!(
+                "the input has {} spatial dimensions, the kernel {} (kernel_shape {:?})",
+                input.len(),
+                geo.kernel.len(),
+                geo.kernel
+            ));
+        }
+        if !channels.is_multiple_of(geo.group) || !out_channels.is_multiple_of(geo.group) {
+            return Err(format!(
+                "group {} must divide the input channels ({channels}) and the output channels ({out_channels})",
+                geo.group
+            ));
+        }
+        let output = geo.output_spatial(input).ok_or_else(|| {
+            format!(
+                "the kernel {:?} (dilations {:?}) does not fit the input {input:?} padded by {:?}",
+                geo.kernel, geo.dilations, geo.pads
+            )
+        })?;
+        let d = input.len();
+        let windows = Windows::new(input, &output, &geo.kernel, &geo.strides, &geo.dilations, &geo.pads[..d]);
+        Ok(Self { batch, channels, out_channels, windows, group: geo.group })
+    }
+
+    /// `X`'s shape.
+    pub fn x_shape(&self) -> Vec<usize> {
+        [self.batch, self.channels].into_iter().chain(self.windows.input().iter().copied()).collect()
+    }
+
+    /// `dY`'s (and `Y`'s) shape.
+    pub fn y_shape(&self) -> Vec<usize> {
+        [self.batch, self.out_channels].into_iter().chain(self.windows.output().iter().copied()).collect()
+    }
+
+    /// `W`'s (and `dW`'s) shape.
+    pub fn w_shape(&self) -> Vec<usize> {
+        [self.out_channels, self.channels / self.group]
+            .into_iter()
+            .chain(self.windows.kernel().iter().copied())
+            .collect()
+    }
+
+    fn cg(&self) -> usize {
+        self.channels / self.group
+    }
+
+    fn mg(&self) -> usize {
+        self.out_channels / self.group
+    }
+
+    /// Rows of one group's column matrix (`C/G * prod(kernel)`).
+    fn k(&self) -> usize {
+        self.cg() * self.windows.kernel_len()
+    }
+}
+
+fn check_len(what: &'static str, got: usize, expected: usize) -> Result<(), KernelError> {
+    if got == expected {
+        Ok(())
+    } else {
+        Err(KernelError::LengthMismatch { what, got, expected })
+    }
+}
+
+/// Below this many multiply-adds a weight gradient runs as one block per group.
+const SPLIT_ABOVE: usize = 1 << 20;
+/// Narrowest column block of a split weight gradient, and most blocks per group.
+const MIN_BLOCK: usize = 32;
+const MAX_BLOCKS: usize = 8;
+
+/// The column blocks of one group's `dW_g` (a function of the shapes only).
+fn blocks(dims: &ConvDims) -> Vec<Range<usize>> {
+    let k = dims.k();
+    let work = dims.batch * dims.mg() * k * dims.windows.output_len();
+    let count = if work < SPLIT_ABOVE { 1 } else { (k / MIN_BLOCK).clamp(1, MAX_BLOCKS) };
+    let size = k.div_ceil(count).max(1);
+    (0..k).step_by(size).map(|r| r..(r + size).min(k)).collect()
+}
+
+/// Columns of one GEMM: consecutive samples sit side by side in the column matrix until it
+/// has at least this many (small grids would otherwise make many tiny products).
+const TARGET_COLUMNS: usize = 256;
+
+/// Elements between the end of one row of a column matrix and the start of the next: rows a
+/// power of two apart (a 32x32 grid: 4 KiB) alias in the cache when the GEMM packs the
+/// matrix column by column.
+const ROW_PAD: usize = 16;
+
+/// Samples per column matrix (a function of the shapes only).
+fn samples_per_chunk(dims: &ConvDims) -> usize {
+    TARGET_COLUMNS.div_ceil(dims.windows.output_len().max(1)).clamp(1, dims.batch.max(1))
+}
+
+/// Group `g` of `dY` for samples `n0 .. n0 + nc` as one `[M/G x nc*P]` matrix, gathered
+/// into `buf` with rows [`ROW_PAD`] apart beyond their length (a view of `dy` itself would
+/// put them `P` apart: 4 KiB for a 32x32 grid, aliasing in the cache).
+fn dy_block<'a>(dims: &ConvDims, dy: &[f32], g: usize, n0: usize, nc: usize, buf: &'a mut Vec<f32>) -> Mat<'a> {
+    let (mg, p, m_all) = (dims.mg(), dims.windows.output_len(), dims.out_channels);
+    let cols = nc * p;
+    let ld = cols + ROW_PAD;
+    buf.resize(mg * ld, 0.0);
+    for m in 0..mg {
+        for s in 0..nc {
+            let src = ((n0 + s) * m_all + g * mg + m) * p;
+            buf[m * ld + s * p..m * ld + (s + 1) * p].copy_from_slice(&dy[src..src + p]);
+        }
+    }
+    Mat { data: buf, rows: mg, cols, rs: ld, cs: 1 }
+}
+
+/// `dW` (`W`'s shape) from `x` (`X`) and `dy` (`dY`), all row-major; threads from `par`.
+pub fn weight_grad(
+    dims: &ConvDims,
+    x: &[f32],
+    dy: &[f32],
+    dw: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(), KernelError> {
+    check_len("X", x.len(), dims.x_shape().iter().product())?;
+    check_len("dY", dy.len(), dims.y_shape().iter().product())?;
+    check_len("dW", dw.len(), dims.w_shape().iter().product())?;
+    let (cg, mg, k) = (dims.cg(), dims.mg(), dims.k());
+    let (p, il) = (dims.windows.output_len(), dims.windows.input_len());
+    let chunk = samples_per_chunk(dims);
+    let ranges = blocks(dims);
+    let tasks: Vec<(usize, Range<usize>)> =
+        (0..dims.group).flat_map(|g| ranges.iter().map(move |r| (g, r.clone()))).collect();
+    let results: Vec<Mutex<Vec<f32>>> = tasks.iter().map(|_| Mutex::new(Vec::new())).collect();
+    let run = |t: usize| {
+        let (g, rows) = &tasks[t];
+        let nb = rows.len();
+        let mut acc = vec![0f32; mg * nb];
+        let mut col = vec![0f32; nb * (chunk.min(dims.batch) * p + ROW_PAD)];
+        let mut buf = Vec::new();
+        for n0 in (0..dims.batch).step_by(chunk) {
+            let nc = chunk.min(dims.batch - n0);
+            let cols = nc * p;
+            let ld = cols + ROW_PAD;
+            for s in 0..nc {
+                let start = ((n0 + s) * dims.channels + g * cg) * il;
+                dims.windows.im2col(&x[start..start + cg * il], rows.clone(), &mut col, ld, s * p);
+            }
+            let a = dy_block(dims, dy, *g, n0, nc, &mut buf);
+            let b = Mat { data: &col[..nb * ld], rows: cols, cols: nb, rs: 1, cs: ld };
+            matmul(a, b, &mut acc, nb, true);
+        }
+        *results[t].lock().unwrap_or_else(|e| e.into_inner()) = acc;
+    };
+    if tasks.len() == 1 {
+        run(0);
+    } else {
+        par.run(tasks.len(), &run);
+    }
+    for ((g, rows), block) in tasks.iter().zip(results) {
+        let block = block.into_inner().unwrap_or_else(|e| e.into_inner());
+        let nb = rows.len();
+        for m in 0..mg {
+            let dst = (g * mg + m) * k + rows.start;
+            dw[dst..dst + nb].copy_from_slice(&block[m * nb..(m + 1) * nb]);
+        }
+    }
+    Ok(())
+}
+
+/// `dX` (`X`'s shape) from `dy` (`dY`) and `w` (`W`), all row-major; threads from `par`.
+pub fn input_grad(
+    dims: &ConvDims,
+    dy: &[f32],
+    w: &[f32],
+    dx: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(), KernelError> {
+    check_len("dY", dy.len(), dims.y_shape().iter().product())?;
+    check_len("W", w.len(), dims.w_shape().iter().product())?;
+    check_len("dX", dx.len(), dims.x_shape().iter().product())?;
+    let (cg, mg, k) = (dims.cg(), dims.mg(), dims.k());
+    let (p, il) = (dims.windows.output_len(), dims.windows.input_len());
+    let sample = dims.channels * il;
+    if sample == 0 {
+        return Ok(());
+    }
+    let chunk = samples_per_chunk(dims);
+    // One item per chunk of samples: their dX, contiguous.
+    let items: Vec<(usize, &mut [f32])> = dx.chunks_mut(chunk * sample).enumerate().collect();
+    for_each_item(par, items, |(item, dxc)| {
+        let (n0, nc) = (item * chunk, dxc.len() / sample);
+        let cols = nc * p;
+        dxc.fill(0.0);
+        let mut col = vec![0f32; k * cols];
+        let mut buf = Vec::new();
+        for g in 0..dims.group {
+            let a = Mat { data: &w[g * mg * k..(g + 1) * mg * k], rows: k, cols: mg, rs: 1, cs: k };
+            let b = dy_block(dims, dy, g, n0, nc, &mut buf);
+            matmul(a, b, &mut col, cols, false);
+            for s in 0..nc {
+                let start = s * sample + g * cg * il;
+                dims.windows.col2im_add(&col, cols, s * p, &mut dxc[start..start + cg * il]);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// The specification as written: the six loops of the convolution's adjoint, in float64.
+/// Each function returns the gradient and, per element, the sum of the absolute values of
+/// its terms (for error bounds); tests only.
+pub mod reference {
+    use super::ConvDims;
+
+    /// `(flat X index, flat W index, flat Y index)` of every term `W * X -> Y` of the
+    /// convolution, padding excluded.
+    fn terms(dims: &ConvDims, mut f: impl FnMut(usize, usize, usize)) {
+        let win = &dims.windows;
+        let d = win.input().len();
+        let (cg, mg) = (dims.cg(), dims.mg());
+        let (p, il, kl) = (win.output_len(), win.input_len(), win.kernel_len());
+        let unravel = |mut flat: usize, shape: &[usize]| {
+            let mut idx = vec![0usize; shape.len()];
+            for j in (0..shape.len()).rev() {
+                idx[j] = flat % shape[j];
+                flat /= shape[j];
+            }
+            idx
+        };
+        for n in 0..dims.batch {
+            for m in 0..dims.out_channels {
+                let g = m / mg;
+                for op in 0..p {
+                    let o = unravel(op, win.output());
+                    for c in 0..cg {
+                        for kk in 0..kl {
+                            let kc = unravel(kk, win.kernel());
+                            let mut flat = 0usize;
+                            let mut inside = true;
+                            for j in 0..d {
+                                let i = (o[j] * win.strides()[j] + kc[j] * win.dilations()[j]) as isize
+                                    - win.pads_begin()[j] as isize;
+                                inside &= i >= 0 && i < win.input()[j] as isize;
+                                flat = flat * win.input()[j] + i.max(0) as usize;
+                            }
+                            if inside {
+                                let xi = (n * dims.channels + g * cg + c) * il + flat;
+                                let wi = (m * cg + c) * kl + kk;
+                                let yi = (n * dims.out_channels + m) * p + op;
+                                f(xi, wi, yi);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// `dW` and its terms' absolute sums.
+    pub fn weight_grad(dims: &ConvDims, x: &[f32], dy: &[f32]) -> (Vec<f64>, Vec<f64>) {
+        let len = dims.w_shape().iter().product();
+        let (mut dw, mut mag) = (vec![0f64; len], vec![0f64; len]);
+        terms(dims, |xi, wi, yi| {
+            let t = f64::from(dy[yi]) * f64::from(x[xi]);
+            dw[wi] += t;
+            mag[wi] += t.abs();
+        });
+        (dw, mag)
+    }
+
+    /// `dX` and its terms' absolute sums.
+    pub fn input_grad(dims: &ConvDims, dy: &[f32], w: &[f32]) -> (Vec<f64>, Vec<f64>) {
+        let len = dims.x_shape().iter().product();
+        let (mut dx, mut mag) = (vec![0f64; len], vec![0f64; len]);
+        terms(dims, |xi, wi, yi| {
+            let t = f64::from(w[wi]) * f64::from(dy[yi]);
+            dx[xi] += t;
+            mag[xi] += t.abs();
+        });
+        (dx, mag)
+    }
+
+    /// The forward convolution `Y` (no bias), for adjoint checks.
+    pub fn forward(dims: &ConvDims, x: &[f32], w: &[f32]) -> Vec<f64> {
+        let mut y = vec![0f64; dims.y_shape().iter().product()];
+        terms(dims, |xi, wi, yi| y[yi] += f64::from(w[wi]) * f64::from(x[xi]));
+        y
+    }
+}
+
+#[cfg(test)]
+#[path = "conv_tests.rs"]
+mod tests;

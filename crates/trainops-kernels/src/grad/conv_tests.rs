@@ -1,0 +1,197 @@
+//! The fast convolution gradients against the float64 six-loop reference, on edge shapes
+//! and random data; the reference against the forward convolution (adjoint identities).
+
+use super::*;
+use crate::parallel::{RayonPool, Sequential};
+use crate::test_util::uniform;
+
+struct Case {
+    name: &'static str,
+    batch: usize,
+    channels: usize,
+    out_channels: usize,
+    input: Vec<usize>,
+    geo: ConvGeometry,
+}
+
+#[allow(clippy::too_many_arguments)] // one row of the table below
+fn case(
+    name: &'static str,
+    (batch, channels, out_channels): (usize, usize, usize),
+    input: &[usize],
+    kernel: &[usize],
+    strides: &[usize],
+    dilations: &[usize],
+    pads: &[usize],
+    group: usize,
+) -> Case {
+    let geo = ConvGeometry {
+        kernel: kernel.to_vec(),
+        strides: strides.to_vec(),
+        dilations: dilations.to_vec(),
+        pads: pads.to_vec(),
+        group,
+    };
+    Case { name, batch, channels, out_channels, input: input.to_vec(), geo }
+}
+
+fn cases() -> Vec<Case> {
+    vec![
+        case("2d 3x3 pad 1", (2, 3, 4), &[5, 6], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
+        case("1x1 kernel", (2, 5, 3), &[4, 3], &[1, 1], &[1, 1], &[1, 1], &[0, 0, 0, 0], 1),
+        case("1x1 stride 2", (3, 4, 6), &[7, 5], &[1, 1], &[2, 2], &[1, 1], &[0, 0, 0, 0], 1),
+        case("stride 2 pad 1", (2, 3, 5), &[9, 8], &[3, 3], &[2, 2], &[1, 1], &[1, 1, 1, 1], 1),
+        case("dilation 2", (2, 2, 3), &[9, 7], &[3, 2], &[1, 1], &[2, 2], &[2, 1, 2, 1], 1),
+        case("asymmetric pads", (2, 3, 2), &[6, 5], &[3, 3], &[2, 1], &[1, 1], &[0, 2, 1, 0], 1),
+        case("pads wider than kernel", (1, 2, 2), &[3, 3], &[2, 2], &[1, 1], &[1, 1], &[3, 0, 0, 3], 1),
+        case("groups 2", (2, 4, 6), &[6, 6], &[3, 3], &[1, 2], &[1, 1], &[1, 1, 1, 1], 2),
+        case("depthwise", (2, 5, 5), &[7, 6], &[3, 3], &[2, 1], &[1, 2], &[1, 2, 1, 0], 5),
+        case("depthwise x2", (2, 3, 6), &[5, 5], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 3),
+        case("batch 1 odd", (1, 3, 7), &[11, 13], &[5, 3], &[3, 2], &[1, 1], &[2, 1, 2, 1], 1),
+        case("empty batch", (0, 3, 4), &[5, 5], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
+        case("kernel = input", (2, 2, 3), &[4, 3], &[4, 3], &[1, 1], &[1, 1], &[0, 0, 0, 0], 1),
+        case("stride past the end", (2, 2, 2), &[8, 7], &[2, 2], &[3, 3], &[1, 1], &[0, 0, 0, 0], 1),
+        case("1-d", (3, 4, 5), &[17], &[3], &[2], &[1], &[1, 2], 1),
+        case("1-d dilated grouped", (2, 4, 2), &[15], &[3], &[1], &[3], &[2, 0], 2),
+        case("1-d length 1", (2, 1, 1), &[1], &[1], &[1], &[1], &[0, 0], 1),
+        case("3-d", (2, 2, 3), &[4, 5, 3], &[2, 3, 2], &[1, 2, 1], &[1, 1, 2], &[1, 0, 1, 0, 1, 1], 1),
+        // Samples side by side in one column matrix (4 per chunk), the last chunk short.
+        case("chunked samples", (6, 4, 8), &[8, 8], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
+        case("chunked grouped", (5, 4, 4), &[8, 8], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 2),
+        // Big enough to cut the weight gradient into column blocks (SPLIT_ABOVE).
+        case("split blocks", (4, 16, 32), &[16, 16], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
+        case("split blocks, groups", (2, 32, 64), &[12, 12], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 2),
+    ]
+}
+
+fn random(len: usize, seed: u64) -> Vec<f32> {
+    let mut u = uniform(seed);
+    (0..len).map(|_| (2.0 * u()) as f32).collect()
+}
+
+/// `|got - want| <= terms * eps * mag` element by element (the float32 summation bound).
+fn within(name: &str, what: &str, got: &[f32], want: &[f64], mag: &[f64], terms: usize) {
+    assert_eq!(got.len(), want.len(), "{name}: {what} length");
+    let eps = f64::from(f32::EPSILON) * terms.max(1) as f64;
+    for (i, ((&g, &w), &m)) in got.iter().zip(want).zip(mag).enumerate() {
+        let err = (f64::from(g) - w).abs();
+        assert!(err <= eps * m + f64::MIN_POSITIVE, "{name}: {what}[{i}] = {g}, reference {w} (bound {})", eps * m);
+    }
+}
+
+#[test]
+fn fast_matches_reference() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    for (seed, c) in cases().into_iter().enumerate() {
+        let dims = ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input)
+            .unwrap_or_else(|e| panic!("{}: {e}", c.name));
+        let (xl, yl, wl): (usize, usize, usize) =
+            (dims.x_shape().iter().product(), dims.y_shape().iter().product(), dims.w_shape().iter().product());
+        let x = random(xl, 3 * seed as u64 + 1);
+        let dy = random(yl, 3 * seed as u64 + 2);
+        let w = random(wl, 3 * seed as u64 + 3);
+        let (want_dw, mag_dw) = reference::weight_grad(&dims, &x, &dy);
+        let (want_dx, mag_dx) = reference::input_grad(&dims, &dy, &w);
+        let dw_terms = c.batch * dims.windows.output_len();
+        let dx_terms = dims.mg() * dims.windows.kernel_len();
+
+        let mut dw = vec![f32::NAN; wl];
+        weight_grad(&dims, &x, &dy, &mut dw, &Sequential).unwrap();
+        within(c.name, "dW", &dw, &want_dw, &mag_dw, dw_terms);
+        let mut dx = vec![f32::NAN; xl];
+        input_grad(&dims, &dy, &w, &mut dx, &Sequential).unwrap();
+        within(c.name, "dX", &dx, &want_dx, &mag_dx, dx_terms);
+
+        // Threads change nothing, bit for bit.
+        let mut dw_t = vec![f32::NAN; wl];
+        weight_grad(&dims, &x, &dy, &mut dw_t, &RayonPool(Some(&pool))).unwrap();
+        assert!(dw.iter().zip(&dw_t).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: dW threaded", c.name);
+        let mut dx_t = vec![f32::NAN; xl];
+        input_grad(&dims, &dy, &w, &mut dx_t, &RayonPool(Some(&pool))).unwrap();
+        assert!(dx.iter().zip(&dx_t).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: dX threaded", c.name);
+    }
+}
+
+/// Small grids put several samples in one column matrix, the last chunk short here.
+#[test]
+fn small_grids_chunk_samples() {
+    let c = cases().into_iter().find(|c| c.name == "chunked samples").unwrap();
+    let dims = ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input).unwrap();
+    assert_eq!(samples_per_chunk(&dims), 4);
+}
+
+/// The split case really is split (else the block path goes untested).
+#[test]
+fn large_weight_gradients_are_cut_into_blocks() {
+    let c = cases().into_iter().find(|c| c.name == "split blocks").unwrap();
+    let dims = ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input).unwrap();
+    assert_eq!(samples_per_chunk(&dims), 1);
+    let b = blocks(&dims);
+    assert!(b.len() > 1, "{}: {b:?}", c.name);
+    assert_eq!(b.first().unwrap().start, 0);
+    assert_eq!(b.last().unwrap().end, dims.k());
+    assert!(b.windows(2).all(|p| p[0].end == p[1].start));
+}
+
+/// The reference is the adjoint of the forward convolution:
+/// `<conv(X, W), dY> = <X, dX(dY, W)> = <W, dW(X, dY)>`.
+#[test]
+fn reference_is_the_adjoint_of_the_forward_convolution() {
+    for (seed, c) in cases().into_iter().enumerate() {
+        let dims = ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input).unwrap();
+        let x = random(dims.x_shape().iter().product(), 100 + seed as u64);
+        let dy = random(dims.y_shape().iter().product(), 200 + seed as u64);
+        let w = random(dims.w_shape().iter().product(), 300 + seed as u64);
+        let y = reference::forward(&dims, &x, &w);
+        let lhs: f64 = y.iter().zip(&dy).map(|(a, b)| a * f64::from(*b)).sum();
+        let dx = reference::input_grad(&dims, &dy, &w).0;
+        let dw = reference::weight_grad(&dims, &x, &dy).0;
+        let via_x: f64 = dx.iter().zip(&x).map(|(a, b)| a * f64::from(*b)).sum();
+        let via_w: f64 = dw.iter().zip(&w).map(|(a, b)| a * f64::from(*b)).sum();
+        let tol = 1e-9 * (1.0 + lhs.abs());
+        assert!((lhs - via_x).abs() <= tol && (lhs - via_w).abs() <= tol, "{}: {lhs} {via_x} {via_w}", c.name);
+    }
+}
+
+/// A hand-computed 1-d case: x = [1, 2, 3], w = [1, 10], no pads: y = [21, 32].
+#[test]
+fn tiny_published_by_hand() {
+    let geo = ConvGeometry { kernel: vec![2], strides: vec![1], dilations: vec![1], pads: vec![0, 0], group: 1 };
+    let dims = ConvDims::new(&geo, 1, 1, 1, &[3]).unwrap();
+    assert_eq!(dims.y_shape(), vec![1, 1, 2]);
+    let (x, w, dy) = ([1f32, 2.0, 3.0], [1f32, 10.0], [1f32, 100.0]);
+    let mut dw = [0f32; 2];
+    weight_grad(&dims, &x, &dy, &mut dw, &Sequential).unwrap();
+    assert_eq!(dw, [1.0 + 200.0, 2.0 + 300.0]);
+    let mut dx = [0f32; 3];
+    input_grad(&dims, &dy, &w, &mut dx, &Sequential).unwrap();
+    assert_eq!(dx, [1.0, 10.0 + 100.0, 1000.0]);
+}
+
+#[test]
+fn bad_shapes_are_refused() {
+    let geo = |pads: Vec<usize>, group| ConvGeometry {
+        kernel: vec![3, 3],
+        strides: vec![1, 1],
+        dilations: vec![1, 1],
+        pads,
+        group,
+    };
+    let e = ConvDims::new(&geo(vec![0; 4], 2), 1, 3, 4, &[5, 5]).unwrap_err();
+    assert!(e.contains("group 2 must divide"), "{e}");
+    let e = ConvDims::new(&geo(vec![0; 4], 1), 1, 3, 4, &[2, 5]).unwrap_err();
+    assert!(e.contains("does not fit"), "{e}");
+    let e = ConvDims::new(&geo(vec![0; 3], 1), 1, 3, 4, &[5, 5]).unwrap_err();
+    assert!(e.contains("pads must have 4 values"), "{e}");
+    let e = ConvDims::new(&geo(vec![0; 4], 1), 1, 3, 4, &[5]).unwrap_err();
+    assert!(e.contains("1 spatial dimensions"), "{e}");
+    let mut g = geo(vec![0; 4], 1);
+    g.strides = vec![1, 0];
+    assert!(ConvDims::new(&g, 1, 3, 4, &[5, 5]).unwrap_err().contains("strides must be positive"));
+    // Buffers of the wrong length.
+    let dims = ConvDims::new(&geo(vec![1; 4], 1), 1, 1, 1, &[3, 3]).unwrap();
+    let err = weight_grad(&dims, &[0.0; 8], &[0.0; 9], &mut [0.0; 9], &Sequential).unwrap_err();
+    assert_eq!(err, KernelError::LengthMismatch { what: "X", got: 8, expected: 9 });
+    let err = input_grad(&dims, &[0.0; 9], &[0.0; 9], &mut [0.0; 10], &Sequential).unwrap_err();
+    assert_eq!(err, KernelError::LengthMismatch { what: "dX", got: 10, expected: 9 });
+}
