@@ -209,4 +209,5 @@ def test_rule_fused_matches_standard_ops(library_path, monkeypatch, with_indices
     np.testing.assert_allclose(la, lb, rtol=1e-6)
     pa, pb = a.parameters(), b.parameters()
     for k in pa:
-        np.testing.assert_allclose(pa[k], pb[k], rtol=1e-6, atol=1e-8, err_msg=k)
+        # the convolution's fused weight gradient sums in another order than the standard form
+        np.testing.assert_allclose(pa[k], pb[k], rtol=1e-6, atol=1e-6, err_msg=k)
