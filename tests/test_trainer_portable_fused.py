@@ -1,0 +1,36 @@
+"""``portable=True`` against the DEFAULT CPU Trainer, whose backward uses trainops' gradient
+kernels (issue 24): the portable graph keeps the standard-op backward, so the two agree to
+rounding, not bit for bit (tests/test_trainer_portable.py compares the optimizers bit for bit
+against the CPU Trainer's standard-op backward). This bounds the difference a user sees on
+the demo CNN, and checks that the portable model really has only standard ops while the
+default one has the kernels."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trainops import Trainer, optim
+from trainops.demos.train import cnn_model, digits
+
+STEPS = 20
+
+
+def test_portable_demo_cnn_tracks_the_default_cpu_trainer(library_path, monkeypatch):
+    monkeypatch.delenv("TRAINOPS_FUSED_GRADS", raising=False)
+    x, t = digits(STEPS * 16, seed=5)
+    model = cnn_model(seed=1)
+    fused = Trainer(model, "loss", optim.Adam(lr=0.01), seed=0, threads=1)
+    port = Trainer(model, "loss", optim.Adam(lr=0.01), seed=0, threads=1, portable=True)
+    domains = {n.domain for n in port.training_model().graph.node}
+    assert domains <= {"", "ai.onnx"}, domains
+    fused_ops = {n.op_type for n in fused.training_model().graph.node if n.domain == "com.trainops"}
+    assert "ConvWeightGrad" in fused_ops and "ReluGrad" in fused_ops, fused_ops
+    for k in range(STEPS):
+        feeds = {"x": x[k * 16:(k + 1) * 16], "t": t[k * 16:(k + 1) * 16]}
+        lf, lp = fused.step(feeds), port.step(feeds)
+        assert abs(lf - lp) <= 1e-5 * max(1.0, abs(lf)), (k, lf, lp)
+    pf, pp = fused.parameters(), port.parameters()
+    for name, w in pf.items():
+        # Adam's update is ~lr per step whatever the gradient's size: a few float32 ulps of
+        # difference in a gradient moves a weight by far less than one step (0.01).
+        np.testing.assert_allclose(pp[name], w, rtol=1e-4, atol=1e-5, err_msg=name)
