@@ -9,7 +9,7 @@
 //!   `gy * Gelu'(x)` (tested against numpy's float64 in `tests/test_grad_activation.py` and
 //!   against a float64 reference here).
 //!
-//! Each has a plain scalar reference ([`reference`]) and a fast path: loops the compiler
+//! Each has a plain scalar reference ([`reference`](mod@reference)) and a fast path: loops the compiler
 //! vectorises, cut into chunks on the caller's [`Parallelism`]. Every element is computed
 //! alone, so the fast path equals the reference bit for bit however the work is cut.
 

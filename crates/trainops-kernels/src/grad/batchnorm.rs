@@ -17,7 +17,7 @@
 //! `dX = k * ((dY - mean(dY)) - p * (X - mean))` in `f32` with per-channel `f32` coefficients
 //! `k = scale * rstd`, `mean(dY)`, `mean`, `p = rstd^2 * sum(dY * (X - mean)) / n`.
 //!
-//! Error bound (tested here against the `f64` [`reference`] and in
+//! Error bound (tested here against the `f64` [`reference`](mod@reference) and in
 //! `tests/test_grad_batchnorm.py` against numpy in float64): every element of `dX` is within
 //! `4 * 2^-24 * |k| * (|dY - mean(dY)| + |mean(dY)| + |p| (|X - mean| + |mean|))` of the exact value, and
 //! `dScale`, `dBias` within `2^-24 * |exact| + 2^-30 * sum|term|` (the `f64` sums, rounded once).

@@ -12,7 +12,7 @@
 //! small grids make few large products. Threads: the weight gradient is cut into blocks of
 //! `dW`'s columns (rows of `col`) per group, each task summing its own block over every
 //! sample; the input gradient into chunks of samples. The cut depends on the shapes only, so results do not depend on
-//! the thread count. Against the float64 [`reference`], each result is within
+//! the thread count. Against the float64 [`reference`](mod@reference), each result is within
 //! `terms * f32::EPSILON * sum |terms|` (float32 sums of `terms` products, any order).
 
 use core::ops::Range;

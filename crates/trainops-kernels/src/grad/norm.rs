@@ -10,12 +10,12 @@
 //! dBias  = sum over rows of dY
 //! ```
 //!
-//! [`reference`] computes all of it in `f64` from the `f32` inputs and rounds once. The fast
+//! [`reference()`] computes all of it in `f64` from the `f32` inputs and rounds once. The fast
 //! path computes `xhat`, `g` and `dX` in `f32` and accumulates every sum in `f64` (8 lanes
 //! per row; per block of rows for dScale and dBias, the blocks' sums added in block order),
 //! so its bits depend on neither the instruction set nor the thread count; against the
 //! reference each output is within a few `f32` roundings of its terms (the bound
-//! [`tests`] checks: `8 eps r (|g| + |mean g| + |xhat mean(g xhat)|)` for dX,
+//! `tests` checks: `8 eps r (|g| + |mean g| + |xhat mean(g xhat)|)` for dX,
 //! `4 eps sum |dY xhat|` and `eps sum |dY|`, plus one rounding, for dScale and dBias).
 
 use crate::parallel::{for_each_item, Parallelism, CHUNK, SERIAL_BELOW};

@@ -15,7 +15,7 @@
 //! lbr 1: ĥ = tanh(x Wh^T + r ⊙ (h Rh^T + Rbh) + Wbh)
 //! h' = (1 - z) ⊙ ĥ + z ⊙ h
 //! ```
-//! The fast path's `exp` is a polynomial (within a few float32 ulp); [`reference`] is the
+//! The fast path's `exp` is a polynomial (within a few float32 ulp); [`reference`](mod@reference) is the
 //! plain float64 form the tests hold it to.
 
 pub mod reference;

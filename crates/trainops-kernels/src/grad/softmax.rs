@@ -6,14 +6,14 @@
 //! LogSoftmax: dX = dY - exp(Y) sum(dY)
 //! ```
 //!
-//! The tensor is seen as `[outer, n, inner]` (`n` along the axis). [`reference`] computes in
+//! The tensor is seen as `[outer, n, inner]` (`n` along the axis). [`reference()`] computes in
 //! `f64` from the `f32` inputs and rounds once. The fast path accumulates each sum in `f64`
 //! (8 lanes along a contiguous axis, one accumulator per inner position otherwise) and does
 //! the rest in `f32` (`exp` is `f32::exp`); every output depends on its own slice only, so
 //! the bits depend on neither the instruction set nor the thread count. Against the
 //! reference each output is within `4 eps |Y| (|dY| + S)` (Softmax) or
 //! `4 eps (|dY| + exp(Y) S)` (LogSoftmax), `S` the sum of the summed terms' magnitudes, plus
-//! one rounding ([`tests`]).
+//! one rounding (`tests`).
 
 use crate::parallel::{for_each_item, Parallelism, CHUNK, SERIAL_BELOW};
 use crate::simd::{Avx2, Avx512, Isa, Level};
