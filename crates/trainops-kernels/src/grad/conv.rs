@@ -240,7 +240,10 @@ pub fn weight_grad(
     let run = |t: usize| {
         let (g, rows) = &tasks[t];
         let nb = rows.len();
-        let mut acc = vec![0f32; mg * nb];
+        // dW_g^T (`[nb x M/G]`, row-major) = cols * dY_g^T: the column matrix as the left
+        // operand (its rows contiguous along the reduction) runs the GEMM at 2-3x the speed
+        // of dY_g * cols^T for few output channels (16 x 1024 x 144: 32 -> 88 GFLOP/s).
+        let mut acc = vec![0f32; nb * mg];
         let mut col = vec![0f32; nb * (chunk.min(dims.batch) * p + ROW_PAD)];
         let mut buf = Vec::new();
         for n0 in (0..dims.batch).step_by(chunk) {
@@ -252,8 +255,9 @@ pub fn weight_grad(
                 dims.windows.im2col(&x[start..start + cg * il], rows.clone(), &mut col, ld, s * p);
             }
             let a = dy_block(dims, dy, *g, n0, nc, &mut buf);
-            let b = Mat { data: &col[..nb * ld], rows: cols, cols: nb, rs: 1, cs: ld };
-            matmul(a, b, &mut acc, nb, true);
+            let c = Mat { data: &col[..nb * ld], rows: nb, cols, rs: ld, cs: 1 };
+            let dy_t = Mat { data: a.data, rows: cols, cols: mg, rs: a.cs, cs: a.rs };
+            matmul(c, dy_t, &mut acc, mg, true);
         }
         *results[t].lock().unwrap_or_else(|e| e.into_inner()) = acc;
     };
@@ -267,7 +271,9 @@ pub fn weight_grad(
         let nb = rows.len();
         for m in 0..mg {
             let dst = (g * mg + m) * k + rows.start;
-            dw[dst..dst + nb].copy_from_slice(&block[m * nb..(m + 1) * nb]);
+            for (i, d) in dw[dst..dst + nb].iter_mut().enumerate() {
+                *d = block[i * mg + m];
+            }
         }
     }
     Ok(())
