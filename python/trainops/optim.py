@@ -236,19 +236,26 @@ def initial_state(opt: Optimizer, value) -> dict:
     """The optimizer state of one parameter ``value`` (numpy) before the first step, by
     state name: zeros like it, under ``state_dtype="int8"`` the 8-bit ops' zero state
     (:func:`trainops.quantized.zero_state`), under ``state_dtype="bfloat16"`` bfloat16
-    zeros shaped like it (float32 parameters only for both)."""
+    zeros shaped like it (float32 parameters only for both).
+
+    The zeros are read-only views of one element (``np.broadcast_to``), which take no
+    memory: a runtime copies each state's initial value into a buffer of its own, and full
+    arrays of zeros would double the optimizer state's peak footprint."""
     import numpy as np
+
+    def zeros(dt):
+        return np.broadcast_to(np.zeros((), dt), np.shape(value))
 
     dtype = getattr(opt, "state_dtype", "float32")
     if dtype == "float32":
-        return {s: np.zeros_like(value) for s in opt.state}
+        return {s: zeros(value.dtype) for s in opt.state}
     if value.dtype != np.float32:
         raise ValueError(f"{type(opt).__name__}(state_dtype={dtype!r}): the {opt.op_type} op "
                          f"takes float32 parameters, got {value.dtype}")
     if dtype == "bfloat16":
         from .onnx_defs import bfloat16_dtype
 
-        return {s: np.zeros(value.shape, bfloat16_dtype()) for s in opt.state}
+        return {s: zeros(bfloat16_dtype()) for s in opt.state}
     from .quantized import zero_state
 
     return zero_state(value.shape)

@@ -128,7 +128,10 @@ class StepOptions:
 @dataclass
 class StateEntry:
     """One in-place state of the step: graph input ``input``, graph output ``output`` (its
-    new value), bound to one buffer starting at ``initial``.
+    new value), bound to one buffer starting at ``initial``. A Trainer on the CPU points
+    its parameter entries at the runtime's buffers once they hold copies of the initial
+    values (one copy of the weights in the process, not two): from then on those entries
+    hold the current values.
 
     ``kind``: one of ``KINDS`` (``"param"``, ``"optimizer"``, ``"loss_scale"``,
     ``"fp16_copy"``, ``"rng"``, ``"bn_stat"``: a BatchNormalization's running statistic,

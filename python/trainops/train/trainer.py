@@ -51,6 +51,16 @@ from .spec import (BATCHNORM_MODES, StepGraph, StepOptions, check_policy, check_
 __all__ = ["Trainer"]
 
 
+def _share_param_buffers(graph: StepGraph, runtime: StepRuntime) -> None:
+    """Point the step graph's parameter entries at the runtime's host buffers (copies of
+    their initial values), so that the process holds one copy of the weights, not two;
+    from then on ``graph``'s parameter values are the current ones. States in device
+    memory keep their entries."""
+    if runtime.memory is None:
+        for e in graph.of_kind("param"):
+            e.initial = runtime.arrays[e.input]
+
+
 class Trainer(TrainerResults):
     """Trains ``model`` (an ``onnx.ModelProto``, bytes or a path; external data is loaded
     beside a path), minimising ``loss`` in ONNX Runtime.
@@ -149,13 +159,16 @@ class Trainer(TrainerResults):
         self.batchnorm = batchnorm
         if isinstance(model, (str, os.PathLike)):
             model = onnx.load(os.fspath(model))
-        # The bytes a checkpoint stores, and their hash that identifies the model.
-        self._model_bytes = model if isinstance(model, bytes) else model.SerializeToString()
-        self.model_sha256 = hashlib.sha256(self._model_bytes).hexdigest()
+        # The bytes a checkpoint stores, and their hash that identifies the model. The
+        # model is kept as given (a reference, not a copy: a copy of the weights less);
+        # _model_bytes serializes it again when a checkpoint needs it.
+        model_bytes = model if isinstance(model, bytes) else model.SerializeToString()
+        self.model_sha256 = hashlib.sha256(model_bytes).hexdigest()
+        self._source_model = model
         # As exported -> trainable (.importer); the loss attached (.prepare).
         self.loss = loss
-        self._model, self._train_model, self.loss_name = prepare(self._model_bytes, loss,
-                                                                 batchnorm)
+        self._model, self._train_model, self.loss_name = prepare(model_bytes, loss, batchnorm)
+        del model_bytes
         self.optimizer = _optim.check_optimizer(optimizer)
         self.policy = check_policy(policy, self.optimizer)
         self.clip_grad_norm, self.accumulate = check_update_options(clip_grad_norm, accumulate)
@@ -216,6 +229,7 @@ class Trainer(TrainerResults):
             self.training_model = TrainingModel(self.step_graph.model)
             if self.step_graph.apply_model is None:
                 self.runtime = StepRuntime(self.step_graph, threads, placement=self.placement)
+                _share_param_buffers(self.step_graph, self.runtime)
             elif self.placement.is_cpu:
                 self.runtime = AccumulatingRuntime(self.step_graph, threads)
             else:
@@ -261,6 +275,20 @@ class Trainer(TrainerResults):
         if self.step_graph is not None:
             return [e.input for e in self.step_graph.states]
         return list(self._arrays)  # the distributed runtime's arrays are all states
+
+    @property
+    def _model_bytes(self) -> bytes:
+        """The serialized model the Trainer was built from (what a checkpoint stores); a
+        ModelProto changed since then is refused (its bytes no longer hash to
+        ``model_sha256``), as a checkpoint must name the model that was trained."""
+        src = self._source_model
+        data = src if isinstance(src, bytes) else src.SerializeToString()
+        if hashlib.sha256(data).hexdigest() != self.model_sha256:
+            raise RuntimeError("Trainer: the ModelProto it was built from has been changed "
+                               "since, so the checkpoint cannot store the model that was "
+                               "trained; pass Trainer a copy (or the model's bytes) if the "
+                               "proto is to be edited while training")
+        return data
 
     def _states(self) -> dict[str, np.ndarray]:
         """Every state's value (what a checkpoint holds), by its input name: the buffers
