@@ -183,6 +183,14 @@ def _peers(fam, threads, args, torch_version, notes):
     return peers
 
 
+# The op types whose time is matrix products (GEMMs, convolutions, recurrent cells and
+# their gradients), in a trainops step's profile: torch eager's step time over theirs bounds
+# the ratio trainops can reach without faster matrix products.
+DENSE_OPS = frozenset({"Gemm", "MatMul", "FusedMatMul", "FusedGemm", "Conv", "FusedConv",
+                       "ConvTranspose", "ConvWeightGrad", "ConvInputGrad", "GRU", "GRUGrad",
+                       "GRUTrain", "LSTM", "RNN"})
+
+
 def run(argv=None) -> int:
     args = build_parser().parse_args(argv)
     import onnxruntime as ort
@@ -250,6 +258,10 @@ def run(argv=None) -> int:
             print(f"\ntrainops {r['model']}, {r['threads']} thread(s): kernels "
                   f"{total / 1e3:.3f} ms of a {prof['(session run)'] / 1e3:.3f} ms run: "
                   + ", ".join(f"{k} {100 * v / total:.0f}%" for k, v in top))
+            dense = sum(v for k, v in prof.items() if k in DENSE_OPS)
+            if dense and "torch" in r["ms"]:
+                print(f"  matrix-product ops {dense / 1e3:.3f} ms: torch eager / that = "
+                      f"{r['ms']['torch'] * 1e3 / dense:.2f}x, the ratio were all else free")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"header": header, "rows": rows, "notes": notes}, f, indent=2)
