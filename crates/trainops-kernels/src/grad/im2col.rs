@@ -30,6 +30,9 @@ struct Run {
     hi: usize,
 }
 
+/// Output rows up to this long are written element by element (see [`Windows::im2col`]).
+const SHORT_ROW: usize = 16;
+
 impl Windows {
     /// The windows of a kernel `kernel` with `strides`, `dilations` and `pads_begin` from grid
     /// `input` to grid `output` (each list of one length, at least 1, the caller's shapes
@@ -180,6 +183,14 @@ impl Windows {
                     row.fill(0.0);
                     continue;
                 };
+                if out_l <= SHORT_ROW {
+                    // Short rows (small grids): one loop, no memset/memcpy calls, whose
+                    // overhead is most of the cost for a row of a few elements.
+                    for (j, v) in row.iter_mut().enumerate() {
+                        *v = if (lo..hi).contains(&j) { xc[(src0 + (j * s) as isize) as usize] } else { 0.0 };
+                    }
+                    continue;
+                }
                 row[..lo].fill(0.0);
                 row[hi..].fill(0.0);
                 if hi > lo {
