@@ -113,6 +113,7 @@ impl Windows {
 
     /// Whether [`Windows::im2col`] lowers through the gather table (a small output grid)
     /// rather than the runs.
+    #[cfg(test)]
     pub(crate) fn gathers(&self) -> bool {
         !self.gather.is_empty()
     }
