@@ -246,6 +246,15 @@ impl Windows {
             let src = &col[r * ld + col0..r * ld + col0 + p];
             let (c, kk) = (r / kl, r % kl);
             let dxc = &mut dx[c * il..(c + 1) * il];
+            if !self.gather.is_empty() {
+                // The runs' order (output positions ascending), so the same sums.
+                for (&v, &at) in src.iter().zip(&self.gather[kk * p..(kk + 1) * p]) {
+                    if at != PADDING {
+                        dxc[at as usize] += v;
+                    }
+                }
+                continue;
+            }
             for &Run { p0, src0, lo, hi } in self.table_runs(kk) {
                 let Some(dst0) = src0 else { continue };
                 if hi > lo {
