@@ -360,19 +360,24 @@ pub fn gru_grad_with(
     Ok(())
 }
 
-/// One direction's weights, as views, and its bias (`[6H]`, zeros when absent).
+/// One direction's weights, as views, and its bias (`[6H]`, zeros when absent); `rt` is
+/// `R^T` row-major (`[H, 3H]`): the `gemm` crate multiplies by it faster than by the
+/// transposed view of R (measured 15 against 18 µs for the bench's 64 x 64 x 192 step).
 pub(crate) struct DirWeights<'a> {
     pub w: ArrayView2<'a, f32>,
     pub r: ArrayView2<'a, f32>,
+    pub rt: Vec<f32>,
     pub bias: std::borrow::Cow<'a, [f32]>,
 }
 
 impl<'a> DirWeights<'a> {
     pub(crate) fn new(sh: &GruShape, w: &'a [f32], r: &'a [f32], b: Option<&'a [f32]>, d: usize) -> Self {
         let (g3, isz, h) = (3 * sh.hidden, sh.input, sh.hidden);
+        let r = view(&r[d * g3 * h..], g3, h);
         DirWeights {
             w: view(&w[d * g3 * isz..], g3, isz),
-            r: view(&r[d * g3 * h..], g3, h),
+            rt: r.t().iter().copied().collect(),
+            r,
             bias: match b {
                 Some(b) => std::borrow::Cow::Borrowed(&b[d * 6 * h..(d + 1) * 6 * h]),
                 None => std::borrow::Cow::Owned(vec![0.0; 6 * h]),
@@ -401,18 +406,18 @@ pub(crate) fn recurrent_gates(
 ) {
     let h = dw.r.ncols();
     let rows = hp.len() / h.max(1);
-    let r = dw.r;
+    let rt = view(&dw.rt, h, 3 * h);
     if lbr {
-        gemm(par, view(hp, rows, h), r.t(), 0.0, view_mut(gh, rows, 3 * h));
+        gemm(par, view(hp, rows, h), rt, 0.0, view_mut(gh, rows, 3 * h));
         gates(par, g, gh, hp, h, &dw.bias, lbr, Pass::All);
     } else {
         let ghv = view_mut(gh, rows, 3 * h);
-        gemm(par, view(hp, rows, h), r.slice(s![..2 * h, ..]).t(), 0.0, ghv.slice_move(s![.., ..2 * h]));
+        gemm(par, view(hp, rows, h), rt.slice(s![.., ..2 * h]), 0.0, ghv.slice_move(s![.., ..2 * h]));
         gates(par, g, gh, hp, h, &dw.bias, lbr, Pass::ZR);
         // r ⊙ H_{t-1}, the gate rows' last part, times Rh^T.
         let rh = view(g, rows, GATE_ROW * h);
         let ghv = view_mut(gh, rows, 3 * h);
-        gemm(par, rh.slice(s![.., 3 * h..]), r.slice(s![2 * h.., ..]).t(), 0.0, ghv.slice_move(s![.., 2 * h..]));
+        gemm(par, rh.slice(s![.., 3 * h..]), rt.slice(s![.., 2 * h..]), 0.0, ghv.slice_move(s![.., 2 * h..]));
         gates(par, g, gh, hp, h, &dw.bias, lbr, Pass::H);
     }
 }
@@ -658,8 +663,13 @@ fn gates(par: &dyn Parallelism, g: &mut [f32], gh: &[f32], hp: &[f32], h: usize,
                     let rg = &gzr[h..2 * h];
                     let (gh_, e, ghh, wbh, rbh) = (&mut gh_[..h], &mut e[..h], &ghh[..h], &wbh[..h], &rbh[..h]);
                     if lbr {
+                        // Two loops: the fused one did not vectorise (the writes to e and
+                        // ĥ were not known apart), five times slower.
                         for j in 0..h {
                             e[j] = ghh[j] + rbh[j]; // kept: the backward's `H_{t-1} Rh^T + Rbh`
+                        }
+                        let e = &e[..h];
+                        for j in 0..h {
                             gh_[j] = tanh(gh_[j] + wbh[j] + rg[j] * e[j]);
                         }
                     } else {
