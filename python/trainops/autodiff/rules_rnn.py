@@ -18,7 +18,9 @@ hidden-state (and cell-state) gradient back through time.
    are the Scan's final states.
 
 Where the builder fuses (the Trainer's CPU placement, float32), GRU's backward is instead
-one ``com.trainops::GRUGrad`` node (the same algorithm in one kernel, ``grad::rnn``).
+one ``com.trainops::GRUGrad`` node (the same algorithm in one kernel, ``grad::rnn``); in
+layout 0 it reads the gates of a ``com.trainops::GRUTrain`` node, GRU's forward keeping
+them, which :func:`~.simplify.merge_gru_train` makes the forward node itself.
 
 A Scan rather than an unrolled graph keeps the backward graph's size independent of the
 sequence length, and works when that length is known only at run time.
@@ -436,31 +438,46 @@ class _Rnn:
         return out
 
 
+def _trimmed(names: list[str]) -> list[str]:
+    """``names`` without trailing "" (absent optional inputs or outputs)."""
+    while names and not names[-1]:
+        names.pop()
+    return names
+
+
 def _gru_fused(r: _Rnn) -> list[str | None] | None:
     """GRU's backward as one ``com.trainops::GRUGrad`` node (float32, where the builder
     fuses; layout 1 is transposed to layout 0 around it), or ``None`` for the Scan form.
-    The checks of :class:`_Rnn` (activations, clip, sequence_lens) have passed."""
+    The checks of :class:`_Rnn` (activations, clip, sequence_lens) have passed. In layout 0
+    the node's forward is also emitted as ``com.trainops::GRUTrain``, whose gates GRUGrad
+    reads instead of recomputing them; :func:`~.simplify.merge_gru_train` then replaces
+    the forward GRU node by it."""
     c, b = r.c, r.b
     gys = (list(c.gys) + [None, None])[:2]
     # GRU has one element type T: the gradients (whose types the builder may not know)
     # have the inputs' type.
     if not b.fuses(*[n for n in (r.x_name, c.x(1), c.x(2), c.x(3), c.x(5)) if n]):
         return None
-    ins = [r.relayout(r.x_name, [1, 0, 2]), c.x(1), c.x(2),
-           r.relayout(r.output_y(), [1, 2, 0, 3]), c.x(3) or "",
-           r.relayout(c.x(5), [1, 0, 2]) or "", r.relayout(gys[0], [1, 2, 0, 3]) or "",
-           r.relayout(gys[1], [1, 0, 2]) or ""]
     wanted = [0, 1, 2, 3, 5]  # dX, dW, dR, dB, d_initial_h
     outs = [b.fresh("GRUGrad_d" + str(i)) if c.need(i) else "" for i in wanted]
-    while ins[-1] == "":
-        ins.pop()
     while outs and outs[-1] == "":
         outs.pop()
     if not outs:
         return [None] * len(c.node.input)
-    names = b.op("GRUGrad", ins, outs, domain=TRAINOPS_DOMAIN, hidden_size=r.hidden,
-                 linear_before_reset=int(c.attr("linear_before_reset", 0)),
+    attrs = dict(hidden_size=r.hidden, linear_before_reset=int(c.attr("linear_before_reset", 0)),
                  direction=r.direction)
+    gates = ""
+    if r.layout == 0:
+        # The forward again as GRUTrain, which keeps the gates: merge_gru_train (after the
+        # step's simplification) makes it the forward node itself, so they are computed once.
+        y, gates = b.op("GRUTrain", _trimmed(list(c.node.input)), [b.fresh("Y"), "",
+                        b.fresh("GRU_gates")], domain=TRAINOPS_DOMAIN, **attrs)[0::2]
+    else:
+        y = r.relayout(r.output_y(), [1, 2, 0, 3])
+    ins = _trimmed([r.relayout(r.x_name, [1, 0, 2]), c.x(1), c.x(2), y, c.x(3) or "",
+                    r.relayout(c.x(5), [1, 0, 2]) or "", r.relayout(gys[0], [1, 2, 0, 3]) or "",
+                    r.relayout(gys[1], [1, 0, 2]) or "", gates])
+    names = b.op("GRUGrad", ins, outs, domain=TRAINOPS_DOMAIN, **attrs)
     grads: list[str | None] = [None] * len(c.node.input)
     for i, name in zip(wanted, names):
         if name:

@@ -15,7 +15,7 @@ from ..autodiff import GradientError, build_backward, infer
 from ..autodiff.backward import default_opset, toposort
 from ..autodiff.graph import Builder, skeleton
 from .batchnorm import training_batchnorm
-from ..autodiff.simplify import merge_recomputations
+from ..autodiff.simplify import merge_gru_train, merge_recomputations
 from ..autodiff.simplify_graph import simplify_backward, step_shapes
 from .fp16 import to_fp16_graph
 from .params import default_params
@@ -179,8 +179,8 @@ def forward_backward(model: onnx.ModelProto, options: StepOptions) -> Backward:
     b, grads = build_backward(inferred, opset, loss, wrt, seed=seed, builder=b)
     forward, rng = philox_states(src, g, inferred, options.key_seed)
     forward, bnodes = merge_recomputations(forward, list(b.nodes))
-    nodes = _simplified(src, g, forward + bnodes, values, ptypes, copies,
-                        set(grads) | {loss} | {e.output for e in rng + bn}, opset)
+    nodes = merge_gru_train(_simplified(src, g, forward + bnodes, values, ptypes, copies,
+                                        set(grads) | {loss} | {e.output for e in rng + bn}, opset))
     return Backward(g, nodes, grads, inferred, ptypes, values, copies,
                     loss_t, rng, inputs, opset, bn)
 

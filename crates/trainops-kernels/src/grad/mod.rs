@@ -6,7 +6,8 @@
 //! - [`pool`]: MaxPool (a scatter-add at the forward's Indices, or the argmax found again).
 //! - [`norm`]: LayerNormalization; [`softmax`]: Softmax, LogSoftmax, SoftmaxCrossEntropyLoss.
 //! - [`batchnorm`]: BatchNormalization in training mode (batch statistics).
-//! - [`rnn`]: GRU (backpropagation through time, gates recomputed from Y).
+//! - [`rnn`]: GRU (backpropagation through time, gates from the forward `GRUTrain` or
+//!   recomputed from Y; `rnn::forward`: the forward keeping them).
 //! - [`conv`]: the convolution's weight and input gradients (im2col + GEMM, col2im).
 
 pub mod activation;

@@ -52,6 +52,7 @@ pub fn catalogue() -> Vec<Domain> {
                 &grad::pool::MaxPoolGradFromInput,
                 &grad::batchnorm::BatchNormTrainGrad,
                 &grad::rnn::GruGrad,
+                &grad::gru_train::GruTrain,
                 &grad::conv::ConvWeightGrad,
                 &grad::conv::ConvInputGrad,
             ]

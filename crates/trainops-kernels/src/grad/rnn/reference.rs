@@ -1,10 +1,11 @@
-//! The plain form of [`super::gru_grad`]: straight loops in float64, one time step and one
+//! The plain forms of [`super::gru_grad`] and [`super::forward::gru_train`]: straight loops in float64, one time step and one
 //! element at a time, written from ONNX's GRU equations (the spec the fast path is held to).
 
 // Index loops on purpose: they mirror the subscripts of the equations.
 #![allow(clippy::needless_range_loop)]
 
-use super::{check_lens, GruGradIn, GruGradOut, GruShape};
+use super::forward::{check_train_lens, GruTrainIn};
+use super::{check_lens, GruGradIn, GruGradOut, GruShape, GATE_ROW};
 use crate::KernelError;
 
 /// The gradients of X, W, R, B and initial_h, in float64, each shaped as its input.
@@ -135,4 +136,77 @@ pub fn gru_grad(sh: &GruShape, i: &GruGradIn<'_>) -> Result<Grads, KernelError> 
         g.dh0[d * bn * hn..(d + 1) * bn * hn].copy_from_slice(&dh);
     }
     Ok(g)
+}
+
+/// Outputs of the forward in float64: `Y`, `Y_h` and the gates, shaped as
+/// [`gru_train`](super::forward::gru_train)'s.
+#[derive(Debug, Clone, Default)]
+pub struct Forward {
+    /// `[seq, dirs, batch, hidden]`.
+    pub y: Vec<f64>,
+    /// `[dirs, batch, hidden]`.
+    pub y_h: Vec<f64>,
+    /// `[dirs, seq, batch, GATE_ROW hidden]`: z, r, ĥ, e.
+    pub gates: Vec<f64>,
+}
+
+/// ONNX's GRU forward, one step, one row and one element at a time, with the gates kept
+/// (the spec of [`gru_train`](super::forward::gru_train)).
+pub fn gru_train(sh: &GruShape, i: &GruTrainIn<'_>) -> Result<Forward, KernelError> {
+    check_train_lens(sh, i, None)?;
+    let (tn, bn, inn, hn) = (sh.seq, sh.batch, sh.input, sh.hidden);
+    let dn = sh.direction.count();
+    let [_, _, _, _, lh, ly] = sh.lens();
+    let g4 = GATE_ROW * hn;
+    let mut out = Forward { y: vec![0.0; ly], y_h: vec![0.0; lh], gates: vec![0.0; sh.gates_len()] };
+    let f = |v: f32| f64::from(v);
+    for d in 0..dn {
+        let w = |row: usize, col: usize| f(i.w[(d * 3 * hn + row) * inn + col]);
+        let r = |row: usize, col: usize| f(i.r[(d * 3 * hn + row) * hn + col]);
+        let bias = |k: usize| i.b.map_or(0.0, |b| f(b[d * 6 * hn + k]));
+        let mut h: Vec<f64> = (0..bn * hn).map(|k| i.initial_h.map_or(0.0, |v| f(v[d * bn * hn + k]))).collect();
+        for s in 0..tn {
+            let t = if sh.direction.reversed(d) { tn - 1 - s } else { s };
+            let mut next = vec![0.0; bn * hn];
+            for b in 0..bn {
+                let x = |c: usize| f(i.x[(t * bn + b) * inn + c]);
+                let hp = |k: usize| h[b * hn + k];
+                let row = ((d * tn + t) * bn + b) * g4;
+                let (mut z, mut rg) = (vec![0.0; hn], vec![0.0; hn]);
+                for j in 0..hn {
+                    let (mut az, mut ar) = (bias(j) + bias(3 * hn + j), bias(hn + j) + bias(4 * hn + j));
+                    for c in 0..inn {
+                        az += x(c) * w(j, c);
+                        ar += x(c) * w(hn + j, c);
+                    }
+                    for k in 0..hn {
+                        az += hp(k) * r(j, k);
+                        ar += hp(k) * r(hn + j, k);
+                    }
+                    z[j] = sig(az);
+                    rg[j] = sig(ar);
+                }
+                for j in 0..hn {
+                    let mut a = bias(2 * hn + j);
+                    for c in 0..inn {
+                        a += x(c) * w(2 * hn + j, c);
+                    }
+                    let mut rec = bias(5 * hn + j);
+                    for k in 0..hn {
+                        rec += if sh.linear_before_reset { hp(k) } else { rg[k] * hp(k) } * r(2 * hn + j, k);
+                    }
+                    let hh = (a + if sh.linear_before_reset { rg[j] * rec } else { rec }).tanh();
+                    next[b * hn + j] = (1.0 - z[j]) * hh + z[j] * hp(j);
+                    let e = if sh.linear_before_reset { rec } else { rg[j] * hp(j) };
+                    for (q, v) in [z[j], rg[j], hh, e].into_iter().enumerate() {
+                        out.gates[row + q * hn + j] = v;
+                    }
+                }
+            }
+            h = next;
+            out.y[(t * dn + d) * bn * hn..(t * dn + d + 1) * bn * hn].copy_from_slice(&h);
+        }
+        out.y_h[d * bn * hn..(d + 1) * bn * hn].copy_from_slice(&h);
+    }
+    Ok(out)
 }

@@ -12,18 +12,18 @@ thread_local! {
 }
 
 /// Random inputs of one case: X, W, R, B, initial_h, dY, dY_h (scaled to keep gates alive).
-struct Case {
-    sh: GruShape,
-    x: Vec<f32>,
-    w: Vec<f32>,
-    r: Vec<f32>,
-    b: Vec<f32>,
-    h0: Vec<f32>,
-    dy: Vec<f32>,
-    dyh: Vec<f32>,
+pub(super) struct Case {
+    pub(super) sh: GruShape,
+    pub(super) x: Vec<f32>,
+    pub(super) w: Vec<f32>,
+    pub(super) r: Vec<f32>,
+    pub(super) b: Vec<f32>,
+    pub(super) h0: Vec<f32>,
+    pub(super) dy: Vec<f32>,
+    pub(super) dyh: Vec<f32>,
 }
 
-fn case(sh: GruShape, seed: u64) -> Case {
+pub(super) fn case(sh: GruShape, seed: u64) -> Case {
     let mut u = uniform(seed);
     let [lx, lw, lr, lb, lh, ly] = sh.lens();
     let mut v = |n: usize, scale: f64| (0..n).map(|_| (2.0 * scale * u()) as f32).collect::<Vec<f32>>();
@@ -88,7 +88,7 @@ fn y32(c: &Case, use_b: bool, use_h0: bool) -> Vec<f32> {
     y.iter().map(|&v| v as f32).collect()
 }
 
-fn inputs<'a>(c: &'a Case, y: &'a [f32], use_b: bool, use_h0: bool, dy: bool, dyh: bool) -> GruGradIn<'a> {
+pub(super) fn inputs<'a>(c: &'a Case, y: &'a [f32], use_b: bool, use_h0: bool, dy: bool, dyh: bool) -> GruGradIn<'a> {
     GruGradIn {
         x: &c.x,
         w: &c.w,
@@ -98,10 +98,11 @@ fn inputs<'a>(c: &'a Case, y: &'a [f32], use_b: bool, use_h0: bool, dy: bool, dy
         y,
         dy: dy.then_some(&c.dy[..]),
         dy_h: dyh.then_some(&c.dyh[..]),
+        gates: None,
     }
 }
 
-fn fast(c: &Case, i: &GruGradIn<'_>, par: &dyn Parallelism) -> [Vec<f32>; 5] {
+pub(super) fn fast(c: &Case, i: &GruGradIn<'_>, par: &dyn Parallelism) -> [Vec<f32>; 5] {
     let [lx, lw, lr, lb, lh, _] = c.sh.lens();
     // NaN-filled: every element must be written.
     let mut out = [vec![f32::NAN; lx], vec![f32::NAN; lw], vec![f32::NAN; lr], vec![f32::NAN; lb], vec![f32::NAN; lh]];
@@ -112,7 +113,7 @@ fn fast(c: &Case, i: &GruGradIn<'_>, par: &dyn Parallelism) -> [Vec<f32>; 5] {
 }
 
 /// `|got - want| <= tol * (1 + max|want|)` element by element.
-fn close(what: &str, got: &[f32], want: &[f64], tol: f64) {
+pub(super) fn close(what: &str, got: &[f32], want: &[f64], tol: f64) {
     assert_eq!(got.len(), want.len(), "{what}");
     let scale = 1.0 + want.iter().fold(0.0f64, |m, v| m.max(v.abs()));
     for (k, (&g, &w)) in got.iter().zip(want).enumerate() {
@@ -120,7 +121,14 @@ fn close(what: &str, got: &[f32], want: &[f64], tol: f64) {
     }
 }
 
-fn shape(seq: usize, batch: usize, input: usize, hidden: usize, direction: Direction, lbr: bool) -> GruShape {
+pub(super) fn shape(
+    seq: usize,
+    batch: usize,
+    input: usize,
+    hidden: usize,
+    direction: Direction,
+    lbr: bool,
+) -> GruShape {
     GruShape { seq, batch, input, hidden, direction, linear_before_reset: lbr }
 }
 
@@ -141,7 +149,7 @@ fn compare(sh: GruShape, seed: u64, use_b: bool, use_h0: bool, dy: bool, dyh: bo
     }
 }
 
-const DIRS: [Direction; 3] = [Direction::Forward, Direction::Reverse, Direction::Bidirectional];
+pub(super) const DIRS: [Direction; 3] = [Direction::Forward, Direction::Reverse, Direction::Bidirectional];
 
 #[test]
 fn fast_matches_reference_on_small_and_edge_sizes() {

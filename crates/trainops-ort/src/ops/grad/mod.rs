@@ -8,12 +8,14 @@
 //! - [`norm`]: `LayerNormGrad`; [`softmax`]: `SoftmaxGrad`, `LogSoftmaxGrad`,
 //!   `SoftmaxCrossEntropyLossGrad`.
 //! - [`batchnorm`]: `BatchNormTrainGrad(dY, X, scale; epsilon) -> dX?, dScale?, dBias?`.
-//! - [`rnn`]: `GRUGrad`, backpropagation through time of ONNX's `GRU`.
+//! - [`rnn`]: `GRUGrad`, backpropagation through time of ONNX's `GRU`; [`gru_train`]:
+//!   `GRUTrain`, GRU's forward keeping the gates `GRUGrad` then reads.
 //! - [`conv`]: `ConvWeightGrad(X, dY) -> dW`, `ConvInputGrad(dY, W, X_shape) -> dX`.
 
 pub mod activation;
 pub mod batchnorm;
 pub mod conv;
+pub mod gru_train;
 pub mod norm;
 pub mod pool;
 pub mod rnn;
