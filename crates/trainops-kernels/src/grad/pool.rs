@@ -285,9 +285,6 @@ fn spans(inp: [usize; 3], out: [usize; 3], w: &[[usize; 3]; 4]) -> Spans {
 fn argmax_plane(gy: &[f32], x: &[f32], gx: &mut [f32], inp: [usize; 3], w: &[[usize; 3]; 4], spans: &Spans) {
     let [_, s, d, p] = w;
     gx.fill(0.0);
-    if is_2x2_stride_2(inp, w, spans) {
-        return argmax_plane_2x2(gy, x, gx, inp[2], spans[2].len());
-    }
     let start = |a: usize, o: usize| (o * s[a]) as isize - p[a] as isize;
     let mut j = 0;
     for (o0, &(lo0, hi0)) in spans[0].iter().enumerate() {
@@ -315,57 +312,6 @@ fn argmax_plane(gy: &[f32], x: &[f32], gx: &mut [f32], inp: [usize; 3], w: &[[us
                 }
                 j += 1;
             }
-        }
-    }
-}
-
-/// Whether a plane's windows are 2-D 2x2 with stride 2, no dilation, no padding and each
-/// wholly inside the input (the common pooling layer, which [`argmax_plane_2x2`] runs
-/// without the general loop's per-window bookkeeping).
-fn is_2x2_stride_2(inp: [usize; 3], w: &[[usize; 3]; 4], spans: &Spans) -> bool {
-    let [k, s, d, p] = w;
-    inp[0] == 1
-        && k[1..] == [2, 2]
-        && s[1..] == [2, 2]
-        && d[1..] == [1, 1]
-        && p[1..] == [0, 0]
-        && 2 * spans[1].len() <= inp[1]
-        && 2 * spans[2].len() <= inp[2]
-}
-
-/// [`argmax_plane`] for 2x2 windows of stride 2 (checked by [`is_2x2_stride_2`]): the same
-/// comparisons in the same order (row-major window order, strictly greater, from
-/// `f32::MIN`), so the same element is chosen and the same bits result (`0.0 + g` there,
-/// `0.0` at the other three; a window choosing nothing gets four zeros). The windows do
-/// not overlap, so every element of a window is written directly instead of scattered to
-/// a data-dependent address: no chain from one window's comparisons to the next store.
-/// `gx` is zero outside the windows (a row / column left over by an odd size).
-fn argmax_plane_2x2(gy: &[f32], x: &[f32], gx: &mut [f32], width: usize, out_w: usize) {
-    for (o1, gy_row) in gy.chunks_exact(out_w.max(1)).enumerate() {
-        let top = 2 * o1 * width;
-        let (x0, x1) = (&x[top..top + 2 * out_w], &x[top + width..top + width + 2 * out_w]);
-        let (g0, rest) = gx[top..].split_at_mut(width);
-        let g1 = &mut rest[..2 * out_w];
-        let g0 = &mut g0[..2 * out_w];
-        for (o2, &g) in gy_row.iter().enumerate() {
-            let j = 2 * o2;
-            let (a, b, c, d) = (x0[j], x0[j + 1], x1[j], x1[j + 1]);
-            // The running maximum by `max` (it differs from `if v > best { v } else { best }`
-            // only in which of two equal zeros it keeps, and equal values compare the same
-            // afterwards) and the chosen position by selects: no branch, as random data would
-            // mispredict one (LLVM turns plain selects on these flags back into branches).
-            use core::hint::select_unpredictable as pick;
-            let mut at = pick(a > f32::MIN, 0u32, 4);
-            let best = a.max(f32::MIN);
-            at = pick(b > best, 1, at);
-            let best = best.max(b);
-            at = pick(c > best, 2, at);
-            at = pick(d > best.max(c), 3, at);
-            let v = 0.0 + g;
-            g0[j] = pick(at == 0, v, 0.0);
-            g0[j + 1] = pick(at == 1, v, 0.0);
-            g1[j] = pick(at == 2, v, 0.0);
-            g1[j + 1] = pick(at == 3, v, 0.0);
         }
     }
 }
@@ -501,11 +447,10 @@ mod from_input_tests {
             (2, (9, 7), [3, 3], [1, 1], [1, 1], [1, 1]),
             (4, (11, 9), [2, 3], [2, 1], [2, 1], [1, 0]),
             (64, (16, 16), [3, 3], [2, 2], [1, 1], [1, 1]),
-            // 2x2 stride 2 (the fast path): odd grids leave a row / column out; tiny grids.
+            // 2x2 stride 2: odd grids leave a row / column out; tiny grids; with padding.
             (5, (9, 7), [2, 2], [2, 2], [1, 1], [0, 0]),
             (3, (2, 2), [2, 2], [2, 2], [1, 1], [0, 0]),
             (2, (3, 5), [2, 2], [2, 2], [1, 1], [0, 0]),
-            // 2x2 stride 2 with padding: the general loop.
             (2, (6, 6), [2, 2], [2, 2], [1, 1], [1, 1]),
         ];
         for (seed, &(planes, (h, wd), k, s, d, p)) in cases.iter().enumerate() {
@@ -528,10 +473,10 @@ mod from_input_tests {
         }
     }
 
-    /// The 2x2 fast path on NaN, infinities, `f32::MIN` and signed zeros (ties, windows
+    /// 2x2 windows on NaN, infinities, `f32::MIN` and signed zeros (ties, windows
     /// that choose nothing, -0.0 gradients) against the reference, bit for bit.
     #[test]
-    fn fast_2x2_path_handles_special_values() {
+    fn special_values_match_the_reference() {
         let specials = [f32::NAN, f32::NEG_INFINITY, f32::INFINITY, f32::MIN, -0.0, 0.0, 1.0, -1.0];
         let (planes, h, wd) = (4, 6, 8);
         let mut u = uniform(7);
