@@ -17,9 +17,9 @@ pub struct Windows {
     pads_begin: Vec<usize>,
     /// `outer` runs per kernel position (see [`Windows::runs`]), kernel position 0 first.
     table: Vec<Run>,
-    /// For a small output grid (at most [`GATHER_MAX`] positions): per kernel position and
-    /// output position, the input element read ([`PADDING`] in the padding), kernel
-    /// position 0 first; empty otherwise.
+    /// For a small output grid (at most [`GATHER_MAX`] positions, rows of at most
+    /// [`GATHER_ROW_MAX`]): per kernel position and output position, the input element read
+    /// ([`PADDING`] in the padding), kernel position 0 first; empty otherwise.
     gather: Vec<u32>,
 }
 
@@ -34,10 +34,14 @@ struct Run {
     hi: usize,
 }
 
-/// Output grids up to this many positions are lowered through [`Windows`]' gather table:
-/// their runs are a few elements long, and a memset/memcpy call per run cost more than
-/// the copy itself (ConvWeightGrad on a 4x4 grid: 571 -> 523 us for a batch of 256).
+/// Output grids up to this many positions, with rows up to [`GATHER_ROW_MAX`] long, are
+/// lowered through [`Windows`]' gather table: their runs are a few elements long, and a
+/// memset/memcpy call per run cost more than the copy itself.
 const GATHER_MAX: usize = 256;
+/// Measured in the BN CNN's training step (batch 256, one thread): ConvWeightGrad on a 4x4
+/// grid 660 -> 478 us through the table, on an 8x8 grid 156 -> 190 us (its 8-element runs
+/// copy faster by memcpy), so rows of 8 keep the runs.
+const GATHER_ROW_MAX: usize = 4;
 /// A gather table entry in the padding.
 const PADDING: u32 = u32::MAX;
 
@@ -68,7 +72,8 @@ impl Windows {
             w.runs(kk, |p0, src0, lo, hi| table.push(Run { p0, src0, lo, hi }));
         }
         w.table = table;
-        let small = w.output_len() <= GATHER_MAX && w.input_len() < PADDING as usize;
+        let row = w.output.last().copied().unwrap_or(0);
+        let small = w.output_len() <= GATHER_MAX && row <= GATHER_ROW_MAX && w.input_len() < PADDING as usize;
         if small {
             let (out_l, s) = (w.output[w.output.len() - 1], w.strides[w.strides.len() - 1]);
             for run in &w.table {
