@@ -246,13 +246,18 @@ pub fn weight_grad(
         let mut acc = vec![0f32; nb * mg];
         let mut col = vec![0f32; nb * (chunk.min(dims.batch) * p + ROW_PAD)];
         let mut buf = Vec::new();
+        let mut xp = Vec::new();
+        // The channels these rows read (row r is channel r / kernel_len of the group).
+        let kl = dims.windows.kernel_len();
+        let (c0, c1) = (rows.start / kl, rows.end.div_ceil(kl));
         for n0 in (0..dims.batch).step_by(chunk) {
             let nc = chunk.min(dims.batch - n0);
             let cols = nc * p;
             let ld = cols + ROW_PAD;
             for s in 0..nc {
-                let start = ((n0 + s) * dims.channels + g * cg) * il;
-                dims.windows.im2col(&x[start..start + cg * il], rows.clone(), &mut col, ld, s * p);
+                let start = ((n0 + s) * dims.channels + g * cg + c0) * il;
+                dims.windows.pad_into(&x[start..start + (c1 - c0) * il], &mut xp);
+                dims.windows.im2col_padded(&xp, c0, rows.clone(), &mut col, ld, s * p);
             }
             let a = dy_block(dims, dy, *g, n0, nc, &mut buf);
             let c = Mat { data: &col[..nb * ld], rows: nb, cols, rs: ld, cs: 1 };

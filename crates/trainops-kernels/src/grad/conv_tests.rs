@@ -61,7 +61,7 @@ fn cases() -> Vec<Case> {
         // Big enough to cut the weight gradient into column blocks (SPLIT_ABOVE).
         case("split blocks", (4, 16, 32), &[16, 16], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
         case("split blocks, groups", (2, 32, 64), &[12, 12], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 2),
-        // Output grids above GATHER_MAX positions: im2col's runs (memcpy) path.
+        // Output grids above GATHER_MAX positions: col2im's runs path.
         case("large grid runs", (2, 2, 3), &[20, 19], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
         case("large grid stride 2", (1, 3, 2), &[41, 37], &[3, 2], &[2, 2], &[1, 2], &[2, 0, 1, 1], 1),
         case("1-d long", (2, 2, 3), &[300], &[5], &[1], &[2], &[3, 1], 1),
@@ -69,7 +69,7 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-/// Both lowerings of im2col are exercised: the gather table (small grids) and the runs.
+/// Both paths of col2im are exercised: the gather table (small grids) and the runs.
 #[test]
 fn cases_cover_both_lowerings() {
     let lowered =

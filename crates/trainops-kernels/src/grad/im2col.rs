@@ -4,6 +4,10 @@
 //! For one sample and a block of channels, row `r = c * kernel_len + kk` of the column
 //! matrix holds, at column `p` (the flattened output position `o`), the input element
 //! `x[c, o * strides + k(kk) * dilations - pads_begin]`, or 0 where that lies in the padding.
+//!
+//! im2col reads a padded copy of the sample's channels ([`Windows::pad_into`]), so every run
+//! of the matrix is a plain (strided) copy with no test for the padding; col2im adds back
+//! along the runs (or, for small grids, a gather table), skipping the padding.
 
 /// The windows of one convolution over one input grid (all lists per spatial dimension),
 /// with the runs of every kernel position worked out once.
@@ -21,6 +25,12 @@ pub struct Windows {
     /// [`GATHER_ROW_MAX`]): per kernel position and output position, the input element read
     /// ([`PADDING`] in the padding), kernel position 0 first; empty otherwise.
     gather: Vec<u32>,
+    /// The input grid with its padding made real (see [`Windows::pad_into`]): its sizes.
+    padded: Vec<usize>,
+    /// Per kernel position and outer output position (all dimensions but the last), the
+    /// padded grid's element where that run of the column matrix starts, kernel position 0
+    /// first: run element `j` reads `start + j * strides[last]`.
+    starts: Vec<usize>,
 }
 
 /// One run of the innermost output dimension: columns `p0 .. p0 + output[last]`; those in
@@ -34,13 +44,12 @@ struct Run {
     hi: usize,
 }
 
-/// Output grids up to this many positions, with rows up to [`GATHER_ROW_MAX`] long, are
-/// lowered through [`Windows`]' gather table: their runs are a few elements long, and a
-/// memset/memcpy call per run cost more than the copy itself.
+/// Output grids up to this many positions, with rows up to [`GATHER_ROW_MAX`] long, go
+/// through [`Windows`]' gather table in col2im: their runs are a few elements long, and
+/// the per-run bookkeeping cost more than the additions.
 const GATHER_MAX: usize = 256;
-/// Measured in the BN CNN's training step (batch 256, one thread): ConvWeightGrad on a 4x4
-/// grid 660 -> 478 us through the table, on an 8x8 grid 156 -> 190 us (its 8-element runs
-/// copy faster by memcpy), so rows of 8 keep the runs.
+/// Measured when im2col still used the table (the BN CNN's training step, batch 256, one
+/// thread): on a 4x4 grid 660 -> 478 us through it, on an 8x8 grid 156 -> 190 us.
 const GATHER_ROW_MAX: usize = 4;
 /// A gather table entry in the padding.
 const PADDING: u32 = u32::MAX;
@@ -66,7 +75,16 @@ impl Windows {
             pads_begin: pads_begin.to_vec(),
             table: Vec::new(),
             gather: Vec::new(),
+            padded: Vec::new(),
+            starts: Vec::new(),
         };
+        w.padded = (0..w.input.len())
+            .map(|a| {
+                let reach = w.output[a].saturating_sub(1) * w.strides[a] + (w.kernel[a] - 1) * w.dilations[a] + 1;
+                (w.pads_begin[a] + w.input[a]).max(reach)
+            })
+            .collect();
+        w.starts = (0..w.kernel_len()).flat_map(|kk| w.padded_starts(kk)).collect();
         let mut table = Vec::new();
         for kk in 0..w.kernel_len() {
             w.runs(kk, |p0, src0, lo, hi| table.push(Run { p0, src0, lo, hi }));
@@ -116,7 +134,7 @@ impl Windows {
         &self.pads_begin
     }
 
-    /// Whether [`Windows::im2col`] lowers through the gather table (a small output grid)
+    /// Whether [`Windows::col2im_add`] goes through the gather table (a small output grid)
     /// rather than the runs.
     #[cfg(test)]
     pub(crate) fn gathers(&self) -> bool {
@@ -194,42 +212,120 @@ impl Windows {
         }
     }
 
-    /// Writes rows `rows` of the column matrix of `x` (`channels x input_len()` elements,
-    /// channel 0 first) into `col`: row `rows.start + i` goes to `col[i * ld + col0..][..
-    /// output_len()]` (so several samples can sit side by side in one matrix).
-    pub fn im2col(&self, x: &[f32], rows: core::ops::Range<usize>, col: &mut [f32], ld: usize, col0: usize) {
-        let (kl, p, il) = (self.kernel_len(), self.output_len(), self.input_len());
+    /// Elements of one channel of the padded input grid ([`Windows::pad_into`]).
+    pub fn padded_len(&self) -> usize {
+        self.padded.iter().product()
+    }
+
+    /// Row-major strides of the padded grid.
+    fn padded_strides(&self) -> Vec<usize> {
+        let d = self.padded.len();
+        let mut st = vec![1usize; d];
+        for j in (0..d.saturating_sub(1)).rev() {
+            st[j] = st[j + 1] * self.padded[j + 1];
+        }
+        st
+    }
+
+    /// The padded grid's start of every run of kernel position `kk` (outer output positions
+    /// in row-major order): `sum_a (o_a * strides_a + k_a * dilations_a) * pstride_a`, the
+    /// last dimension's `o` being 0. Never negative: the padded grid starts `pads_begin`
+    /// before the input.
+    fn padded_starts(&self, kk: usize) -> Vec<usize> {
+        let d = self.input.len();
+        let last = d - 1;
+        let st = self.padded_strides();
+        let mut k = vec![0usize; d];
+        let mut rest = kk;
+        for j in (0..d).rev() {
+            k[j] = rest % self.kernel[j];
+            rest /= self.kernel[j];
+        }
+        let k_off: usize = (0..d).map(|j| k[j] * self.dilations[j] * st[j]).sum();
+        let outer: usize = self.output[..last].iter().product();
+        let mut o = vec![0usize; last];
+        let mut out = Vec::with_capacity(outer);
+        for _ in 0..outer {
+            out.push(k_off + (0..last).map(|j| o[j] * self.strides[j] * st[j]).sum::<usize>());
+            for j in (0..last).rev() {
+                o[j] += 1;
+                if o[j] < self.output[j] {
+                    break;
+                }
+                o[j] = 0;
+            }
+        }
+        out
+    }
+
+    /// Copies channels `x` (`channels x input_len()` elements) into `xp` as padded grids
+    /// (`channels x padded_len()`): zeros around, the input `pads_begin` in. The column
+    /// matrix then reads every element from `xp` with no test for the padding.
+    pub fn pad_into(&self, x: &[f32], xp: &mut Vec<f32>) {
+        let (il, pl) = (self.input_len(), self.padded_len());
+        let channels = x.len().checked_div(il).unwrap_or(0);
+        xp.clear();
+        xp.resize(channels * pl, 0.0);
+        if il == 0 {
+            return;
+        }
+        let d = self.input.len();
+        let last = d - 1;
+        let st = self.padded_strides();
+        let row = self.input[last];
+        let rows: usize = self.input[..last].iter().product();
+        let mut i = vec![0usize; last];
+        let mut starts = Vec::with_capacity(rows);
+        for _ in 0..rows {
+            let inner: usize = (0..last).map(|j| (i[j] + self.pads_begin[j]) * st[j]).sum();
+            starts.push(inner + self.pads_begin[last]);
+            for j in (0..last).rev() {
+                i[j] += 1;
+                if i[j] < self.input[j] {
+                    break;
+                }
+                i[j] = 0;
+            }
+        }
+        for (xc, xpc) in x.chunks_exact(il).zip(xp.chunks_exact_mut(pl)) {
+            for (src, &at) in xc.chunks_exact(row).zip(&starts) {
+                copy_short(&mut xpc[at..at + row], src);
+            }
+        }
+    }
+
+    /// Writes rows `rows` of the column matrix into `col`, reading padded channels `xp`
+    /// ([`Windows::pad_into`]: `channels x padded_len()` elements) that start at channel
+    /// `c0` (row `r = c * kernel_len() + kk` reads channel `c - c0` of `xp`): row
+    /// `rows.start + i` goes to `col[i * ld + col0..][..output_len()]` (so several samples
+    /// can sit side by side in one matrix).
+    pub fn im2col_padded(
+        &self,
+        xp: &[f32],
+        c0: usize,
+        rows: core::ops::Range<usize>,
+        col: &mut [f32],
+        ld: usize,
+        col0: usize,
+    ) {
+        let (kl, p, pl) = (self.kernel_len(), self.output_len(), self.padded_len());
         let out_l = self.output[self.output.len() - 1];
         let s = self.strides[self.strides.len() - 1];
         if p == 0 {
             return;
         }
+        let outer = p / out_l;
         for (i, r) in rows.enumerate() {
-            let (c, kk) = (r / kl, r % kl);
-            let xc = &x[c * il..(c + 1) * il];
+            let (c, kk) = (r / kl - c0, r % kl);
+            let xpc = &xp[c * pl..(c + 1) * pl];
             let dst = &mut col[i * ld + col0..i * ld + col0 + p];
-            if !self.gather.is_empty() {
-                for (v, &at) in dst.iter_mut().zip(&self.gather[kk * p..(kk + 1) * p]) {
-                    *v = if at == PADDING { 0.0 } else { xc[at as usize] };
-                }
-                continue;
-            }
-            for &Run { p0, src0, lo, hi } in self.table_runs(kk) {
-                let row = &mut dst[p0..p0 + out_l];
-                let Some(src0) = src0 else {
-                    row.fill(0.0);
-                    continue;
-                };
-                row[..lo].fill(0.0);
-                row[hi..].fill(0.0);
-                if hi > lo {
-                    let first = (src0 + (lo * s) as isize) as usize;
-                    if s == 1 {
-                        row[lo..hi].copy_from_slice(&xc[first..first + (hi - lo)]);
-                    } else {
-                        for (v, i) in row[lo..hi].iter_mut().zip((first..).step_by(s)) {
-                            *v = xc[i];
-                        }
+            let starts = &self.starts[kk * outer..(kk + 1) * outer];
+            for (run, &at) in dst.chunks_exact_mut(out_l).zip(starts) {
+                if s == 1 {
+                    copy_short(run, &xpc[at..at + out_l]);
+                } else {
+                    for (v, &e) in run.iter_mut().zip(xpc[at..].iter().step_by(s)) {
+                        *v = e;
                     }
                 }
             }
@@ -277,5 +373,17 @@ impl Windows {
                 }
             }
         }
+    }
+}
+
+/// `dst = src` (equal lengths) in 4-element moves: for the few-element rows of small grids
+/// a `memcpy` call (what a plain copy loop becomes) costs more than the copy.
+fn copy_short(dst: &mut [f32], src: &[f32]) {
+    let (mut d, mut s) = (dst.chunks_exact_mut(4), src.chunks_exact(4));
+    for (d4, s4) in (&mut d).zip(&mut s) {
+        d4.copy_from_slice(s4);
+    }
+    for (d1, s1) in d.into_remainder().iter_mut().zip(s.remainder()) {
+        *d1 = *s1;
     }
 }
