@@ -254,11 +254,12 @@ pub fn weight_grad(
             let nc = chunk.min(dims.batch - n0);
             let cols = nc * p;
             let ld = cols + ROW_PAD;
+            xp.clear();
             for s in 0..nc {
                 let start = ((n0 + s) * dims.channels + g * cg + c0) * il;
                 dims.windows.pad_into(&x[start..start + (c1 - c0) * il], &mut xp);
-                dims.windows.im2col_padded(&xp, c0, rows.clone(), &mut col, ld, s * p);
             }
+            dims.windows.im2col_padded(&xp, nc, c0, rows.clone(), &mut col, ld);
             let a = dy_block(dims, dy, *g, n0, nc, &mut buf);
             let c = Mat { data: &col[..nb * ld], rows: nb, cols, rs: ld, cs: 1 };
             let dy_t = Mat { data: a.data, rows: cols, cols: mg, rs: a.cs, cs: a.rs };

@@ -258,14 +258,14 @@ impl Windows {
         out
     }
 
-    /// Copies channels `x` (`channels x input_len()` elements) into `xp` as padded grids
+    /// Appends channels `x` (`channels x input_len()` elements) to `xp` as padded grids
     /// (`channels x padded_len()`): zeros around, the input `pads_begin` in. The column
     /// matrix then reads every element from `xp` with no test for the padding.
     pub fn pad_into(&self, x: &[f32], xp: &mut Vec<f32>) {
         let (il, pl) = (self.input_len(), self.padded_len());
         let channels = x.len().checked_div(il).unwrap_or(0);
-        xp.clear();
-        xp.resize(channels * pl, 0.0);
+        let at0 = xp.len();
+        xp.resize(at0 + channels * pl, 0.0);
         if il == 0 {
             return;
         }
@@ -287,45 +287,49 @@ impl Windows {
                 i[j] = 0;
             }
         }
-        for (xc, xpc) in x.chunks_exact(il).zip(xp.chunks_exact_mut(pl)) {
+        for (xc, xpc) in x.chunks_exact(il).zip(xp[at0..].chunks_exact_mut(pl)) {
             for (src, &at) in xc.chunks_exact(row).zip(&starts) {
                 copy_short(&mut xpc[at..at + row], src);
             }
         }
     }
 
-    /// Writes rows `rows` of the column matrix into `col`, reading padded channels `xp`
-    /// ([`Windows::pad_into`]: `channels x padded_len()` elements) that start at channel
-    /// `c0` (row `r = c * kernel_len() + kk` reads channel `c - c0` of `xp`): row
-    /// `rows.start + i` goes to `col[i * ld + col0..][..output_len()]` (so several samples
-    /// can sit side by side in one matrix).
+    /// Writes rows `rows` of the column matrices of `samples` samples side by side into
+    /// `col`: `xp` holds each sample's padded channels ([`Windows::pad_into`]: `channels x
+    /// padded_len()` elements per sample, sample 0 first) starting at channel `c0` (row `r =
+    /// c * kernel_len() + kk` reads channel `c - c0`); row `rows.start + i` of sample `n` goes
+    /// to `col[i * ld + n * output_len()..][..output_len()]`. Row by row, every sample in
+    /// turn: a row's bookkeeping is paid once, not once per sample.
     pub fn im2col_padded(
         &self,
         xp: &[f32],
+        samples: usize,
         c0: usize,
         rows: core::ops::Range<usize>,
         col: &mut [f32],
         ld: usize,
-        col0: usize,
     ) {
         let (kl, p, pl) = (self.kernel_len(), self.output_len(), self.padded_len());
         let out_l = self.output[self.output.len() - 1];
         let s = self.strides[self.strides.len() - 1];
-        if p == 0 {
+        if p == 0 || samples == 0 {
             return;
         }
         let outer = p / out_l;
+        let per_sample = xp.len() / samples;
         for (i, r) in rows.enumerate() {
             let (c, kk) = (r / kl - c0, r % kl);
-            let xpc = &xp[c * pl..(c + 1) * pl];
-            let dst = &mut col[i * ld + col0..i * ld + col0 + p];
             let starts = &self.starts[kk * outer..(kk + 1) * outer];
-            for (run, &at) in dst.chunks_exact_mut(out_l).zip(starts) {
-                if s == 1 {
-                    copy_short(run, &xpc[at..at + out_l]);
-                } else {
-                    for (v, &e) in run.iter_mut().zip(xpc[at..].iter().step_by(s)) {
-                        *v = e;
+            let dst_row = &mut col[i * ld..i * ld + samples * p];
+            for (dst, xs) in dst_row.chunks_exact_mut(p).zip(xp.chunks_exact(per_sample)) {
+                let xpc = &xs[c * pl..(c + 1) * pl];
+                for (run, &at) in dst.chunks_exact_mut(out_l).zip(starts) {
+                    if s == 1 {
+                        copy_short(run, &xpc[at..at + out_l]);
+                    } else {
+                        for (v, &e) in run.iter_mut().zip(xpc[at..].iter().step_by(s)) {
+                            *v = e;
+                        }
                     }
                 }
             }
