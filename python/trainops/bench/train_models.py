@@ -14,9 +14,10 @@ peer, so both peers start from the same weights.
                (stride 2, 1x1 projection) -> GlobalAveragePool -> Linear 10
 =============  ============================================================================
 
-BatchNormalization runs in its inference form (running statistics, which are not trained:
-:data:`FROZEN` lists them), as the Trainer's gradient rule covers that form; the torch peer
-puts its BatchNorm modules in ``eval()`` mode to do the same work.
+BatchNormalization runs in training mode in both peers: the Trainer normalises with the
+batch's statistics and updates the running ones (its BatchNorm import, as for an exported
+model in ``train()`` mode), the torch peer keeps its modules in ``train()``. The running
+mean and variance are state, not parameters (:attr:`Family.params` leaves them out).
 """
 
 from __future__ import annotations
