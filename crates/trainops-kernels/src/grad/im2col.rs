@@ -338,8 +338,8 @@ impl Windows {
 
     /// Adds the column matrix (`channels * kernel_len()` rows, row `r` at `col[r * ld +
     /// col0..][..output_len()]`) back onto the input grid `dx` (`channels x input_len()`):
-    /// the adjoint of [`Windows::im2col`] (every column element to the input element it was
-    /// read from).
+    /// the adjoint of [`Windows::im2col_padded`] (every column element to the input element
+    /// it was read from).
     pub fn col2im_add(&self, col: &[f32], ld: usize, col0: usize, dx: &mut [f32]) {
         let (kl, p, il) = (self.kernel_len(), self.output_len(), self.input_len());
         let s = self.strides[self.strides.len() - 1];
