@@ -33,6 +33,21 @@ def _key(node: onnx.NodeProto):
     return (node.domain or "", node.op_type, tuple(node.input), attrs)
 
 
+def _merged_outputs(kept: list[str], dropped: list[str], rename: dict[str, str]) -> list[str]:
+    """The outputs of a node that takes over another's: ``kept`` (padded with "" to the
+    other's length), each slot it leaves empty filled by ``dropped``'s name; where both name
+    a slot, ``rename`` maps ``dropped``'s name to ``kept``'s (its readers read that)."""
+    outs = list(kept) + [""] * (len(dropped) - len(kept))
+    for i, o in enumerate(dropped):
+        if not o:
+            continue
+        if outs[i]:
+            rename[o] = outs[i]
+        else:
+            outs[i] = o
+    return outs
+
+
 def merge_recomputations(forward: list, backward: list) -> tuple[list, list]:
     """``(forward, backward)`` with each backward node of a :data:`MERGEABLE` op that
     recomputes a forward node merged into it: the forward node (a copy; the lists passed in
@@ -55,14 +70,7 @@ def merge_recomputations(forward: list, backward: list) -> tuple[list, list]:
             continue
         f = onnx.NodeProto()
         f.CopyFrom(forward[k])
-        outs = list(f.output) + [""] * (len(n.output) - len(f.output))
-        for i, o in enumerate(n.output):
-            if not o:
-                continue
-            if outs[i]:
-                rename[o] = outs[i]
-            else:
-                outs[i] = o
+        outs = _merged_outputs(list(f.output), list(n.output), rename)
         del f.output[:]
         f.output.extend(outs)
         forward[k] = f
@@ -137,14 +145,8 @@ def merge_gru_train(nodes: list) -> list:
         if g is None or (train.output and train.output[0] in captured):
             continue
         gru = out[g]  # a previous merge may have made it a GRUTrain already
-        outs = list(gru.output) + [""] * (3 - len(gru.output))
-        for i, o in enumerate(train.output):
-            if not o:
-                continue
-            if outs[i]:
-                rename[o] = outs[i]
-            else:
-                outs[i] = o
+        outs = _merged_outputs(list(gru.output) + [""] * (3 - len(gru.output)),
+                               list(train.output), rename)
         merged = onnx.helper.make_node("GRUTrain", list(train.input), outs, name=gru.name,
                                        domain=TRAINOPS_DOMAIN)
         merged.attribute.extend(train.attribute)
