@@ -520,12 +520,20 @@ impl ShapeInfer<'_> {
     }
 
     /// Gives output `output` the shape of input `input` (symbolic dimensions included); does
-    /// nothing for an output the node may lack (see [`ShapeInfer::new`]).
+    /// nothing for an output the node may lack (see [`ShapeInfer::new`]) or for an input of
+    /// no dimensions (unknown or scalar: the runtime does not tell them apart).
     pub fn output_like_input(&mut self, output: usize, input: usize) -> Result<()> {
         if output >= self.outputs {
             return Ok(());
         }
         let Some(info) = self.input_info(input) else { return Ok(()) };
+        // ONNX Runtime hands an input whose shape it does not know to this context as a
+        // shape of no dimensions (1.17 to 1.32 alike), the same as a scalar's: passed on, it
+        // would make the output a scalar, and a node reading it (a Gemm after a loss
+        // gradient) fails its own inference. Such an input leaves the output to the runtime.
+        if self.input(input).is_some_and(|(_, dims)| dims.is_empty()) {
+            return Ok(());
+        }
         // SAFETY: valid context; `info` is valid and only read by the runtime.
         let s = unsafe { (self.api.raw().ShapeInferContext_SetOutputTypeShape)(self.ctx, output, info) };
         self.api.check(self.op, "ShapeInferContext_SetOutputTypeShape", s)
