@@ -33,6 +33,17 @@ def _key(node: onnx.NodeProto):
     return (node.domain or "", node.op_type, tuple(node.input), attrs)
 
 
+def _reading(n: onnx.NodeProto, rename: dict[str, str]) -> onnx.NodeProto:
+    """``n``, or a copy of it reading ``rename``'s targets where it read their keys."""
+    if not any(i in rename for i in n.input):
+        return n
+    m = onnx.NodeProto()
+    m.CopyFrom(n)
+    del m.input[:]
+    m.input.extend(rename.get(i, i) for i in n.input)
+    return m
+
+
 def _merged_outputs(kept: list[str], dropped: list[str], rename: dict[str, str]) -> list[str]:
     """The outputs of a node that takes over another's: ``kept`` (padded with "" to the
     other's length), each slot it leaves empty filled by ``dropped``'s name; where both name
@@ -74,18 +85,7 @@ def merge_recomputations(forward: list, backward: list) -> tuple[list, list]:
         del f.output[:]
         f.output.extend(outs)
         forward[k] = f
-    if not rename:
-        return forward, kept
-    out = []
-    for n in kept:
-        if any(i in rename for i in n.input):
-            m = onnx.NodeProto()
-            m.CopyFrom(n)
-            del m.input[:]
-            m.input.extend(rename.get(i, i) for i in n.input)
-            n = m
-        out.append(n)
-    return forward, out
+    return forward, [_reading(n, rename) for n in kept]
 
 
 # GRU's attributes GRUTrain mirrors, with ONNX's defaults; a GRU with any other attribute
@@ -153,15 +153,4 @@ def merge_gru_train(nodes: list) -> list:
         out[g] = out[t] = None
         out[min(g, t)] = merged
         gru_at[_gru_key(train)] = min(g, t)  # a duplicate GRUTrain merges into this one
-    result = []
-    for n in out:
-        if n is None:
-            continue
-        if any(i in rename for i in n.input):
-            m = onnx.NodeProto()
-            m.CopyFrom(n)
-            del m.input[:]
-            m.input.extend(rename.get(i, i) for i in n.input)
-            n = m
-        result.append(n)
-    return result
+    return [_reading(n, rename) for n in out if n is not None]

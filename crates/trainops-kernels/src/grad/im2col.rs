@@ -31,6 +31,9 @@ pub struct Windows {
     /// padded grid's element where that run of the column matrix starts, kernel position 0
     /// first: run element `j` reads `start + j * strides[last]`.
     starts: Vec<usize>,
+    /// Per input row (all dimensions but the last, row-major), the padded grid's element
+    /// where [`Windows::pad_into`] puts it.
+    pad_rows: Vec<usize>,
 }
 
 /// One run of the innermost output dimension: columns `p0 .. p0 + output[last]`; those in
@@ -77,6 +80,7 @@ impl Windows {
             gather: Vec::new(),
             padded: Vec::new(),
             starts: Vec::new(),
+            pad_rows: Vec::new(),
         };
         w.padded = (0..w.input.len())
             .map(|a| {
@@ -85,6 +89,7 @@ impl Windows {
             })
             .collect();
         w.starts = (0..w.kernel_len()).flat_map(|kk| w.padded_starts(kk)).collect();
+        w.pad_rows = w.padded_rows();
         let mut table = Vec::new();
         for kk in 0..w.kernel_len() {
             w.runs(kk, |p0, src0, lo, hi| table.push(Run { p0, src0, lo, hi }));
@@ -269,10 +274,19 @@ impl Windows {
         if il == 0 {
             return;
         }
+        let row = self.input[self.input.len() - 1];
+        for (xc, xpc) in x.chunks_exact(il).zip(xp[at0..].chunks_exact_mut(pl)) {
+            for (src, &at) in xc.chunks_exact(row).zip(&self.pad_rows) {
+                copy_short(&mut xpc[at..at + row], src);
+            }
+        }
+    }
+
+    /// The padded grid's element where each input row starts (the `pad_rows` table).
+    fn padded_rows(&self) -> Vec<usize> {
         let d = self.input.len();
         let last = d - 1;
         let st = self.padded_strides();
-        let row = self.input[last];
         let rows: usize = self.input[..last].iter().product();
         let mut i = vec![0usize; last];
         let mut starts = Vec::with_capacity(rows);
@@ -287,11 +301,7 @@ impl Windows {
                 i[j] = 0;
             }
         }
-        for (xc, xpc) in x.chunks_exact(il).zip(xp[at0..].chunks_exact_mut(pl)) {
-            for (src, &at) in xc.chunks_exact(row).zip(&starts) {
-                copy_short(&mut xpc[at..at + row], src);
-            }
-        }
+        starts
     }
 
     /// Writes rows `rows` of the column matrices of `samples` samples side by side into

@@ -531,7 +531,8 @@ impl ShapeInfer<'_> {
         // shape of no dimensions (1.17 to 1.32 alike), the same as a scalar's: passed on, it
         // would make the output a scalar, and a node reading it (a Gemm after a loss
         // gradient) fails its own inference. Such an input leaves the output to the runtime.
-        if self.input(input).is_some_and(|(_, dims)| dims.is_empty()) {
+        // SAFETY: `info` belongs to the context (not released here) and is valid now.
+        if unsafe { read_info(self.api, self.op, info, false) }.is_ok_and(|(_, dims)| dims.is_empty()) {
             return Ok(());
         }
         // SAFETY: valid context; `info` is valid and only read by the runtime.
