@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import rnn_reference as ref
-from helpers.exported import fd_grads
+from helpers.exported import expanded_op_types, fd_grads
 from trainops import optim
 from trainops.onnx_defs import IR_VERSION, TRAINOPS_DOMAIN
 
@@ -347,14 +347,7 @@ def test_portable_and_layout1_and_expand_keep_their_graphs(monkeypatch, library_
     ops = [(n.domain or "", n.op_type) for n in step.model.graph.node]
     assert ("", "GRU") in ops and (TRAINOPS_DOMAIN, "GRUGrad") in ops
     assert (TRAINOPS_DOMAIN, "GRUTrain") not in ops
-    from trainops.autodiff import expand_gradients
-    from trainops.onnx_defs import TRAINING_DOMAIN
-    g = model.graph
-    g.node.append(helper.make_node("Gradient", ["X"] + params, ["dX"] + [f"d{p}" for p in params],
-                                   domain=TRAINING_DOMAIN, xs=["X"] + params, y="loss"))
-    g.output.extend(helper.make_tensor_value_info(f"d{p}", F32, None) for p in params)
-    model.opset_import.append(helper.make_opsetid(TRAINING_DOMAIN, 1))
-    ops = [n.op_type for n in expand_gradients(model).graph.node]
+    ops = expanded_op_types(model, ["X"] + params)
     assert "GRU" in ops and "GRUTrain" not in ops and "GRUGrad" not in ops
 
 

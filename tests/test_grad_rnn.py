@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers import rnn_reference as ref
+from helpers.exported import expanded_op_types
 from trainops import optim
 from trainops.onnx_defs import IR_VERSION, TRAINOPS_DOMAIN
 
@@ -318,13 +319,6 @@ def test_portable_trainer_keeps_the_scan_form(monkeypatch, library_path):
 
 def test_expand_gradients_never_fuses():
     """expand_gradients (no Trainer) keeps the standard-op form."""
-    from trainops.autodiff import expand_gradients
-    from trainops.onnx_defs import TRAINING_DOMAIN
     model, _, params = _gru_model("forward", 1, 0)
-    g = model.graph
-    g.node.append(helper.make_node("Gradient", ["X"] + params, ["dX"] + [f"d{p}" for p in params],
-                                   domain=TRAINING_DOMAIN, xs=["X"] + params, y="loss"))
-    g.output.extend(helper.make_tensor_value_info(f"d{p}", F32, None) for p in params)
-    model.opset_import.append(helper.make_opsetid(TRAINING_DOMAIN, 1))
-    ops = [n.op_type for n in expand_gradients(model).graph.node]
+    ops = expanded_op_types(model, ["X"] + params)
     assert "Scan" in ops and "GRUGrad" not in ops

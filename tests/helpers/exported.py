@@ -286,3 +286,18 @@ def encoder_block(batch=2, seq=3, d=4, heads=2, ff=8, classes=3, seed=7, batch_d
     model = _model(nodes, [helper.make_tensor_value_info("x", F32, dims)],
                    [helper.make_tensor_value_info("logits", F32, [dims[0], classes])], inits)
     return model, p, x, labels
+
+
+def expanded_op_types(model, xs, y="loss"):
+    """The op types of ``expand_gradients`` run on ``model`` (changed in place) given a
+    Gradient node of ``y`` with respect to ``xs``, whose outputs ``d<x>`` become graph
+    outputs."""
+    from trainops.autodiff import expand_gradients
+    from trainops.onnx_defs import TRAINING_DOMAIN
+
+    g = model.graph
+    g.node.append(helper.make_node("Gradient", list(xs), [f"d{x}" for x in xs],
+                                   domain=TRAINING_DOMAIN, xs=list(xs), y=y))
+    g.output.extend(helper.make_tensor_value_info(f"d{x}", TensorProto.FLOAT, None) for x in xs)
+    model.opset_import.append(helper.make_opsetid(TRAINING_DOMAIN, 1))
+    return [n.op_type for n in expand_gradients(model).graph.node]

@@ -175,13 +175,7 @@ impl Windows {
     fn runs(&self, kk: usize, mut f: impl FnMut(usize, Option<isize>, usize, usize)) {
         let d = self.input.len();
         let last = d - 1;
-        // Kernel coordinates of `kk` (row-major over `kernel`).
-        let mut k = vec![0usize; d];
-        let mut rest = kk;
-        for j in (0..d).rev() {
-            k[j] = rest % self.kernel[j];
-            rest /= self.kernel[j];
-        }
+        let k = coords(kk, &self.kernel);
         let off = |j: usize| (k[j] * self.dilations[j]) as isize - self.pads_begin[j] as isize;
         // Innermost dimension: o * s + off in [0, in) <=> lo <= o < hi.
         let (s, off_l, in_l, out_l) =
@@ -195,9 +189,8 @@ impl Windows {
         for j in (0..last).rev() {
             in_stride[j] = in_stride[j + 1] * self.input[j + 1];
         }
-        let outer: usize = self.output[..last].iter().product();
-        let mut o = vec![0usize; last];
-        for run in 0..outer {
+        let mut run = 0;
+        for_each_coord(&self.output[..last], |o| {
             let mut src = off_l;
             let mut inside = true;
             for j in 0..last {
@@ -206,15 +199,8 @@ impl Windows {
                 src += i * in_stride[j] as isize;
             }
             f(run * out_l, inside.then_some(src), lo, hi);
-            // Next outer position (row-major odometer).
-            for j in (0..last).rev() {
-                o[j] += 1;
-                if o[j] < self.output[j] {
-                    break;
-                }
-                o[j] = 0;
-            }
-        }
+            run += 1;
+        });
     }
 
     /// Elements of one channel of the padded input grid ([`Windows::pad_into`]).
@@ -240,26 +226,12 @@ impl Windows {
         let d = self.input.len();
         let last = d - 1;
         let st = self.padded_strides();
-        let mut k = vec![0usize; d];
-        let mut rest = kk;
-        for j in (0..d).rev() {
-            k[j] = rest % self.kernel[j];
-            rest /= self.kernel[j];
-        }
+        let k = coords(kk, &self.kernel);
         let k_off: usize = (0..d).map(|j| k[j] * self.dilations[j] * st[j]).sum();
-        let outer: usize = self.output[..last].iter().product();
-        let mut o = vec![0usize; last];
-        let mut out = Vec::with_capacity(outer);
-        for _ in 0..outer {
+        let mut out = Vec::new();
+        for_each_coord(&self.output[..last], |o| {
             out.push(k_off + (0..last).map(|j| o[j] * self.strides[j] * st[j]).sum::<usize>());
-            for j in (0..last).rev() {
-                o[j] += 1;
-                if o[j] < self.output[j] {
-                    break;
-                }
-                o[j] = 0;
-            }
-        }
+        });
         out
     }
 
@@ -287,20 +259,11 @@ impl Windows {
         let d = self.input.len();
         let last = d - 1;
         let st = self.padded_strides();
-        let rows: usize = self.input[..last].iter().product();
-        let mut i = vec![0usize; last];
-        let mut starts = Vec::with_capacity(rows);
-        for _ in 0..rows {
+        let mut starts = Vec::new();
+        for_each_coord(&self.input[..last], |i| {
             let inner: usize = (0..last).map(|j| (i[j] + self.pads_begin[j]) * st[j]).sum();
             starts.push(inner + self.pads_begin[last]);
-            for j in (0..last).rev() {
-                i[j] += 1;
-                if i[j] < self.input[j] {
-                    break;
-                }
-                i[j] = 0;
-            }
-        }
+        });
         starts
     }
 
@@ -399,5 +362,32 @@ fn copy_short(dst: &mut [f32], src: &[f32]) {
     }
     for (d1, s1) in d.into_remainder().iter_mut().zip(s.remainder()) {
         *d1 = *s1;
+    }
+}
+
+/// The coordinates of flat index `index` in a row-major grid of sizes `dims`.
+fn coords(mut index: usize, dims: &[usize]) -> Vec<usize> {
+    let mut c = vec![0usize; dims.len()];
+    for j in (0..dims.len()).rev() {
+        c[j] = index % dims[j];
+        index /= dims[j];
+    }
+    c
+}
+
+/// Calls `f` with every coordinate of a grid of sizes `dims`, in row-major order (once, with
+/// no coordinates, for no dimensions; never for a grid with a size 0).
+fn for_each_coord(dims: &[usize], mut f: impl FnMut(&[usize])) {
+    let total: usize = dims.iter().product();
+    let mut c = vec![0usize; dims.len()];
+    for _ in 0..total {
+        f(&c);
+        for j in (0..dims.len()).rev() {
+            c[j] += 1;
+            if c[j] < dims[j] {
+                break;
+            }
+            c[j] = 0;
+        }
     }
 }
