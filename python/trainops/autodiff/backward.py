@@ -8,30 +8,14 @@ from typing import Sequence
 import onnx
 
 from . import control
-from .graph import (FLOAT_TYPES, Builder, GradientError, captures, defined_in, describe,
-                    node_inputs, skeleton)
+# infer, default_opset and toposort live in the modules below this one (graph, hygiene);
+# they stay importable from here, where callers have always found them.
+from .graph import (FLOAT_TYPES, Builder, GradientError, captures, default_opset, defined_in,
+                    describe, infer, node_inputs)
 from .hygiene import cast_types, check_float, reinfer, toposort, undefined
 from .rules import RULES, Ctx
 
 __all__ = ["build_backward", "backprop", "infer", "toposort", "default_opset"]
-
-
-def default_opset(model: onnx.ModelProto) -> int:
-    for o in model.opset_import:
-        if o.domain in ("", "ai.onnx"):
-            return int(o.version)
-    raise GradientError("the model imports no default-domain opset")
-
-
-def infer(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with onnx's inferred shapes and types in ``value_info``; its
-    initializers over 1024 elements are graph inputs of their type and shape, without
-    their data (:func:`~.graph.skeleton`)."""
-    light, _ = skeleton(model)
-    try:
-        return onnx.shape_inference.infer_shapes(light, data_prop=True)
-    except Exception:  # noqa: BLE001 - inference is a help, not a requirement
-        return light
 
 
 def build_backward(graph: onnx.GraphProto, opset: int, y: str, xs: Sequence[str],
@@ -126,7 +110,9 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
             continue
         domain = node.domain if node.domain not in ("", "ai.onnx") else ""
         if domain == "" and node.op_type in control.SUBGRAPH_OPS:
-            for name, g in control.backward(b, node, gys, need, captured).items():
+            # control differentiates each branch by calling backprop back: it is handed
+            # the function rather than importing this module (modules only look down).
+            for name, g in control.backward(b, node, gys, need, captured, backprop).items():
                 grads.setdefault(name, []).append(g)
             continue
         fn = RULES.get(node.op_type) if domain == "" else None

@@ -20,13 +20,22 @@ is a :class:`GradientError` naming it.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 import onnx
 from onnx import helper
 
-from .graph import (Builder, GradientError, attr, defined_in, describe, free_names,
+from .graph import (Builder, GradientError, attr, defined_in, describe, free_names, infer,
                     node_inputs)
+from .hygiene import toposort
+
+# The backward pass over a list of nodes (backward.backprop): ``backprop(b, nodes, seeds,
+# xs, defined) -> gradient names``. backward.py calls into this module for If nodes and
+# passes its own backprop in, which differentiates each branch; this module does not
+# import backward.py (it sits below it).
+Backprop = Callable[[Builder, list, dict, list, set], list]
 
 SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan"})
 """Default-domain ops with subgraphs that :func:`backward` handles (or refuses)."""
@@ -36,10 +45,11 @@ RANDOM_OPS = frozenset({"RandomNormal", "RandomUniform", "RandomNormalLike",
 
 
 def backward(b: Builder, node: onnx.NodeProto, gys: list[str | None], need: list[bool],
-             captured: list[str]) -> dict[str, str]:
+             captured: list[str], backprop: Backprop) -> dict[str, str]:
     """The gradients (names emitted into ``b``) of the outer values ``captured`` (those
     ``node``'s subgraphs read that need one), given the gradients ``gys`` of its outputs;
-    ``need``: which of its own inputs need one."""
+    ``need``: which of its own inputs need one; ``backprop``: the backward pass that
+    differentiates each branch's nodes (:func:`.backward.backprop`)."""
     if node.op_type != "If":
         inputs = [i for i, n in zip(node.input, need) if n]
         parts = ([f"it takes {inputs} as inputs"] if inputs else []) + \
@@ -53,7 +63,7 @@ def backward(b: Builder, node: onnx.NodeProto, gys: list[str | None], need: list
         g = attr(node, which)
         if g is None:
             raise GradientError(f"{describe(node)}: attribute '{which}' is missing")
-        branches[which] = _branch_backward(b, node, g, which, gys, wanted)
+        branches[which] = _branch_backward(b, node, g, which, gys, wanted, backprop)
     names = [b.fresh("If_grad") for _ in wanted]
     b.op("If", [node.input[0]], names, **branches)
     for x, name in zip(wanted, names):
@@ -62,10 +72,8 @@ def backward(b: Builder, node: onnx.NodeProto, gys: list[str | None], need: list
 
 
 def _branch_backward(b: Builder, node: onnx.NodeProto, graph: onnx.GraphProto, which: str,
-                     gys: list[str | None], wanted: list[str]) -> onnx.GraphProto:
-    from .hygiene import toposort
-    from .backward import backprop
-
+                     gys: list[str | None], wanted: list[str],
+                     backprop: Backprop) -> onnx.GraphProto:
     free = free_names(graph)
     nodes = toposort(list(graph.node), set())
     sb = _branch_builder(b, graph, nodes, free, b.fresh(which.split("_")[0]))
@@ -94,8 +102,6 @@ def _branch_builder(b: Builder, graph: onnx.GraphProto, nodes: list[onnx.NodePro
     """A builder knowing the branch's own values (onnx infers them with the outer values
     it reads as inputs: inference leaves no ``value_info`` inside subgraphs) and the outer
     scope's."""
-    from .backward import infer
-
     inputs = [helper.make_tensor_value_info(n, b.dtype(n), b.shape(n))
               for n in free if b.dtype(n) is not None]
     g = helper.make_graph(nodes, graph.name or "branch", inputs, list(graph.output),

@@ -17,7 +17,7 @@ from typing import Sequence
 
 import onnx
 
-from .graph import FLOAT_TYPES, GradientError, attr, describe
+from .graph import FLOAT_TYPES, GradientError, attr, default_opset, describe, infer
 from .rules import RULES
 
 __all__ = ["BASELINE_OPSET", "OPSET_NEEDS", "OpCoverage", "check", "coverage", "format_table",
@@ -110,8 +110,6 @@ def coverage(model: onnx.ModelProto, loss: str, params: Sequence[str],
     """Every op type on the path from ``params`` to ``loss`` in ``model`` (nodes in
     topological order), in first-seen order, with its verdict. ``train_batchnorm``:
     BatchNormalization will run in training mode (the Trainer's ``batchnorm="train"``)."""
-    from .backward import default_opset, infer
-
     opset = default_opset(model)
     inferred = infer(model).graph
     types = {v.name: v.type.tensor_type.elem_type for v in

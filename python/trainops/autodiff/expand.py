@@ -8,9 +8,9 @@ import onnx
 from onnx import helper
 
 from ..onnx_defs import TRAINING_DOMAIN
-from .backward import build_backward, default_opset, infer
+from .backward import build_backward
 from .coverage import opset_needs
-from .graph import Builder, GradientError, attr, describe
+from .graph import Builder, GradientError, attr, default_opset, describe, infer
 from .hygiene import toposort
 from .importing import fold_shape_constants, load, sort_nodes, unlist_initializers, upgrade
 

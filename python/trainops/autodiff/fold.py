@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .backward import default_opset, infer
+from .graph import default_opset, infer
 
 __all__ = ["MAX_ELEMENTS", "fold_shape_constants"]
 

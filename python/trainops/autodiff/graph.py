@@ -349,3 +349,22 @@ def attr(node: onnx.NodeProto, name: str, default: Any = None) -> Any:
         if a.name == name:
             return helper.get_attribute_value(a)
     return default
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    """The version of the default-domain opset ``model`` imports (GradientError if none)."""
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx"):
+            return int(o.version)
+    raise GradientError("the model imports no default-domain opset")
+
+
+def infer(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with onnx's inferred shapes and types in ``value_info``; its
+    initializers over 1024 elements are graph inputs of their type and shape, without
+    their data (:func:`skeleton`)."""
+    light, _ = skeleton(model)
+    try:
+        return onnx.shape_inference.infer_shapes(light, data_prop=True)
+    except Exception:  # noqa: BLE001 - inference is a help, not a requirement
+        return light

@@ -11,7 +11,7 @@ from typing import Sequence
 import onnx
 from onnx import helper
 
-from .graph import (FLOAT_TYPES, Builder, GradientError, _dims, describe, node_inputs,
+from .graph import (FLOAT_TYPES, Builder, GradientError, _dims, describe, infer, node_inputs,
                     type_name)
 
 
@@ -98,8 +98,6 @@ def reinfer(b: Builder, graph: onnx.GraphProto, nodes: Sequence[onnx.NodeProto],
     """onnx infers shapes in the listed node order: for a graph given out of order, infer
     again with ``nodes`` (sorted) and take every type and shape the builder lacked or
     knew less of."""
-    from .backward import infer
-
     g = onnx.GraphProto()
     g.CopyFrom(graph)
     del g.node[:]

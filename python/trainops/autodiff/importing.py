@@ -21,10 +21,9 @@ import os
 import onnx
 from onnx import helper
 
-from .backward import default_opset
 from .coverage import opset_needs
 from .fold import fold_shape_constants
-from .graph import GradientError, skeleton
+from .graph import GradientError, default_opset, skeleton
 from .hygiene import toposort
 
 __all__ = ["fold_shape_constants", "load", "sort_nodes", "unlist_initializers", "upgrade"]
