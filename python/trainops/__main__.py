@@ -6,7 +6,8 @@ Commands:
   bench         throughput benchmarks against peers (trainops.bench), e.g. bench philox
   conformance   run onnx's training-domain backend test cases through onnxruntime
   coverage      list the op types between a model's parameters and its loss, with or
-                without a gradient rule (exit 1 if any has none)
+                without a gradient rule (exit 1 if any has none, 2 if the model cannot
+                be read or is not a valid model)
   demo          train a small CNN entirely in onnxruntime with trainops.Trainer (--distributed: on
                 MPI; --mixed: the mixed_float16 optimizer demo, numpy gradients)
   library       print the path of the custom-op library
@@ -65,17 +66,29 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
     return 0
 
 
+# `python -m trainops coverage` exit codes (docs/autodiff.md): every op type on the path
+# has a gradient rule; some op type has none; the model cannot be used (unreadable, not an
+# ONNX model, external data missing or outside its folder, an invalid graph such as a
+# tensor with two definitions or a cycle, a failed opset upgrade, a --loss that is no
+# tensor of it).
+COVERED, NO_RULE, BAD_INPUT = 0, 1, 2
+
+
 def _cmd_coverage(args: argparse.Namespace) -> int:
+    try:
+        return _coverage(args)
+    except (OSError, ValueError, TypeError) as exc:  # GradientError is a ValueError
+        print(f"error: {exc}", file=sys.stderr)
+        return BAD_INPUT
+
+
+def _coverage(args: argparse.Namespace) -> int:
     from . import losses
     from .autodiff import coverage
     from .train.importer import import_model
     from .train.params import default_params
 
-    try:
-        model = import_model(args.model, args.batchnorm, name=args.model)
-    except (OSError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    model = import_model(args.model, args.batchnorm, name=args.model)
     loss = args.loss or (model.graph.output[0].name if model.graph.output else None)
     kinds = {"cross_entropy": losses.cross_entropy, "nll": losses.nll, "mse": losses.mse}
     if loss in kinds:  # attach that loss to the first output
@@ -83,15 +96,14 @@ def _cmd_coverage(args: argparse.Namespace) -> int:
         model, loss = spec.attach(model), spec.name
     tensors = {o for n in model.graph.node for o in n.output}
     if loss not in tensors:
-        print(f"error: {loss!r} is not a node output of the model", file=sys.stderr)
-        return 2
+        raise ValueError(f"{loss!r} is not a node output of the model")
     params = default_params(model)
     rows = coverage.coverage(model, loss, params, args.batchnorm == "train")
     print(f"{args.model}: {len(params)} parameters, loss {loss!r}")
     print(coverage.format_table(rows))
     missing = [r for r in rows if not r.rule]
     print(f"{len(rows) - len(missing)} of {len(rows)} op types have a gradient rule")
-    return 1 if missing else 0
+    return NO_RULE if missing else COVERED
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -165,8 +177,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="list the op types between the parameters and the loss, with or "
                             "without a gradient rule",
                        description="List every op type on the path from a model's default "
-                                   "parameters to its loss with 'rule' or 'NO RULE: why'; "
-                                   "exit 1 if any has none.")
+                                   "parameters to its loss with 'rule' or 'NO RULE: why'. "
+                                   "Exit status: 0 every op type has a rule, 1 some have "
+                                   "none, 2 the model cannot be used (unreadable, not an "
+                                   "ONNX model, external data missing or outside its "
+                                   "folder, an invalid graph, a --loss that is no tensor "
+                                   "of it); the error is one line on stderr.")
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--loss", metavar="NAME",
                    help="the loss tensor, or cross_entropy / nll / mse to attach that loss "

@@ -11,7 +11,7 @@ from ..onnx_defs import TRAINING_DOMAIN
 from .backward import build_backward
 from .coverage import opset_needs
 from .graph import Builder, GradientError, attr, default_opset, describe, infer
-from .hygiene import toposort
+from .hygiene import check_definitions, toposort
 from .importing import fold_shape_constants, load, sort_nodes, unlist_initializers, upgrade
 
 __all__ = ["expand_gradients"]
@@ -46,11 +46,13 @@ def expand_gradients(model, name: str = "the model") -> onnx.ModelProto:
     ``sum(y)`` (the gradient of each element's sum, as with a seed of ones). An x that ``y``
     does not depend on gets zeros. An op on the path from an x to y without a gradient rule
     raises :class:`GradientError` naming the op type and the node; so do the other refusals
-    of :func:`~.backward.build_backward` (a cycle, an undefined tensor, an integer x or y)
-    and a failed opset conversion.
+    of :func:`~.backward.build_backward` (a cycle, an undefined tensor, an integer x or y),
+    a tensor defined twice (:func:`~.hygiene.check_definitions`) and a failed opset
+    conversion.
     """
     out = load(model)
     g = out.graph
+    check_definitions(g)  # the Gradient nodes' outputs included
     grad_nodes = [n for n in g.node if n.domain == TRAINING_DOMAIN and n.op_type == "Gradient"]
     if not grad_nodes:
         return out

@@ -1,5 +1,6 @@
-"""Graph hygiene before differentiation: nodes in topological order (onnxruntime runs
-models listed in any order), cycles and undefined tensors named, gradients of and with
+"""Graph hygiene before differentiation: one definition per tensor, nodes in topological
+order (onnxruntime runs models listed in any order), cycles and undefined tensors named,
+gradients of and with
 respect to non-float tensors refused, and the shapes onnx infers for a graph whose nodes
 were out of order."""
 
@@ -13,6 +14,54 @@ from onnx import helper
 
 from .graph import (FLOAT_TYPES, Builder, GradientError, _dims, describe, infer, node_inputs,
                     type_name)
+
+
+def check_definitions(graph: onnx.GraphProto, where: str = "") -> None:
+    """Every tensor of ``graph`` has one definition (ONNX's single assignment, which
+    onnx.checker and onnxruntime enforce): a GradientError names the first tensor that two
+    nodes write, or that a node writes although it is a graph input or an initializer,
+    and both definitions. Subgraphs (an If's branches, a Loop's body) are checked the
+    same way, where a node also may not write a graph input or initializer of an enclosing
+    graph. Without it, a second writer silently replaced the first one: the backward pass
+    followed one producer while onnxruntime refused the model."""
+    _check_definitions(graph, {}, where)
+
+
+def _check_definitions(graph: onnx.GraphProto, outer: dict[str, str], where: str) -> None:
+    defined = dict(outer)  # tensor name -> what defines it, in words
+    for i in graph.input:
+        defined[i.name] = "a graph input"
+    for i in graph.initializer:
+        defined[i.name] = "an initializer"
+    for i in graph.sparse_initializer:
+        defined[i.values.name] = "an initializer"
+    scope = dict(defined)  # what a subgraph of this graph may not write
+    written: dict[str, str] = {}
+    for n in graph.node:
+        for o in n.output:
+            if not o:
+                continue  # an optional output left out
+            if o in written:
+                raise GradientError(f"tensor '{o}' is written by two nodes, {written[o]} and "
+                                    f"{describe(n)}{where}: ONNX allows one definition per "
+                                    "tensor (onnxruntime refuses the model)")
+            if o in defined:
+                raise GradientError(f"tensor '{o}' is {defined[o]}{_scope(o, graph, outer)} "
+                                    f"and is also written by {describe(n)}{where}: ONNX "
+                                    "allows one definition per tensor (onnxruntime refuses "
+                                    "the model)")
+            written[o] = describe(n)
+        for a in n.attribute:
+            for k, sub in enumerate(([a.g] if a.HasField("g") else []) + list(a.graphs)):
+                label = a.name if a.HasField("g") else f"{a.name}[{k}]"
+                _check_definitions(sub, scope, f" (in the {label} of {describe(n)}{where})")
+
+
+def _scope(name: str, graph: onnx.GraphProto, outer: dict[str, str]) -> str:
+    """`` of an enclosing graph`` when ``name`` is defined outside ``graph``."""
+    own = {i.name for i in graph.input} | {i.name for i in graph.initializer} \
+        | {i.values.name for i in graph.sparse_initializer}
+    return " of an enclosing graph" if name in outer and name not in own else ""
 
 
 def toposort(nodes: Sequence[onnx.NodeProto], available: set[str]) -> list[onnx.NodeProto]:

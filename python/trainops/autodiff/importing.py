@@ -6,7 +6,9 @@ them; shared by :func:`~trainops.autodiff.expand_gradients` and the Trainer's im
   ModelProto whose tensors still point to external files is an error naming them;
 - :func:`unlist_initializers`: initializers also listed as graph inputs (IR < 4 models, the
   zoo) taken out of the inputs (returned, so that a caller may list them again);
-- :func:`sort_nodes`: nodes in any order sorted topologically (a cycle is a GradientError);
+- :func:`sort_nodes`: nodes in any order sorted topologically; a cycle, or a tensor with
+  two definitions (two nodes writing it, or a node writing a graph input or initializer:
+  :func:`~.hygiene.check_definitions`), is a GradientError naming it;
 - :func:`upgrade`: a model older than its gradient rules need
   (:func:`~.coverage.opset_needs`) converted with ``onnx.version_converter`` to the lowest
   opset that satisfies them, said in one ``logging.getLogger("trainops")`` line;
@@ -24,7 +26,7 @@ from onnx import helper
 from .coverage import opset_needs
 from .fold import fold_shape_constants
 from .graph import GradientError, default_opset, skeleton
-from .hygiene import toposort
+from .hygiene import check_definitions, toposort
 
 __all__ = ["fold_shape_constants", "load", "sort_nodes", "unlist_initializers", "upgrade"]
 
@@ -33,11 +35,31 @@ log = logging.getLogger("trainops")
 
 def load(model) -> onnx.ModelProto:
     """A copy of ``model`` (a ModelProto, serialized bytes or a path; a path's external
-    data loaded). ValueError for tensors whose external data is not loaded."""
+    data loaded). OSError when the file cannot be opened; ValueError naming the file when
+    it is no ONNX model (protobuf cannot parse it, or it holds no graph), when its external
+    data is missing or lies outside the model's folder (onnx refuses such paths), and for
+    tensors whose external data is not loaded."""
+    from google.protobuf.message import DecodeError
+    from onnx.checker import ValidationError
+
     if isinstance(model, (str, os.PathLike)):
-        m = onnx.load(os.fspath(model), load_external_data=True)
+        what = f"'{os.fspath(model)}'"
+        try:
+            m = onnx.load(os.fspath(model), load_external_data=True)
+        except DecodeError as exc:
+            raise ValueError(f"{what} is not an ONNX model: protobuf cannot parse it as an "
+                             f"onnx.ModelProto ({exc})") from None
+        except ValidationError as exc:  # onnx's checks of external data locations
+            raise ValueError(f"{what}: its external data cannot be loaded: {exc}") from None
+        if not m.HasField("graph"):
+            raise ValueError(f"{what} is not an ONNX model: it parses as an onnx.ModelProto "
+                             "that holds no graph")
     elif isinstance(model, bytes):
-        m = onnx.load_from_string(model)
+        try:
+            m = onnx.load_from_string(model)
+        except DecodeError as exc:
+            raise ValueError(f"model: {len(model)} bytes that are not an ONNX model: protobuf "
+                             f"cannot parse them as an onnx.ModelProto ({exc})") from None
     elif isinstance(model, onnx.ModelProto):
         m = onnx.ModelProto()
         m.CopyFrom(model)
@@ -71,8 +93,10 @@ def unlist_initializers(m: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 def sort_nodes(m: onnx.ModelProto) -> None:
     """``m``'s main-graph nodes in topological order (in place); GradientError for a
-    cycle or a tensor that nothing defines."""
+    cycle, or a tensor defined twice in any of its graphs (checked first: sorting would
+    keep one of the two writers)."""
     g = m.graph
+    check_definitions(g)
     if g.node:
         nodes = toposort(list(g.node), {i.name for i in g.input}
                          | {i.name for i in g.initializer})

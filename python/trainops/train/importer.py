@@ -7,7 +7,9 @@ applies it first). The steps but the last are :mod:`trainops.autodiff.importing`
 - initializers also listed as graph inputs (IR < 4 models, the ONNX zoo) are dropped
   from the inputs: they are weights, not data (onnxruntime rejects the training graph's
   second definition of them);
-- nodes in any order are sorted topologically;
+- nodes in any order are sorted topologically; a tensor with two definitions (two
+  nodes writing it, or a node writing a graph input or an initializer) is a
+  GradientError naming the tensor and both definitions;
 - a model older than the gradient rules support (:mod:`trainops.autodiff.coverage`:
   opset 13 forms, 14 for BatchNormalization in training mode, 16 for overlapping MaxPool
   windows) is upgraded with ``onnx.version_converter`` to the lowest opset that satisfies
