@@ -24,16 +24,63 @@ __all__ = ["Adam", "AdamW", "Adagrad", "Momentum", "Optimizer", "SMALL_TENSOR", 
            "check_lr", "check_optimizer", "float_state", "from_dict", "initial_state"]
 
 
+def _is_real(v) -> bool:
+    """A real number: an int, a float, a numpy scalar or 0-d array; not a bool (a flag, not
+    a rate), not a string ('0.1' converts, but is no number: the caller mixed arguments)."""
+    if isinstance(v, (bool, str, bytes)) or type(v).__name__ == "bool_":
+        return False
+    return hasattr(v, "__float__")
+
+
 def check_lr(lr, where: str) -> float:
     """``lr`` as a float: TypeError if it is no real number, ValueError (PyTorch's words,
     "Invalid learning rate: -1") if it is negative, NaN or infinite."""
-    if isinstance(lr, (bool, str, bytes)) or not hasattr(lr, "__float__"):
+    if not _is_real(lr):
         raise TypeError(f"{where}: the learning rate must be a real number, got "
                         f"{type(lr).__name__} {lr!r}")
     if not (math.isfinite(float(lr)) and float(lr) >= 0):
         raise ValueError(f"Invalid learning rate: {lr} ({where}: expected a finite number "
                          ">= 0)")
     return float(lr)
+
+
+# What each hyperparameter may be, checked when an optimizer is made (before anything is
+# built, whatever its state_dtype): name -> (low, high, high excluded). Every float
+# hyperparameter is a real number (TypeError otherwise) and finite; these add ranges.
+# Adam/AdamW's are torch.optim.Adam/AdamW's (0 <= beta < 1, eps >= 0, weight_decay >= 0):
+# out of them the moments or the bias correction divide by zero (beta1 = 1 trained to
+# all-NaN weights with 8-bit state) or the update runs the wrong way.
+UNIT = (0.0, 1.0, True)  # [0, 1)
+NON_NEGATIVE = (0.0, math.inf, False)  # [0, inf)
+
+
+def _check_real(where: str, name: str, v, bounds=None) -> float:
+    """``v`` as a float, checked: TypeError naming ``name`` if it is no real number,
+    ValueError if it is NaN, infinite or outside ``bounds`` (low, high, high excluded)."""
+    if not _is_real(v):
+        raise TypeError(f"{where}: {name} {v!r}: expected a real number, got "
+                        f"{type(v).__name__}")
+    x = float(v)
+    if not math.isfinite(x):
+        raise ValueError(f"{where}: {name} {v!r}: expected a finite number")
+    if bounds is not None:
+        low, high, open_high = bounds
+        if x < low or x > high or (open_high and x == high):
+            rng = f"in [{low:g}, {high:g}{')' if open_high else ']'}" if high < math.inf \
+                else f">= {low:g}"
+            raise ValueError(f"{where}: {name} {v!r}: expected a number {rng}")
+    return x
+
+
+def _check_flag(where: str, name: str, v) -> bool:
+    """``v`` as a bool: True/False (or 1/0, numpy bools); TypeError for anything else."""
+    if isinstance(v, bool) or type(v).__name__ == "bool_":
+        return bool(v)
+    if isinstance(v, int) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, int):
+        raise ValueError(f"{where}: {name} {v!r}: expected True or False")
+    raise TypeError(f"{where}: {name} {v!r}: expected True or False, got {type(v).__name__}")
 
 
 class Optimizer:
@@ -45,10 +92,22 @@ class Optimizer:
     state: tuple[str, ...] = ()  # per-parameter state tensors, in the node's input order
     lr: float
 
+    # hyperparameter -> its range (UNIT, NON_NEGATIVE; None: any finite number), for the
+    # float fields of each optimizer; ``flags``: its boolean fields.
+    ranges: ClassVar[dict] = {}
+    flags: ClassVar[tuple[str, ...]] = ()
+
     def __post_init__(self) -> None:
-        # Dataclass subclasses call this after their __init__: a bad lr fails here (and a
-        # numpy scalar becomes a float, so to_dict() stays JSON).
-        self.lr = check_lr(self.lr, type(self).__name__)
+        # Dataclass subclasses call this after their __init__: a bad lr or hyperparameter
+        # fails here, before anything is built (and a numpy scalar becomes a float, so
+        # to_dict() stays JSON). One check for every state_dtype of an optimizer, so the
+        # 8-bit and bfloat16-state variants refuse what the float32 one refuses.
+        where = type(self).__name__
+        self.lr = check_lr(self.lr, where)
+        for name, bounds in self.ranges.items():
+            setattr(self, name, _check_real(where, name, getattr(self, name), bounds))
+        for name in self.flags:
+            setattr(self, name, _check_flag(where, name, getattr(self, name)))
 
     def attributes(self) -> dict:
         """The node's attributes, by their ONNX names."""
@@ -82,6 +141,10 @@ class Adam(Optimizer):
     norm_coefficient: float = 0.0
     norm_coefficient_post: float = 0.0
     state_dtype: str = "float32"
+    # alpha and beta are torch's beta1 and beta2: [0, 1) (alpha = 1 makes the bias
+    # correction 1 - alpha^T zero); the L2 coefficients are weight decays, >= 0.
+    ranges = {"alpha": UNIT, "beta": UNIT, "epsilon": NON_NEGATIVE,
+              "norm_coefficient": NON_NEGATIVE, "norm_coefficient_post": NON_NEGATIVE}
 
     def __post_init__(self):
         super().__post_init__()
@@ -114,6 +177,7 @@ class Adagrad(Optimizer):
     norm_coefficient: float = 0.0
     op_type = "Adagrad"
     state = ("H",)
+    ranges = {"decay_factor": None, "epsilon": None, "norm_coefficient": None}
 
 
 @dataclass
@@ -130,6 +194,13 @@ class Momentum(Optimizer):
     norm_coefficient: float = 0.0
     op_type = "Momentum"
     state = ("V",)
+    ranges = {"alpha": None, "beta": None, "norm_coefficient": None}
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.mode not in ("standard", "nesterov"):
+            raise ValueError(f"Momentum: mode {self.mode!r}: expected 'standard' or "
+                             "'nesterov'")
 
 
 @dataclass
@@ -154,13 +225,21 @@ class AdamW(Optimizer):
     maximize: bool = False
     state_dtype: str = "float32"
     domain = TRAINOPS_DOMAIN
+    ranges = {"eps": NON_NEGATIVE, "weight_decay": NON_NEGATIVE}
+    flags = ("amsgrad", "maximize")
 
     def __post_init__(self):
         super().__post_init__()
-        betas = tuple(float(b) for b in self.betas)
+        betas = self.betas
+        if isinstance(betas, (str, bytes)) or not hasattr(betas, "__len__") \
+                or not hasattr(betas, "__iter__"):
+            raise TypeError(f"AdamW: betas {betas!r}: expected a pair of numbers "
+                            f"(beta1, beta2), got {type(betas).__name__}")
         if len(betas) != 2:
-            raise ValueError(f"AdamW: betas must be two floats, got {self.betas!r}")
-        self.betas = betas
+            raise ValueError(f"AdamW: betas {betas!r}: expected a pair of numbers "
+                             f"(beta1, beta2), got {len(betas)}")
+        self.betas = tuple(_check_real("AdamW", f"betas[{k}]", b, UNIT)
+                           for k, b in enumerate(betas))
         _check_state_dtype(self)
 
     @property
@@ -205,6 +284,9 @@ _STATE_8BIT = ("M_q", "M_absmax", "V_q", "V_absmax")
 
 def _check_state_dtype(opt) -> None:
     name = type(opt).__name__
+    if not isinstance(opt.state_dtype, str):
+        raise TypeError(f"{name}: state_dtype {opt.state_dtype!r}: expected 'float32', "
+                        f"'int8' or 'bfloat16', got {type(opt.state_dtype).__name__}")
     if opt.state_dtype not in STATE_DTYPES:
         raise ValueError(f"{name}: state_dtype {opt.state_dtype!r}: expected 'float32', "
                          "'int8' or 'bfloat16'")
@@ -264,8 +346,12 @@ def initial_state(opt: Optimizer, value) -> dict:
 def from_dict(d: dict) -> Optimizer:
     """The optimizer :meth:`Optimizer.to_dict` described."""
     d = dict(d)
-    cls = {"Adam": Adam, "AdamW": AdamW, "Adagrad": Adagrad, "Momentum": Momentum}[d.pop("type")]
-    return cls(**d)
+    types = {"Adam": Adam, "AdamW": AdamW, "Adagrad": Adagrad, "Momentum": Momentum}
+    kind = d.pop("type", None)
+    if kind not in types:
+        raise ValueError(f"optim.from_dict: unknown optimizer type {kind!r}; expected one of "
+                         f"{sorted(types)}")
+    return types[kind](**d)
 
 
 from . import schedules  # noqa: E402  (trainops.optim.schedules: learning-rate schedules)

@@ -26,6 +26,7 @@ as PyTorch's schedulers take the optimizer's ``lr`` as their base.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
@@ -33,17 +34,59 @@ __all__ = ["Constant", "Cosine", "Exponential", "Lambda", "LinearWarmup", "OneCy
            "Schedule", "Step", "from_dict", "to_config"]
 
 
+def _is_real(v) -> bool:
+    """A real number (an int, a float, a numpy scalar), not a bool nor a string."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool)
+
+
 def _positive_int(cls, name, v, minimum=1):
-    if isinstance(v, bool) or not isinstance(v, int) or v < minimum:
+    """``v`` as an int: TypeError naming ``cls`` and ``name`` if it is no integer (a
+    float, a string, a bool), ValueError if it is below ``minimum``."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral):
+        raise TypeError(f"{cls}: {name} {v!r}: expected an integer >= {minimum}, got "
+                        f"{type(v).__name__}")
+    if v < minimum:
         raise ValueError(f"{cls}: {name} {v!r}: expected an integer >= {minimum}")
+    return int(v)
 
 
 def _number(cls, name, v, low=None, high=None, open_low=False):
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
-            or (low is not None and (v < low or (open_low and v == low))) \
-            or (high is not None and v > high):
-        rng = f" in {'(' if open_low else '['}{low}, {high}]" if low is not None else ""
+    """``v`` as a float: TypeError naming ``cls`` and ``name`` if it is no real number (a
+    string such as '0.1', a bool, None), ValueError if it is NaN, infinite or outside
+    [low, high] (``open_low``: low excluded)."""
+    if not _is_real(v):
+        raise TypeError(f"{cls}: {name} {v!r}: expected a real number, got "
+                        f"{type(v).__name__}")
+    x = float(v)
+    if not math.isfinite(x) or (low is not None and (x < low or (open_low and x == low))) \
+            or (high is not None and x > high):
+        if low is None:
+            rng = ""
+        elif high is None:
+            rng = f" {'>' if open_low else '>='} {low:g}"
+        else:
+            rng = f" in {'(' if open_low else '['}{low:g}, {high:g}]"
         raise ValueError(f"{cls}: {name} {v!r}: expected a finite number{rng}")
+    return x
+
+
+def _base_lr(schedule) -> None:
+    """``schedule.lr`` checked: None (the optimizer's, given by bind) or a finite number
+    >= 0, stored as a float."""
+    if schedule.lr is not None:
+        schedule.lr = _number(type(schedule).__name__, "lr", schedule.lr, 0.0)
+
+
+def _scaled(lr: float, factor: float, exponent: int) -> float:
+    """``lr * factor ** exponent``, inf where the power exceeds the float range (Python's
+    ``**`` raises OverflowError there); 0 when ``lr`` is 0 (PyTorch multiplies its way
+    there from 0, never computing the power)."""
+    if lr == 0:
+        return 0.0
+    try:
+        return lr * factor ** exponent
+    except OverflowError:
+        return math.inf
 
 
 class Schedule:
@@ -53,15 +96,31 @@ class Schedule:
 
     def bind(self, lr: float) -> "Schedule":
         """This schedule with ``lr`` as its base rate if it has none (else itself)."""
-        return replace(self, lr=float(lr)) if getattr(self, "lr", 0) is None else self
+        return replace(self, lr=lr) if getattr(self, "lr", 0) is None else self
 
     def __call__(self, step: int) -> float:
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise ValueError(f"{type(self).__name__}: step {step!r}: expected an integer >= 0")
+        """The learning rate of the update after ``step`` updates: a finite number, or a
+        ValueError naming the schedule, the step and the value (a growing
+        :class:`Exponential` or :class:`Step` past the float range, a :class:`Lambda`
+        whose function returns a non-finite factor): raised before a Trainer changes
+        anything. (A negative rate, which only a :class:`Lambda` or :class:`OneCycle`'s
+        linear extrapolation at ``total_steps`` can give, as PyTorch's, is returned: the
+        Trainer refuses it.)"""
+        name = type(self).__name__
+        if isinstance(step, bool) or not isinstance(step, numbers.Integral) or step < 0:
+            raise ValueError(f"{name}: step {step!r}: expected an integer >= 0")
         if getattr(self, "lr", 0) is None:
-            raise ValueError(f"{type(self).__name__}: no base learning rate: give lr= or "
+            raise ValueError(f"{name}: no base learning rate: give lr= or "
                              "bind(optimizer.lr) (a Trainer does)")
-        return float(self._lr(step))
+        lr = float(self._lr(int(step)))
+        if not math.isfinite(lr):
+            raise ValueError(f"{name}: the learning rate at step {step} is {lr!r}: expected a "
+                             f"finite number ({self._why()})")
+        return lr
+
+    def _why(self) -> str:
+        """Words on what made the rate what it is, for the error above."""
+        return f"{self!r}"
 
     def _lr(self, step: int) -> float:
         raise NotImplementedError
@@ -81,8 +140,9 @@ class Constant(Schedule):
     total_iters: int = 0
 
     def __post_init__(self):
-        _number("Constant", "factor", self.factor, 0.0, 1.0)
-        _positive_int("Constant", "total_iters", self.total_iters, 0)
+        _base_lr(self)
+        self.factor = _number("Constant", "factor", self.factor, 0.0, 1.0)
+        self.total_iters = _positive_int("Constant", "total_iters", self.total_iters, 0)
 
     def _lr(self, step):
         return self.lr * self.factor if step < self.total_iters else self.lr
@@ -105,9 +165,10 @@ class LinearWarmup(Schedule):
     lr: float | None = None
 
     def __post_init__(self):
-        _positive_int("LinearWarmup", "warmup_steps", self.warmup_steps)
-        _number("LinearWarmup", "start_factor", self.start_factor, 0.0, 1.0)
-        _number("LinearWarmup", "end_factor", self.end_factor, 0.0, 1.0)
+        _base_lr(self)
+        self.warmup_steps = _positive_int("LinearWarmup", "warmup_steps", self.warmup_steps)
+        self.start_factor = _number("LinearWarmup", "start_factor", self.start_factor, 0.0, 1.0)
+        self.end_factor = _number("LinearWarmup", "end_factor", self.end_factor, 0.0, 1.0)
 
     def _lr(self, step):
         return _linear(self.lr, self.start_factor, self.end_factor, self.warmup_steps, step)
@@ -130,13 +191,15 @@ class Cosine(Schedule):
     lr: float | None = None
 
     def __post_init__(self):
-        _positive_int("Cosine", "total_steps", self.total_steps)
-        _positive_int("Cosine", "warmup_steps", self.warmup_steps, 0)
+        _base_lr(self)
+        self.total_steps = _positive_int("Cosine", "total_steps", self.total_steps)
+        self.warmup_steps = _positive_int("Cosine", "warmup_steps", self.warmup_steps, 0)
         if self.warmup_steps >= self.total_steps:
             raise ValueError(f"Cosine: warmup_steps {self.warmup_steps} must be below "
                              f"total_steps {self.total_steps}")
-        _number("Cosine", "floor", self.floor, 0.0)
-        _number("Cosine", "warmup_start_factor", self.warmup_start_factor, 0.0, 1.0)
+        self.floor = _number("Cosine", "floor", self.floor, 0.0)
+        self.warmup_start_factor = _number("Cosine", "warmup_start_factor",
+                                           self.warmup_start_factor, 0.0, 1.0)
 
     def _lr(self, step):
         w = self.warmup_steps
@@ -148,32 +211,44 @@ class Cosine(Schedule):
 
 @dataclass
 class Step(Schedule):
-    """``StepLR(step_size, gamma)``: ``lr * gamma ** (step // step_size)``."""
+    """``StepLR(step_size, gamma)``: ``lr * gamma ** (step // step_size)``. ``gamma`` above 1
+    is allowed, as in PyTorch (the rate grows); the step at which it leaves the float range
+    is a ValueError naming it."""
 
     step_size: int = 1
     gamma: float = 0.1
     lr: float | None = None
 
     def __post_init__(self):
-        _positive_int("Step", "step_size", self.step_size)
-        _number("Step", "gamma", self.gamma, 0.0)
+        _base_lr(self)
+        self.step_size = _positive_int("Step", "step_size", self.step_size)
+        self.gamma = _number("Step", "gamma", self.gamma, 0.0)
 
     def _lr(self, step):
-        return self.lr * self.gamma ** (step // self.step_size)
+        return _scaled(self.lr, self.gamma, step // self.step_size)
+
+    def _why(self):
+        return f"lr {self.lr!r} * gamma {self.gamma!r} ** (step // {self.step_size})"
 
 
 @dataclass
 class Exponential(Schedule):
-    """``ExponentialLR(gamma)``: ``lr * gamma ** step``."""
+    """``ExponentialLR(gamma)``: ``lr * gamma ** step``. ``gamma`` above 1 is allowed, as in
+    PyTorch (the rate grows); the step at which it leaves the float range is a ValueError
+    naming it."""
 
     gamma: float = 0.99
     lr: float | None = None
 
     def __post_init__(self):
-        _number("Exponential", "gamma", self.gamma, 0.0)
+        _base_lr(self)
+        self.gamma = _number("Exponential", "gamma", self.gamma, 0.0)
 
     def _lr(self, step):
-        return self.lr * self.gamma ** step
+        return _scaled(self.lr, self.gamma, step)
+
+    def _why(self):
+        return f"lr {self.lr!r} * gamma {self.gamma!r} ** step"
 
 
 @dataclass
@@ -196,13 +271,18 @@ class OneCycle(Schedule):
     three_phase: bool = False
 
     def __post_init__(self):
-        _number("OneCycle", "max_lr", self.max_lr, 0.0, open_low=True)
-        _positive_int("OneCycle", "total_steps", self.total_steps)
-        _number("OneCycle", "pct_start", self.pct_start, 0.0, 1.0)
-        _number("OneCycle", "div_factor", self.div_factor, 0.0, open_low=True)
-        _number("OneCycle", "final_div_factor", self.final_div_factor, 0.0, open_low=True)
+        self.max_lr = _number("OneCycle", "max_lr", self.max_lr, 0.0, open_low=True)
+        self.total_steps = _positive_int("OneCycle", "total_steps", self.total_steps)
+        self.pct_start = _number("OneCycle", "pct_start", self.pct_start, 0.0, 1.0)
+        self.div_factor = _number("OneCycle", "div_factor", self.div_factor, 0.0,
+                                  open_low=True)
+        self.final_div_factor = _number("OneCycle", "final_div_factor", self.final_div_factor,
+                                        0.0, open_low=True)
         if self.anneal not in ("cos", "linear"):
             raise ValueError(f"OneCycle: anneal {self.anneal!r}: expected 'cos' or 'linear'")
+        if not isinstance(self.three_phase, bool):
+            raise TypeError(f"OneCycle: three_phase {self.three_phase!r}: expected True or "
+                            f"False, got {type(self.three_phase).__name__}")
 
     @property
     def lr(self) -> float:  # the peak; OneCycle ignores the optimizer's rate, as PyTorch's
@@ -240,8 +320,20 @@ class Lambda(Schedule):
     fn: Callable[[int], float] = lambda step: 1.0
     lr: float | None = None
 
+    def __post_init__(self):
+        _base_lr(self)
+        if not callable(self.fn):
+            raise TypeError(f"Lambda: fn {self.fn!r}: expected a callable step -> factor, got "
+                            f"{type(self.fn).__name__}")
+
     def _lr(self, step):
-        return self.lr * float(self.fn(step))
+        factor = self.fn(step)
+        if not _is_real(factor):
+            raise TypeError(f"Lambda: fn({step}) returned {factor!r}: expected a number")
+        return self.lr * float(factor)
+
+    def _why(self):
+        return f"lr {self.lr!r} * fn(step)"
 
     def to_dict(self) -> dict:
         raise TypeError("schedules.Lambda holds a Python function: it cannot be stored")

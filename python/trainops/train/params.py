@@ -28,7 +28,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto
 
-__all__ = ["ELEMENTWISE", "VIEWS", "WEIGHT_INPUTS", "default_params"]
+__all__ = ["ELEMENTWISE", "VIEWS", "WEIGHT_INPUTS", "check_param_names", "default_params"]
 
 FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
 
@@ -104,3 +104,31 @@ def default_params(model: onnx.ModelProto) -> list[str]:
                 weights |= {src for src in srcs
                             if _size(inits[src]) > 1 or is_bias(n, k, src)}
     return [name for name in inits if name in weights]
+
+
+def check_param_names(params, where: str = "Trainer") -> list[str] | None:
+    """``params=`` as given to a Trainer, checked before anything is built: None (the
+    default choice) or a list of distinct initializer names. A bare string is refused
+    (TypeError): ``list('W1')`` would be ``['W', '1']``, so ``params='W'`` either trained
+    by luck or failed naming characters; so is any other non-iterable or an element that
+    is not a string. A name given twice is a ValueError. Whether each name is a float
+    initializer of the model is checked later, against the model."""
+    if params is None:
+        return None
+    if isinstance(params, (str, bytes)):
+        raise TypeError(f"{where}: params {params!r}: expected a list of initializer names "
+                        f"(e.g. params=[{params!r}]), got a {type(params).__name__}")
+    try:
+        names = list(params)
+    except TypeError:
+        raise TypeError(f"{where}: params {params!r}: expected a list of initializer names, "
+                        f"got {type(params).__name__}") from None
+    for n in names:
+        if not isinstance(n, str):
+            raise TypeError(f"{where}: params: {n!r} is no initializer name: expected "
+                            f"strings, got {type(n).__name__}")
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise ValueError(f"{where}: params names {twice} more than once")
+    return names
+
