@@ -215,6 +215,10 @@ def test_growing_schedules_as_torch_then_a_clear_error_past_the_float_range():
         S.Lambda(lambda step: math.inf, lr=1.0)(3)
     assert str(info.value) == ("Lambda: the learning rate at step 3 is inf: expected a finite "
                                "number (lr 1.0 * fn(step))")
+    with pytest.raises(ValueError) as info:  # float(10 ** 400) raises OverflowError
+        S.Lambda(lambda step: 10 ** 400, lr=1.0)(0)
+    assert str(info.value) == ("Lambda: the learning rate at step 0 is inf: expected a finite "
+                               "number (lr 1.0 * fn(step))")
     with pytest.raises(TypeError) as info:
         S.Lambda(lambda step: "x", lr=1.0)(3)
     assert str(info.value) == "Lambda: fn(3) returned 'x': expected a number"

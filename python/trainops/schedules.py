@@ -112,7 +112,10 @@ class Schedule:
         if getattr(self, "lr", 0) is None:
             raise ValueError(f"{name}: no base learning rate: give lr= or "
                              "bind(optimizer.lr) (a Trainer does)")
-        lr = float(self._lr(int(step)))
+        try:
+            lr = float(self._lr(int(step)))
+        except OverflowError:  # a power or an int past the float range (Python raises)
+            lr = math.inf
         if not math.isfinite(lr):
             raise ValueError(f"{name}: the learning rate at step {step} is {lr!r}: expected a "
                              f"finite number ({self._why()})")
