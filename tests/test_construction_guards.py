@@ -72,6 +72,9 @@ ADAM_BAD = [
     (dict(norm_coefficient_post=math.nan), ValueError,
      "Adam: norm_coefficient_post nan: expected a finite number"),
     (dict(alpha=True), TypeError, "Adam: alpha True: expected a real number, got bool"),
+    (dict(beta=np.bool_(False)), TypeError,
+     f"Adam: beta {np.bool_(False)!r}: expected a real number, got "
+     f"{type(np.bool_(False)).__name__}"),
 ]
 
 
@@ -113,6 +116,7 @@ def test_valid_edges_and_numpy_values_are_kept_as_plain_numbers():
         assert [type(v) for v in (opt.eps, opt.betas[0], opt.maximize)] == [float, float, bool]
         assert optim.from_dict(json.loads(json.dumps(opt.to_dict()))) == opt
     assert optim.AdamW(amsgrad=1).amsgrad is True
+    assert optim.AdamW(maximize=np.bool_(True)).maximize is True
     adam = optim.Adam(alpha=0.0, beta=0.0, epsilon=0.0, norm_coefficient=np.float32(0.25))
     assert adam.attributes() == {"alpha": 0.0, "beta": 0.0, "epsilon": 0.0,
                                  "norm_coefficient": 0.25, "norm_coefficient_post": 0.0}

@@ -24,10 +24,16 @@ __all__ = ["Adam", "AdamW", "Adagrad", "Momentum", "Optimizer", "SMALL_TENSOR", 
            "check_lr", "check_optimizer", "float_state", "from_dict", "initial_state"]
 
 
+def _is_bool(v) -> bool:
+    """A Python or numpy bool (numpy's is ``numpy.bool_``, named ``bool`` from numpy 2)."""
+    return isinstance(v, bool) or (type(v).__module__ == "numpy"
+                                   and type(v).__name__ in ("bool", "bool_"))
+
+
 def _is_real(v) -> bool:
     """A real number: an int, a float, a numpy scalar or 0-d array; not a bool (a flag, not
     a rate), not a string ('0.1' converts, but is no number: the caller mixed arguments)."""
-    if isinstance(v, (bool, str, bytes)) or type(v).__name__ == "bool_":
+    if isinstance(v, (str, bytes)) or _is_bool(v):
         return False
     return hasattr(v, "__float__")
 
@@ -74,7 +80,7 @@ def _check_real(where: str, name: str, v, bounds=None) -> float:
 
 def _check_flag(where: str, name: str, v) -> bool:
     """``v`` as a bool: True/False (or 1/0, numpy bools); TypeError for anything else."""
-    if isinstance(v, bool) or type(v).__name__ == "bool_":
+    if _is_bool(v):
         return bool(v)
     if isinstance(v, int) and v in (0, 1):
         return bool(v)
