@@ -11,9 +11,10 @@
   LSTM) that register into the same table when this package is imported.
 """
 
-from .backward import build_backward, infer, toposort
+from .backward import build_backward
 from .expand import expand_gradients
-from .graph import Builder, GradientError
+from .graph import Builder, GradientError, infer
+from .hygiene import toposort
 from .rules import RULES
 # the rules_*.py modules register their rules into RULES
 from . import (rules_elementwise, rules_nn, rules_reduce, rules_resize,  # noqa: F401,E402
