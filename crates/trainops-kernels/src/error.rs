@@ -21,4 +21,19 @@ pub enum KernelError {
         /// The length it must have.
         expected: usize,
     },
+    /// A size computed from dimensions or attributes does not fit in `usize` (or an ONNX
+    /// dimension in `i64`): no tensor can have it.
+    #[error("size overflow: {what}")]
+    Overflow {
+        /// What was being computed, with the operands.
+        what: String,
+    },
+    /// Working memory of this many bytes could not be allocated.
+    #[error("cannot allocate {bytes} bytes for {what}")]
+    Allocation {
+        /// Which buffer.
+        what: &'static str,
+        /// Its size.
+        bytes: u128,
+    },
 }

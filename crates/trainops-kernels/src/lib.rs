@@ -6,6 +6,8 @@
 //! - [`grad`]: backward kernels of standard ops (activations, pooling).
 //! - [`loss_scale`]: mixed precision (loss-scale rule, finiteness, 16-bit copies).
 //! - [`grad`]: backward kernels of the training graph (convolution gradients).
+//! - [`shape`]: overflow-checked shape arithmetic and fallible working memory, used by
+//!   every kernel (and its runtime glue) before it allocates.
 //! - [`simd`] picks the instruction set once; [`parallel`] cuts work into chunks run on a
 //!   caller-supplied [`Parallelism`]; [`stream`]'s [`InOut`] keeps in-place updates from ever
 //!   becoming overlapping references; [`elem`] loads and stores the element types.
@@ -22,6 +24,7 @@ pub mod loss_scale;
 pub mod optim;
 pub mod parallel;
 pub mod random;
+pub mod shape;
 pub mod simd;
 pub mod stream;
 #[cfg(test)]

@@ -61,6 +61,23 @@ pub enum Error {
         /// Which buffers.
         what: String,
     },
+    /// A kernel refused the buffers it was given (a size no tensor can have, lengths that do
+    /// not fit): the checks before it should have said so; the message says what.
+    #[error("{op}: {message}")]
+    Kernel {
+        /// Op name.
+        op: &'static str,
+        /// The kernel's message.
+        message: String,
+    },
+    /// Working memory a kernel needs could not be allocated.
+    #[error("{op}: {message}")]
+    Memory {
+        /// Op name.
+        op: &'static str,
+        /// What could not be allocated, and its size.
+        message: String,
+    },
     /// A call into ONNX Runtime failed.
     #[error("{op}: ONNX Runtime's {call} failed: {message}")]
     Runtime {
@@ -101,8 +118,20 @@ impl Error {
             | Self::Output { .. }
             | Self::Arity { .. }
             | Self::Attribute { .. }
-            | Self::Aliasing { .. } => ORT_INVALID_ARGUMENT,
-            Self::Runtime { .. } | Self::Panic { .. } => ORT_FAIL,
+            | Self::Aliasing { .. }
+            | Self::Kernel { .. } => ORT_INVALID_ARGUMENT,
+            Self::Memory { .. } | Self::Runtime { .. } | Self::Panic { .. } => ORT_FAIL,
+        }
+    }
+}
+
+impl Error {
+    /// A kernel's refusal as the op's error: working memory it could not get is
+    /// [`Error::Memory`], anything else [`Error::Kernel`].
+    pub fn kernel(op: &'static str, e: trainops_kernels::KernelError) -> Self {
+        match e {
+            trainops_kernels::KernelError::Allocation { .. } => Self::Memory { op, message: e.to_string() },
+            _ => Self::Kernel { op, message: e.to_string() },
         }
     }
 }

@@ -43,14 +43,18 @@ pub struct BnShape {
 }
 
 impl BnShape {
-    /// The shape of a tensor with dimensions `dims` (rank >= 2), `None` for rank < 2.
+    /// The shape of a tensor with dimensions `dims` (rank >= 2), `None` for rank < 2 or
+    /// when the element count does not fit in `usize` (no tensor has such a shape; an empty
+    /// one may have huge dimensions beside its zero, and its counts are 0).
     pub fn of(dims: &[usize]) -> Option<Self> {
-        (dims.len() >= 2).then(|| Self { n: dims[0], c: dims[1], s: dims[2..].iter().product() })
+        crate::shape::numel(dims)?;
+        let s = crate::shape::numel(dims.get(2..)?)?;
+        Some(Self { n: dims[0], c: dims[1], s })
     }
 
-    /// Elements of the whole tensor.
+    /// Elements of the whole tensor (0 when a dimension is 0, whatever the others).
     pub fn len(&self) -> usize {
-        self.n * self.c * self.s
+        crate::shape::numel(&[self.n, self.c, self.s]).unwrap_or(0)
     }
 
     /// True when the tensor has no element.
@@ -105,6 +109,13 @@ pub fn batch_norm_train_grad_at(
     par: &dyn Parallelism,
 ) -> Result<(), KernelError> {
     check(dy, x, scale, shape, &out)?;
+    if shape.n == 0 || shape.s == 0 {
+        // No element per channel: dX is empty, and dScale and dBias are empty sums (as the
+        // reference). Nothing else is sized (`n` or `c` may be huge beside the zero).
+        let BnGrads { dscale, dbias, .. } = out;
+        dscale.into_iter().chain(dbias).for_each(|d| d.fill(0.0));
+        return Ok(());
+    }
     let serial;
     let par = if shape.len() < SERIAL_BELOW {
         serial = Sequential;

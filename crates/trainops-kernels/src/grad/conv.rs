@@ -22,6 +22,7 @@ use super::gemm::{matmul, Mat};
 use super::im2col::Windows;
 use crate::error::KernelError;
 use crate::parallel::{for_each_item, Parallelism};
+use crate::shape;
 
 /// A convolution's attributes, resolved (no `auto_pad`): one entry per spatial dimension,
 /// `pads` the beginnings then the ends.
@@ -39,45 +40,112 @@ pub struct ConvGeometry {
     pub group: usize,
 }
 
+/// Why a convolution's attributes or shapes were refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ConvError {
+    /// Attribute `name` is malformed, out of range, or its arithmetic overflows.
+    Attribute {
+        /// The attribute (`kernel_shape`, `strides`, `dilations`, `pads`, `group`).
+        name: &'static str,
+        /// What is wrong, with the values.
+        what: String,
+    },
+    /// The tensor shapes do not fit the attributes (ranks, group, a kernel larger than the
+    /// padded input, a size no tensor can have).
+    Shape(String),
+}
+
+impl core::fmt::Display for ConvError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        match self {
+            Self::Attribute { name, what } => write!(f, "attribute '{name}': {what}"),
+            Self::Shape(what) => f.write_str(what),
+        }
+    }
+}
+
+impl std::error::Error for ConvError {}
+
+/// The largest attribute value or dimension a convolution takes: ONNX's are int64, and the
+/// window arithmetic runs in signed integers.
+const MAX_VALUE: usize = i64::MAX as usize;
+
+fn attribute(name: &'static str, what: String) -> ConvError {
+    ConvError::Attribute { name, what }
+}
+
 impl ConvGeometry {
     /// Checks the lists' lengths against the kernel's rank and that strides, dilations,
-    /// kernel sizes and the group are positive; the message says what is wrong.
-    pub fn check(&self) -> Result<(), String> {
+    /// kernel sizes and the group are positive and every value at most `2^63 - 1`; the error
+    /// names the attribute at fault.
+    pub fn check(&self) -> Result<(), ConvError> {
         let d = self.kernel.len();
         if d == 0 {
-            return Err("kernel_shape must have at least one spatial dimension".into());
+            return Err(attribute("kernel_shape", "must have at least one spatial dimension".into()));
         }
         for (name, list, want) in
             [("strides", &self.strides, d), ("dilations", &self.dilations, d), ("pads", &self.pads, 2 * d)]
         {
             if list.len() != want {
-                return Err(format!("{name} must have {want} values for a {d}-d kernel, got {list:?}"));
+                return Err(attribute(name, format!("must have {want} values for a {d}-d kernel, got {list:?}")));
             }
         }
         for (name, list) in [("kernel_shape", &self.kernel), ("strides", &self.strides), ("dilations", &self.dilations)]
         {
             if list.contains(&0) {
-                return Err(format!("{name} must be positive, got {list:?}"));
+                return Err(attribute(name, format!("must be positive, got {list:?}")));
             }
         }
-        if self.group == 0 {
-            return Err("group must be positive".into());
+        for (name, list) in [
+            ("kernel_shape", &self.kernel),
+            ("strides", &self.strides),
+            ("dilations", &self.dilations),
+            ("pads", &self.pads),
+        ] {
+            if list.iter().any(|&v| v > MAX_VALUE) {
+                return Err(attribute(name, format!("values must be at most 2^63 - 1, got {list:?}")));
+            }
+        }
+        if self.group == 0 || self.group > MAX_VALUE {
+            return Err(attribute("group", format!("must be in [1, 2^63 - 1], got {}", self.group)));
         }
         Ok(())
     }
 
-    /// The output spatial shape over input spatial shape `input`, `None` when the dilated
-    /// kernel does not fit in the padded input (or `input` has the wrong rank).
-    pub fn output_spatial(&self, input: &[usize]) -> Option<Vec<usize>> {
+    /// The output spatial shape over input spatial shape `input` (of the kernel's rank; the
+    /// geometry [checked](Self::check)), every step overflow-checked: the padded input and
+    /// the dilated kernel must fit in `2^63 - 1`, and the dilated kernel in the padded input.
+    pub fn output_spatial(&self, input: &[usize]) -> Result<Vec<usize>, ConvError> {
         let d = self.kernel.len();
         if input.len() != d {
-            return None;
+            return Err(ConvError::Shape(format!(
+                "the input has {} spatial dimensions, the kernel {d} (kernel_shape {:?})",
+                input.len(),
+                self.kernel
+            )));
         }
         (0..d)
             .map(|j| {
-                let padded = input[j] + self.pads[j] + self.pads[j + d];
-                let window = (self.kernel[j] - 1) * self.dilations[j] + 1;
-                padded.checked_sub(window).map(|span| span / self.strides[j] + 1)
+                let (pb, pe) = (self.pads[j], self.pads[j + d]);
+                let padded = input[j].checked_add(pb).and_then(|v| v.checked_add(pe)).filter(|&v| v <= MAX_VALUE);
+                let padded = padded.ok_or_else(|| {
+                    let what =
+                        format!("dimension {j}: the input ({}) padded by {pb} + {pe} exceeds 2^63 - 1", input[j]);
+                    attribute("pads", what)
+                })?;
+                let (k, dil) = (self.kernel[j], self.dilations[j]);
+                let window = (k - 1).checked_mul(dil).filter(|&v| v < MAX_VALUE).ok_or_else(|| {
+                    let what = format!("dimension {j}: the dilated kernel (({k} - 1) * {dil} + 1) exceeds 2^63 - 1");
+                    attribute("dilations", what)
+                })? + 1;
+                let span = padded.checked_sub(window).ok_or_else(|| {
+                    ConvError::Shape(format!(
+                        "the kernel {:?} (dilations {:?}) does not fit the input {input:?} padded by {:?}: \
+                         dimension {j} spans {window} elements, the padded input {padded}",
+                        self.kernel, self.dilations, self.pads
+                    ))
+                })?;
+                Ok(span / self.strides[j] + 1)
             })
             .collect()
     }
@@ -85,83 +153,106 @@ impl ConvGeometry {
 
 /// The tensor shapes of one convolution, checked against its geometry: `X [batch, channels,
 /// input..]`, `W [out_channels, channels / group, kernel..]`, `dY [batch, out_channels,
-/// output..]`.
+/// output..]`. Making one allocates nothing sized by the attributes (the windows' tables are
+/// built by the kernels, once the buffers they must fit have been checked).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConvDims {
     batch: usize,
     channels: usize,
     out_channels: usize,
-    windows: Windows,
-    group: usize,
+    geo: ConvGeometry,
+    input: Vec<usize>,
+    output: Vec<usize>,
+    input_len: usize,
+    output_len: usize,
+    kernel_len: usize,
 }
+
+/// Columns a column matrix may have beyond `output_len` (samples side by side, row padding).
+const SLACK_COLUMNS: usize = TARGET_COLUMNS + ROW_PAD;
 
 impl ConvDims {
     /// The shapes of a convolution of `geo` over `batch` samples of `channels` input
-    /// channels on grid `input`, with `out_channels` filters. The message says what does
-    /// not fit (channel counts not divisible by the group, a kernel larger than the padded
-    /// input, a rank other than the kernel's).
+    /// channels on grid `input`, with `out_channels` filters. The error says what does not
+    /// fit (an attribute, channel counts not divisible by the group, a kernel larger than
+    /// the padded input, a rank other than the kernel's, a size past the address space).
     pub fn new(
         geo: &ConvGeometry,
         batch: usize,
         channels: usize,
         out_channels: usize,
         input: &[usize],
-    ) -> Result<Self, String> {
+    ) -> Result<Self, ConvError> {
         geo.check()?;
-        if input.len() != geo.kernel.len() {
-            return Err(format!(
-                "the input has {} spatial dimensions, the kernel {} (kernel_shape {:?})",
-                input.len(),
-                geo.kernel.len(),
-                geo.kernel
-            ));
-        }
+        let output = geo.output_spatial(input)?;
         if !channels.is_multiple_of(geo.group) || !out_channels.is_multiple_of(geo.group) {
-            return Err(format!(
+            return Err(ConvError::Shape(format!(
                 "group {} must divide the input channels ({channels}) and the output channels ({out_channels})",
                 geo.group
-            ));
+            )));
         }
-        let output = geo.output_spatial(input).ok_or_else(|| {
-            format!(
-                "the kernel {:?} (dilations {:?}) does not fit the input {input:?} padded by {:?}",
-                geo.kernel, geo.dilations, geo.pads
-            )
-        })?;
-        let d = input.len();
-        let windows = Windows::new(input, &output, &geo.kernel, &geo.strides, &geo.dilations, &geo.pads[..d]);
-        Ok(Self { batch, channels, out_channels, windows, group: geo.group })
+        let too_big = |e: KernelError| ConvError::Shape(e.to_string());
+        let kernel_len = shape::product("kernel_shape", &geo.kernel)
+            .map_err(|e| attribute("kernel_shape", format!("{e} (the kernel's element count)")))?;
+        let input_len = shape::count("the input grid", input).map_err(too_big)?;
+        let output_len = shape::product("the output grid", &output).map_err(too_big)?;
+        let dims = Self {
+            batch,
+            channels,
+            out_channels,
+            geo: geo.clone(),
+            input: input.to_vec(),
+            output,
+            input_len,
+            output_len,
+            kernel_len,
+        };
+        // Every tensor's element count, and the column matrix (K rows of at most
+        // output_len + SLACK_COLUMNS), must be sizes.
+        for (what, s) in [("X", dims.x_shape()), ("dY", dims.y_shape()), ("W", dims.w_shape())] {
+            shape::count(what, &s).map_err(too_big)?;
+            shape::to_i64(what, &s).map_err(too_big)?;
+        }
+        let k = shape::mul("the column matrix's rows", dims.cg(), kernel_len).map_err(too_big)?;
+        let cols = shape::add("the column matrix's columns", output_len, SLACK_COLUMNS).map_err(too_big)?;
+        shape::mul("the column matrix", k, cols).map_err(too_big)?;
+        Ok(dims)
     }
 
     /// `X`'s shape.
     pub fn x_shape(&self) -> Vec<usize> {
-        [self.batch, self.channels].into_iter().chain(self.windows.input().iter().copied()).collect()
+        [self.batch, self.channels].into_iter().chain(self.input.iter().copied()).collect()
     }
 
     /// `dY`'s (and `Y`'s) shape.
     pub fn y_shape(&self) -> Vec<usize> {
-        [self.batch, self.out_channels].into_iter().chain(self.windows.output().iter().copied()).collect()
+        [self.batch, self.out_channels].into_iter().chain(self.output.iter().copied()).collect()
     }
 
     /// `W`'s (and `dW`'s) shape.
     pub fn w_shape(&self) -> Vec<usize> {
-        [self.out_channels, self.channels / self.group]
-            .into_iter()
-            .chain(self.windows.kernel().iter().copied())
-            .collect()
+        [self.out_channels, self.channels / self.geo.group].into_iter().chain(self.geo.kernel.iter().copied()).collect()
+    }
+
+    /// The windows of this convolution over one input grid, with their tables (allocated
+    /// fallibly: an error, never an abort, when they cannot be had).
+    pub fn windows(&self) -> Result<Windows, KernelError> {
+        let d = self.input.len();
+        let g = &self.geo;
+        Windows::new(&self.input, &self.output, &g.kernel, &g.strides, &g.dilations, &g.pads[..d])
     }
 
     fn cg(&self) -> usize {
-        self.channels / self.group
+        self.channels / self.geo.group
     }
 
     fn mg(&self) -> usize {
-        self.out_channels / self.group
+        self.out_channels / self.geo.group
     }
 
     /// Rows of one group's column matrix (`C/G * prod(kernel)`).
     fn k(&self) -> usize {
-        self.cg() * self.windows.kernel_len()
+        self.cg() * self.kernel_len
     }
 }
 
@@ -182,7 +273,7 @@ const MAX_BLOCKS: usize = 8;
 /// The column blocks of one group's `dW_g` (a function of the shapes only).
 fn blocks(dims: &ConvDims) -> Vec<Range<usize>> {
     let k = dims.k();
-    let work = dims.batch * dims.mg() * k * dims.windows.output_len();
+    let work = dims.batch.saturating_mul(dims.mg()).saturating_mul(k).saturating_mul(dims.output_len);
     let count = if work < SPLIT_ABOVE { 1 } else { (k / MIN_BLOCK).clamp(1, MAX_BLOCKS) };
     let size = k.div_ceil(count).max(1);
     (0..k).step_by(size).map(|r| r..(r + size).min(k)).collect()
@@ -199,14 +290,14 @@ const ROW_PAD: usize = 16;
 
 /// Samples per column matrix (a function of the shapes only).
 fn samples_per_chunk(dims: &ConvDims) -> usize {
-    TARGET_COLUMNS.div_ceil(dims.windows.output_len().max(1)).clamp(1, dims.batch.max(1))
+    TARGET_COLUMNS.div_ceil(dims.output_len.max(1)).clamp(1, dims.batch.max(1))
 }
 
 /// Group `g` of `dY` for samples `n0 .. n0 + nc` as one `[M/G x nc*P]` matrix, gathered
 /// into `buf` with rows [`ROW_PAD`] apart beyond their length (a view of `dy` itself would
 /// put them `P` apart: 4 KiB for a 32x32 grid, aliasing in the cache).
 fn dy_block<'a>(dims: &ConvDims, dy: &[f32], g: usize, n0: usize, nc: usize, buf: &'a mut Vec<f32>) -> Mat<'a> {
-    let (mg, p, m_all) = (dims.mg(), dims.windows.output_len(), dims.out_channels);
+    let (mg, p, m_all) = (dims.mg(), dims.output_len, dims.out_channels);
     let cols = nc * p;
     let ld = cols + ROW_PAD;
     buf.resize(mg * ld, 0.0);
@@ -219,7 +310,29 @@ fn dy_block<'a>(dims: &ConvDims, dy: &[f32], g: usize, n0: usize, nc: usize, buf
     Mat { data: buf, rows: mg, cols, rs: ld, cs: 1 }
 }
 
+/// The first error of a kernel's tasks (tasks cannot return one).
+struct FirstError(Mutex<Option<KernelError>>);
+
+impl FirstError {
+    fn new() -> Self {
+        Self(Mutex::new(None))
+    }
+
+    fn set(&self, e: KernelError) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+    }
+
+    fn into_result(self) -> Result<(), KernelError> {
+        match self.0.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
 /// `dW` (`W`'s shape) from `x` (`X`) and `dy` (`dY`), all row-major; threads from `par`.
+/// The buffers' lengths are checked first; the windows' tables and the column matrices are
+/// allocated after that, fallibly.
 pub fn weight_grad(
     dims: &ConvDims,
     x: &[f32],
@@ -227,28 +340,43 @@ pub fn weight_grad(
     dw: &mut [f32],
     par: &dyn Parallelism,
 ) -> Result<(), KernelError> {
-    check_len("X", x.len(), dims.x_shape().iter().product())?;
-    check_len("dY", dy.len(), dims.y_shape().iter().product())?;
-    check_len("dW", dw.len(), dims.w_shape().iter().product())?;
+    check_len("X", x.len(), shape::count("X", &dims.x_shape())?)?;
+    check_len("dY", dy.len(), shape::count("dY", &dims.y_shape())?)?;
+    check_len("dW", dw.len(), shape::count("dW", &dims.w_shape())?)?;
+    if dw.is_empty() {
+        return Ok(());
+    }
+    if x.is_empty() || dy.is_empty() {
+        // No samples, or an input grid of no element (every window reads padding).
+        dw.fill(0.0);
+        return Ok(());
+    }
+    let windows = dims.windows()?;
     let (cg, mg, k) = (dims.cg(), dims.mg(), dims.k());
-    let (p, il) = (dims.windows.output_len(), dims.windows.input_len());
+    let (p, il) = (dims.output_len, dims.input_len);
     let chunk = samples_per_chunk(dims);
     let ranges = blocks(dims);
     let tasks: Vec<(usize, Range<usize>)> =
-        (0..dims.group).flat_map(|g| ranges.iter().map(move |r| (g, r.clone()))).collect();
+        (0..dims.geo.group).flat_map(|g| ranges.iter().map(move |r| (g, r.clone()))).collect();
     let results: Vec<Mutex<Vec<f32>>> = tasks.iter().map(|_| Mutex::new(Vec::new())).collect();
+    let failed = FirstError::new();
     let run = |t: usize| {
         let (g, rows) = &tasks[t];
         let nb = rows.len();
         // dW_g^T (`[nb x M/G]`, row-major) = cols * dY_g^T: the column matrix as the left
         // operand (its rows contiguous along the reduction) runs the GEMM at 2-3x the speed
         // of dY_g * cols^T for few output channels (16 x 1024 x 144: 32 -> 88 GFLOP/s).
-        let mut acc = vec![0f32; nb * mg];
-        let mut col = vec![0f32; nb * (chunk.min(dims.batch) * p + ROW_PAD)];
+        let buffers = shape::zeroed::<f32>("ConvWeightGrad's dW block", nb * mg).and_then(|acc| {
+            Ok((acc, shape::zeroed::<f32>("ConvWeightGrad's column matrix", nb * (chunk * p + ROW_PAD))?))
+        });
+        let (mut acc, mut col) = match buffers {
+            Ok(b) => b,
+            Err(e) => return failed.set(e),
+        };
         let mut buf = Vec::new();
         let mut xp = Vec::new();
         // The channels these rows read (row r is channel r / kernel_len of the group).
-        let kl = dims.windows.kernel_len();
+        let kl = dims.kernel_len;
         let (c0, c1) = (rows.start / kl, rows.end.div_ceil(kl));
         for n0 in (0..dims.batch).step_by(chunk) {
             let nc = chunk.min(dims.batch - n0);
@@ -257,9 +385,11 @@ pub fn weight_grad(
             xp.clear();
             for s in 0..nc {
                 let start = ((n0 + s) * dims.channels + g * cg + c0) * il;
-                dims.windows.pad_into(&x[start..start + (c1 - c0) * il], &mut xp);
+                if let Err(e) = windows.pad_into(&x[start..start + (c1 - c0) * il], &mut xp) {
+                    return failed.set(e);
+                }
             }
-            dims.windows.im2col_padded(&xp, nc, c0, rows.clone(), &mut col, ld);
+            windows.im2col(&xp, nc, c0, rows.clone(), &mut col, ld);
             let a = dy_block(dims, dy, *g, n0, nc, &mut buf);
             let c = Mat { data: &col[..nb * ld], rows: nb, cols, rs: ld, cs: 1 };
             let dy_t = Mat { data: a.data, rows: cols, cols: mg, rs: a.cs, cs: a.rs };
@@ -272,6 +402,7 @@ pub fn weight_grad(
     } else {
         par.run(tasks.len(), &run);
     }
+    failed.into_result()?;
     for ((g, rows), block) in tasks.iter().zip(results) {
         let block = block.into_inner().unwrap_or_else(|e| e.into_inner());
         let nb = rows.len();
@@ -286,6 +417,8 @@ pub fn weight_grad(
 }
 
 /// `dX` (`X`'s shape) from `dy` (`dY`) and `w` (`W`), all row-major; threads from `par`.
+/// The buffers' lengths are checked first; the windows' tables and the column matrices are
+/// allocated after that, fallibly.
 pub fn input_grad(
     dims: &ConvDims,
     dy: &[f32],
@@ -293,35 +426,44 @@ pub fn input_grad(
     dx: &mut [f32],
     par: &dyn Parallelism,
 ) -> Result<(), KernelError> {
-    check_len("dY", dy.len(), dims.y_shape().iter().product())?;
-    check_len("W", w.len(), dims.w_shape().iter().product())?;
-    check_len("dX", dx.len(), dims.x_shape().iter().product())?;
-    let (cg, mg, k) = (dims.cg(), dims.mg(), dims.k());
-    let (p, il) = (dims.windows.output_len(), dims.windows.input_len());
-    let sample = dims.channels * il;
-    if sample == 0 {
+    check_len("dY", dy.len(), shape::count("dY", &dims.y_shape())?)?;
+    check_len("W", w.len(), shape::count("W", &dims.w_shape())?)?;
+    check_len("dX", dx.len(), shape::count("dX", &dims.x_shape())?)?;
+    if dx.is_empty() {
         return Ok(());
     }
+    if dy.is_empty() || w.is_empty() {
+        dx.fill(0.0);
+        return Ok(());
+    }
+    let windows = dims.windows()?;
+    let (cg, mg, k) = (dims.cg(), dims.mg(), dims.k());
+    let (p, il) = (dims.output_len, dims.input_len);
+    let sample = dims.channels * il;
     let chunk = samples_per_chunk(dims);
+    let failed = FirstError::new();
     // One item per chunk of samples: their dX, contiguous.
     let items: Vec<(usize, &mut [f32])> = dx.chunks_mut(chunk * sample).enumerate().collect();
     for_each_item(par, items, |(item, dxc)| {
         let (n0, nc) = (item * chunk, dxc.len() / sample);
         let cols = nc * p;
         dxc.fill(0.0);
-        let mut col = vec![0f32; k * cols];
+        let mut col = match shape::zeroed::<f32>("ConvInputGrad's column matrix", k * cols) {
+            Ok(col) => col,
+            Err(e) => return failed.set(e),
+        };
         let mut buf = Vec::new();
-        for g in 0..dims.group {
+        for g in 0..dims.geo.group {
             let a = Mat { data: &w[g * mg * k..(g + 1) * mg * k], rows: k, cols: mg, rs: 1, cs: k };
             let b = dy_block(dims, dy, g, n0, nc, &mut buf);
             matmul(a, b, &mut col, cols, false);
             for s in 0..nc {
                 let start = s * sample + g * cg * il;
-                dims.windows.col2im_add(&col, cols, s * p, &mut dxc[start..start + cg * il]);
+                windows.col2im_add(&col, cols, s * p, &mut dxc[start..start + cg * il]);
             }
         }
     });
-    Ok(())
+    failed.into_result()
 }
 
 /// The specification as written: the six loops of the convolution's adjoint, in float64.
@@ -333,7 +475,7 @@ pub mod reference {
     /// `(flat X index, flat W index, flat Y index)` of every term `W * X -> Y` of the
     /// convolution, padding excluded.
     fn terms(dims: &ConvDims, mut f: impl FnMut(usize, usize, usize)) {
-        let win = &dims.windows;
+        let win = dims.windows().expect("test shapes are small");
         let d = win.input().len();
         let (cg, mg) = (dims.cg(), dims.mg());
         let (p, il, kl) = (win.output_len(), win.input_len(), win.kernel_len());

@@ -66,14 +66,20 @@ fn cases() -> Vec<Case> {
         case("large grid stride 2", (1, 3, 2), &[41, 37], &[3, 2], &[2, 2], &[1, 2], &[2, 0, 1, 1], 1),
         case("1-d long", (2, 2, 3), &[300], &[5], &[1], &[2], &[3, 1], 1),
         case("3-d large", (1, 2, 2), &[8, 7, 9], &[3, 3, 3], &[1, 1, 1], &[1, 1, 1], &[1, 1, 1, 1, 1, 1], 1),
+        // Pads far beyond the input (strides keep the output small): im2col reads the input
+        // along the runs instead of a padded copy of 10^8 elements per channel.
+        case("huge pads", (2, 3, 2), &[5, 5], &[3, 2], &[4000, 3000], &[1, 2], &[5000, 4000, 5000, 4000], 1),
+        case("huge dilation", (2, 2, 3), &[7, 6], &[2, 3], &[1, 2], &[3000, 2], &[3000, 1, 0, 1], 1),
+        case("1-d huge pads", (3, 2, 2), &[9], &[3], &[7000], &[1], &[7000, 7000], 2),
     ]
 }
 
 /// Both paths of col2im are exercised: the gather table (small grids) and the runs.
 #[test]
 fn cases_cover_both_lowerings() {
-    let lowered =
-        |c: &Case| ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input).unwrap().windows.gathers();
+    let lowered = |c: &Case| {
+        ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input).unwrap().windows().unwrap().gathers()
+    };
     let all = cases();
     assert!(all.iter().any(lowered), "no case is lowered through the gather table");
     assert!(all.iter().filter(|c| !lowered(c)).count() >= 4, "too few cases on the runs path");
@@ -107,8 +113,8 @@ fn fast_matches_reference() {
         let w = random(wl, 3 * seed as u64 + 3);
         let (want_dw, mag_dw) = reference::weight_grad(&dims, &x, &dy);
         let (want_dx, mag_dx) = reference::input_grad(&dims, &dy, &w);
-        let dw_terms = c.batch * dims.windows.output_len();
-        let dx_terms = dims.mg() * dims.windows.kernel_len();
+        let dw_terms = c.batch * dims.output_len;
+        let dx_terms = dims.mg() * dims.kernel_len;
 
         let mut dw = vec![f32::NAN; wl];
         weight_grad(&dims, &x, &dy, &mut dw, &Sequential).unwrap();
@@ -124,6 +130,16 @@ fn fast_matches_reference() {
         let mut dx_t = vec![f32::NAN; xl];
         input_grad(&dims, &dy, &w, &mut dx_t, &RayonPool(Some(&pool))).unwrap();
         assert!(dx.iter().zip(&dx_t).all(|(a, b)| a.to_bits() == b.to_bits()), "{}: dX threaded", c.name);
+    }
+}
+
+/// The cases with pads far beyond the input really skip the padded copy (else the runs
+/// path of im2col goes untested), and the ordinary ones keep it.
+#[test]
+fn huge_padding_reads_the_input_along_the_runs() {
+    for c in cases() {
+        let w = ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input).unwrap().windows().unwrap();
+        assert_eq!(!w.pads_a_copy(), c.name.contains("huge"), "{}", c.name);
     }
 }
 
@@ -192,21 +208,94 @@ fn bad_shapes_are_refused() {
         pads,
         group,
     };
-    let e = ConvDims::new(&geo(vec![0; 4], 2), 1, 3, 4, &[5, 5]).unwrap_err();
+    let msg = |e: ConvError| e.to_string();
+    let e = msg(ConvDims::new(&geo(vec![0; 4], 2), 1, 3, 4, &[5, 5]).unwrap_err());
     assert!(e.contains("group 2 must divide"), "{e}");
-    let e = ConvDims::new(&geo(vec![0; 4], 1), 1, 3, 4, &[2, 5]).unwrap_err();
+    let e = msg(ConvDims::new(&geo(vec![0; 4], 1), 1, 3, 4, &[2, 5]).unwrap_err());
     assert!(e.contains("does not fit"), "{e}");
     let e = ConvDims::new(&geo(vec![0; 3], 1), 1, 3, 4, &[5, 5]).unwrap_err();
-    assert!(e.contains("pads must have 4 values"), "{e}");
-    let e = ConvDims::new(&geo(vec![0; 4], 1), 1, 3, 4, &[5]).unwrap_err();
+    assert!(matches!(&e, ConvError::Attribute { name: "pads", what } if what.contains("must have 4 values")), "{e}");
+    let e = msg(ConvDims::new(&geo(vec![0; 4], 1), 1, 3, 4, &[5]).unwrap_err());
     assert!(e.contains("1 spatial dimensions"), "{e}");
     let mut g = geo(vec![0; 4], 1);
     g.strides = vec![1, 0];
-    assert!(ConvDims::new(&g, 1, 3, 4, &[5, 5]).unwrap_err().contains("strides must be positive"));
+    let e = ConvDims::new(&g, 1, 3, 4, &[5, 5]).unwrap_err();
+    assert_eq!(e, ConvError::Attribute { name: "strides", what: "must be positive, got [1, 0]".into() });
     // Buffers of the wrong length.
     let dims = ConvDims::new(&geo(vec![1; 4], 1), 1, 1, 1, &[3, 3]).unwrap();
     let err = weight_grad(&dims, &[0.0; 8], &[0.0; 9], &mut [0.0; 9], &Sequential).unwrap_err();
     assert_eq!(err, KernelError::LengthMismatch { what: "X", got: 8, expected: 9 });
     let err = input_grad(&dims, &[0.0; 9], &[0.0; 9], &mut [0.0; 10], &Sequential).unwrap_err();
     assert_eq!(err, KernelError::LengthMismatch { what: "dX", got: 10, expected: 9 });
+}
+
+/// Attributes whose arithmetic overflows are refused by name before anything is sized by
+/// them; the ones the issue found (pads and dilations of 2^62) among them.
+#[test]
+fn attribute_overflow_is_refused_by_name() {
+    const BIG: usize = 1 << 62;
+    let geo =
+        |kernel: Vec<usize>, strides, dilations, pads| ConvGeometry { kernel, strides, dilations, pads, group: 1 };
+    // pads [2^62, 0, 2^62, 0] on a 5x5 input: the output would have 2^63 + 3 rows.
+    let g = geo(vec![3, 3], vec![1, 1], vec![1, 1], vec![BIG, 0, BIG, 0]);
+    let e = ConvDims::new(&g, 2, 3, 4, &[5, 5]).unwrap_err();
+    assert_eq!(
+        e,
+        ConvError::Attribute {
+            name: "pads",
+            what: format!("dimension 0: the input (5) padded by {BIG} + {BIG} exceeds 2^63 - 1"),
+        }
+    );
+    // dilations [2^62, 1], kernel [5, 3]: (5 - 1) * 2^62 overflows.
+    let g = geo(vec![5, 3], vec![1, 1], vec![BIG, 1], vec![0; 4]);
+    let e = ConvDims::new(&g, 2, 3, 4, &[5, 5]).unwrap_err();
+    assert_eq!(
+        e,
+        ConvError::Attribute {
+            name: "dilations",
+            what: format!("dimension 0: the dilated kernel ((5 - 1) * {BIG} + 1) exceeds 2^63 - 1"),
+        }
+    );
+    // Values past int64.
+    let g = geo(vec![3], vec![usize::MAX], vec![1], vec![0, 0]);
+    let e = ConvDims::new(&g, 1, 1, 1, &[5]).unwrap_err();
+    assert!(matches!(e, ConvError::Attribute { name: "strides", .. }), "{e}");
+    // Padding the output can take (huge strides keep it at one window), but whose padded
+    // grid no memory holds: a result, through the runs (all zeros but the one window).
+    let g = geo(vec![3, 3], vec![BIG, BIG], vec![1, 1], vec![BIG - 10, 0, 0, 0]);
+    let dims = ConvDims::new(&g, 1, 1, 1, &[5, 5]).unwrap();
+    assert_eq!(dims.y_shape(), vec![1, 1, 1, 1]);
+    let (x, dy) = (random(25, 1), [2.0f32]);
+    let mut dw = [f32::NAN; 9];
+    weight_grad(&dims, &x, &dy, &mut dw, &Sequential).unwrap();
+    assert!(dw.iter().all(|&v| v == 0.0), "{dw:?}");
+    // A kernel whose element count overflows.
+    let g = geo(vec![1 << 32, 1 << 32], vec![1, 1], vec![1, 1], vec![1 << 32, 1 << 32, 0, 0]);
+    let e = ConvDims::new(&g, 1, 1, 1, &[1, 1]).unwrap_err();
+    assert!(matches!(e, ConvError::Attribute { name: "kernel_shape", .. }), "{e}");
+}
+
+/// Empty tensors (no samples, no channels, an input grid of no element) give zeros or
+/// nothing, whatever the other dimensions, without building the windows.
+#[test]
+fn empty_tensors_need_no_windows() {
+    let g = ConvGeometry {
+        kernel: vec![3, 3],
+        strides: vec![1, 1],
+        dilations: vec![1, 1],
+        pads: vec![2, 1, 2, 1],
+        group: 1,
+    };
+    // An input grid of no element: every window reads padding, so dW = 0.
+    let dims = ConvDims::new(&g, 2, 2, 3, &[0, 4]).unwrap();
+    assert_eq!(dims.y_shape(), vec![2, 3, 2, 4]);
+    let mut dw = vec![f32::NAN; 3 * 2 * 9];
+    weight_grad(&dims, &[], &random(48, 2), &mut dw, &Sequential).unwrap();
+    assert!(dw.iter().all(|&v| v == 0.0));
+    let dims = ConvDims::new(&g, 0, 2, 3, &[5, 5]).unwrap();
+    let mut dw = vec![f32::NAN; 3 * 2 * 9];
+    weight_grad(&dims, &[], &[], &mut dw, &Sequential).unwrap();
+    assert!(dw.iter().all(|&v| v == 0.0));
+    let mut dx = vec![];
+    input_grad(&dims, &[], &vec![0.0; 54], &mut dx, &Sequential).unwrap();
 }

@@ -7,7 +7,13 @@
 //!
 //! im2col reads a padded copy of the sample's channels ([`Windows::pad_into`]), so every run
 //! of the matrix is a plain (strided) copy with no test for the padding; col2im adds back
-//! along the runs (or, for small grids, a gather table), skipping the padding.
+//! along the runs (or, for small grids, a gather table), skipping the padding. Where the
+//! padded grid would be much larger than the input (pads, strides or dilations far beyond
+//! the input's size), im2col reads the input itself along the runs instead: the padded copy
+//! is never sized by the attributes alone.
+
+use crate::shape;
+use crate::KernelError;
 
 /// The windows of one convolution over one input grid (all lists per spatial dimension),
 /// with the runs of every kernel position worked out once.
@@ -22,9 +28,12 @@ pub struct Windows {
     /// `outer` runs per kernel position (see [`Windows::runs`]), kernel position 0 first.
     table: Vec<Run>,
     /// For a small output grid (at most [`GATHER_MAX`] positions, rows of at most
-    /// [`GATHER_ROW_MAX`]): per kernel position and output position, the input element read
-    /// ([`PADDING`] in the padding), kernel position 0 first; empty otherwise.
+    /// [`GATHER_ROW_MAX`]): per kernel position and output position, the input element
+    /// read ([`PADDING`] in the padding), kernel position 0 first; empty otherwise.
     gather: Vec<u32>,
+    /// Whether im2col goes through a padded copy of the input (see [`PADDED_MAX`]); the
+    /// three fields below are empty when it does not.
+    padded_copy: bool,
     /// The input grid with its padding made real (see [`Windows::pad_into`]): its sizes.
     padded: Vec<usize>,
     /// Per kernel position and outer output position (all dimensions but the last), the
@@ -56,11 +65,19 @@ const GATHER_MAX: usize = 256;
 const GATHER_ROW_MAX: usize = 4;
 /// A gather table entry in the padding.
 const PADDING: u32 = u32::MAX;
+/// im2col copies the input into a padded grid when that grid has at most this many times
+/// the input's elements plus [`PADDED_SLACK`] (every ordinary convolution: a 4x4 grid padded
+/// by 1 has 36 for 16); beyond, it reads the input along the runs, so that pads, strides or
+/// dilations far beyond the input never size a buffer.
+const PADDED_MAX: usize = 4;
+/// See [`PADDED_MAX`]: small grids (1x1 padded by 3) keep the padded copy.
+const PADDED_SLACK: usize = 4096;
 
 impl Windows {
     /// The windows of a kernel `kernel` with `strides`, `dilations` and `pads_begin` from grid
     /// `input` to grid `output` (each list of one length, at least 1, the caller's shapes
-    /// consistent: `ConvDims::new` builds it).
+    /// consistent and their arithmetic checked: `ConvDims::windows` builds it). The tables are
+    /// allocated fallibly.
     pub fn new(
         input: &[usize],
         output: &[usize],
@@ -68,7 +85,7 @@ impl Windows {
         strides: &[usize],
         dilations: &[usize],
         pads_begin: &[usize],
-    ) -> Self {
+    ) -> Result<Self, KernelError> {
         let mut w = Self {
             input: input.to_vec(),
             output: output.to_vec(),
@@ -78,26 +95,50 @@ impl Windows {
             pads_begin: pads_begin.to_vec(),
             table: Vec::new(),
             gather: Vec::new(),
+            padded_copy: false,
             padded: Vec::new(),
             starts: Vec::new(),
             pad_rows: Vec::new(),
         };
-        w.padded = (0..w.input.len())
+        let (kl, p, il) = (w.kernel_len(), w.output_len(), w.input_len());
+        let out_l = w.output.last().copied().unwrap_or(1).max(1);
+        let runs = shape::mul("the windows' runs", kl, p / out_l)?;
+        // The padded grid: wide enough for every window (padding past the input's end
+        // included), and for the input itself.
+        let padded: Option<Vec<usize>> = (0..w.input.len())
             .map(|a| {
-                let reach = w.output[a].saturating_sub(1) * w.strides[a] + (w.kernel[a] - 1) * w.dilations[a] + 1;
-                (w.pads_begin[a] + w.input[a]).max(reach)
+                let reach = w.output[a]
+                    .saturating_sub(1)
+                    .checked_mul(w.strides[a])?
+                    .checked_add((w.kernel[a] - 1).checked_mul(w.dilations[a])?)?
+                    .checked_add(1)?;
+                Some(w.pads_begin[a].checked_add(w.input[a])?.max(reach))
             })
             .collect();
-        w.starts = (0..w.kernel_len()).flat_map(|kk| w.padded_starts(kk)).collect();
-        w.pad_rows = w.padded_rows();
-        let mut table = Vec::new();
-        for kk in 0..w.kernel_len() {
+        let padded_len = padded.as_deref().and_then(shape::numel);
+        let bound = il.saturating_mul(PADDED_MAX).saturating_add(PADDED_SLACK);
+        if let (Some(padded), Some(len)) = (padded, padded_len) {
+            if len <= bound {
+                w.padded_copy = true;
+                w.padded = padded;
+                w.starts.try_reserve_exact(runs).map_err(|_| alloc::<usize>("the windows' run starts", runs))?;
+                for kk in 0..kl {
+                    w.padded_starts(kk);
+                }
+                w.pad_rows = w.padded_rows();
+            }
+        }
+        w.table.try_reserve_exact(runs).map_err(|_| alloc::<Run>("the windows' runs", runs))?;
+        let mut table = core::mem::take(&mut w.table);
+        for kk in 0..kl {
             w.runs(kk, |p0, src0, lo, hi| table.push(Run { p0, src0, lo, hi }));
         }
         w.table = table;
         let row = w.output.last().copied().unwrap_or(0);
-        let small = w.output_len() <= GATHER_MAX && row <= GATHER_ROW_MAX && w.input_len() < PADDING as usize;
+        let small = p <= GATHER_MAX && row <= GATHER_ROW_MAX && il < PADDING as usize;
         if small {
+            let entries = shape::mul("the windows' gather table", kl, p)?;
+            w.gather.try_reserve_exact(entries).map_err(|_| alloc::<u32>("the windows' gather table", entries))?;
             let (out_l, s) = (w.output[w.output.len() - 1], w.strides[w.strides.len() - 1]);
             for run in &w.table {
                 w.gather.extend((0..out_l).map(|j| match run.src0 {
@@ -106,7 +147,7 @@ impl Windows {
                 }));
             }
         }
-        w
+        Ok(w)
     }
 
     /// Input spatial shape.
@@ -176,13 +217,17 @@ impl Windows {
         let d = self.input.len();
         let last = d - 1;
         let k = coords(kk, &self.kernel);
-        let off = |j: usize| (k[j] * self.dilations[j]) as isize - self.pads_begin[j] as isize;
+        // In i128: pads, strides and dilations up to 2^63 - 1 cannot overflow it, and
+        // `ConvDims` has checked that every position a window reaches fits in i64.
+        let off = |j: usize| (k[j] as i128) * (self.dilations[j] as i128) - self.pads_begin[j] as i128;
         // Innermost dimension: o * s + off in [0, in) <=> lo <= o < hi.
         let (s, off_l, in_l, out_l) =
-            (self.strides[last] as isize, off(last), self.input[last] as isize, self.output[last]);
-        let lo = if off_l >= 0 { 0 } else { (-off_l + s - 1) / s } as usize;
-        let hi = if in_l - off_l <= 0 { 0 } else { ((in_l - off_l + s - 1) / s) as usize };
-        let (lo, hi) = (lo.min(out_l), hi.min(out_l));
+            (self.strides[last] as i128, off(last), self.input[last] as i128, self.output[last]);
+        let ceil_div = |a: i128, b: i128| (a + b - 1) / b;
+        let lo = if off_l >= 0 { 0 } else { ceil_div(-off_l, s) };
+        let hi = if in_l - off_l <= 0 { 0 } else { ceil_div(in_l - off_l, s) };
+        let clamp = |v: i128| usize::try_from(v.min(out_l as i128)).unwrap_or(0);
+        let (lo, hi) = (clamp(lo), clamp(hi));
         let (lo, hi) = if lo < hi { (lo, hi) } else { (0, 0) };
         // Input strides of the outer dimensions.
         let mut in_stride = vec![1usize; d];
@@ -194,11 +239,14 @@ impl Windows {
             let mut src = off_l;
             let mut inside = true;
             for j in 0..last {
-                let i = (o[j] * self.strides[j]) as isize + off(j);
-                inside &= i >= 0 && i < self.input[j] as isize;
-                src += i * in_stride[j] as isize;
+                let i = (o[j] as i128) * (self.strides[j] as i128) + off(j);
+                inside &= i >= 0 && i < self.input[j] as i128;
+                if !inside {
+                    break;
+                }
+                src += i * in_stride[j] as i128;
             }
-            f(run * out_l, inside.then_some(src), lo, hi);
+            f(run * out_l, if inside { isize::try_from(src).ok() } else { None }, lo, hi);
             run += 1;
         });
     }
@@ -218,33 +266,41 @@ impl Windows {
         st
     }
 
-    /// The padded grid's start of every run of kernel position `kk` (outer output positions
-    /// in row-major order): `sum_a (o_a * strides_a + k_a * dilations_a) * pstride_a`, the
-    /// last dimension's `o` being 0. Never negative: the padded grid starts `pads_begin`
-    /// before the input.
-    fn padded_starts(&self, kk: usize) -> Vec<usize> {
+    /// Appends to `starts` the padded grid's start of every run of kernel position `kk`
+    /// (outer output positions in row-major order): `sum_a (o_a * strides_a + k_a *
+    /// dilations_a) * pstride_a`, the last dimension's `o` being 0. Never negative: the
+    /// padded grid starts `pads_begin` before the input. Only for the padded copy, whose
+    /// grid is small (every position in it fits).
+    fn padded_starts(&mut self, kk: usize) {
         let d = self.input.len();
         let last = d - 1;
         let st = self.padded_strides();
         let k = coords(kk, &self.kernel);
         let k_off: usize = (0..d).map(|j| k[j] * self.dilations[j] * st[j]).sum();
-        let mut out = Vec::new();
+        let mut starts = core::mem::take(&mut self.starts);
         for_each_coord(&self.output[..last], |o| {
-            out.push(k_off + (0..last).map(|j| o[j] * self.strides[j] * st[j]).sum::<usize>());
+            starts.push(k_off + (0..last).map(|j| o[j] * self.strides[j] * st[j]).sum::<usize>());
         });
-        out
+        self.starts = starts;
     }
 
-    /// Appends channels `x` (`channels x input_len()` elements) to `xp` as padded grids
-    /// (`channels x padded_len()`): zeros around, the input `pads_begin` in. The column
-    /// matrix then reads every element from `xp` with no test for the padding.
-    pub fn pad_into(&self, x: &[f32], xp: &mut Vec<f32>) {
+    /// Appends channels `x` (`channels x input_len()` elements) to `xp` as im2col reads
+    /// them: as padded grids (`channels x padded_len()`: zeros around, the input
+    /// `pads_begin` in), so that the column matrix reads every element with no test for the
+    /// padding; or, where the padded grid would be too large, as they are. The memory is
+    /// reserved fallibly.
+    pub fn pad_into(&self, x: &[f32], xp: &mut Vec<f32>) -> Result<(), KernelError> {
+        if !self.padded_copy {
+            xp.try_reserve(x.len()).map_err(|_| alloc::<f32>("the input's channels", x.len()))?;
+            xp.extend_from_slice(x);
+            return Ok(());
+        }
         let (il, pl) = (self.input_len(), self.padded_len());
         let channels = x.len().checked_div(il).unwrap_or(0);
         let at0 = xp.len();
-        xp.resize(at0 + channels * pl, 0.0);
+        shape::resize(xp, at0 + channels * pl, "the padded input")?;
         if il == 0 {
-            return;
+            return Ok(());
         }
         let row = self.input[self.input.len() - 1];
         for (xc, xpc) in x.chunks_exact(il).zip(xp[at0..].chunks_exact_mut(pl)) {
@@ -252,6 +308,7 @@ impl Windows {
                 copy_short(&mut xpc[at..at + row], src);
             }
         }
+        Ok(())
     }
 
     /// The padded grid's element where each input row starts (the `pad_rows` table).
@@ -265,6 +322,72 @@ impl Windows {
             starts.push(inner + self.pads_begin[last]);
         });
         starts
+    }
+
+    /// Writes rows `rows` of the column matrices of `samples` samples side by side into
+    /// `col` (row `rows.start + i` of sample `n` at `col[i * ld + n * output_len()..]`),
+    /// from `xp` as [`Windows::pad_into`] made it (each sample's channels from `c0` on):
+    /// [`Windows::im2col_padded`] or, without the padded copy, along the runs.
+    pub fn im2col(
+        &self,
+        xp: &[f32],
+        samples: usize,
+        c0: usize,
+        rows: core::ops::Range<usize>,
+        col: &mut [f32],
+        ld: usize,
+    ) {
+        if self.padded_copy {
+            self.im2col_padded(xp, samples, c0, rows, col, ld);
+        } else {
+            self.im2col_runs(xp, samples, c0, rows, col, ld);
+        }
+    }
+
+    /// [`Windows::im2col`] from the input's channels as they are (`xp`: each sample's
+    /// channels from `c0` on, `input_len()` elements each), run by run: zeros in the
+    /// padding, a strided copy in between.
+    fn im2col_runs(
+        &self,
+        xp: &[f32],
+        samples: usize,
+        c0: usize,
+        rows: core::ops::Range<usize>,
+        col: &mut [f32],
+        ld: usize,
+    ) {
+        let (kl, p, il) = (self.kernel_len(), self.output_len(), self.input_len());
+        let out_l = self.output[self.output.len() - 1];
+        let s = self.strides[self.strides.len() - 1];
+        if p == 0 || samples == 0 {
+            return;
+        }
+        let per_sample = xp.len() / samples;
+        for (i, r) in rows.enumerate() {
+            let (c, kk) = (r / kl - c0, r % kl);
+            let dst_row = &mut col[i * ld..i * ld + samples * p];
+            if il == 0 {
+                dst_row.fill(0.0);
+                continue;
+            }
+            for (dst, xs) in dst_row.chunks_exact_mut(p).zip(xp.chunks_exact(per_sample)) {
+                let xc = &xs[c * il..(c + 1) * il];
+                for &Run { p0, src0, lo, hi } in self.table_runs(kk) {
+                    let run = &mut dst[p0..p0 + out_l];
+                    match src0 {
+                        Some(src0) if hi > lo => {
+                            run[..lo].fill(0.0);
+                            run[hi..].fill(0.0);
+                            let first = (src0 + (lo * s) as isize) as usize;
+                            for (v, &e) in run[lo..hi].iter_mut().zip(xc[first..].iter().step_by(s)) {
+                                *v = e;
+                            }
+                        }
+                        _ => run.fill(0.0),
+                    }
+                }
+            }
+        }
     }
 
     /// Writes rows `rows` of the column matrices of `samples` samples side by side into
@@ -350,6 +473,18 @@ impl Windows {
                 }
             }
         }
+    }
+}
+
+fn alloc<T>(what: &'static str, len: usize) -> KernelError {
+    KernelError::Allocation { what, bytes: len as u128 * size_of::<T>() as u128 }
+}
+
+/// Whether im2col goes through a padded copy of the input (tests).
+#[cfg(test)]
+impl Windows {
+    pub(crate) fn pads_a_copy(&self) -> bool {
+        self.padded_copy
     }
 }
 

@@ -73,11 +73,12 @@ pub fn layer_norm_grad(
     par: &dyn Parallelism,
 ) -> Result<(), KernelError> {
     let rows = inp.mean.len();
+    let total = crate::shape::mul("X (rows * cols)", rows, cols)?;
     check("InvStdDev", inp.inv_std_dev.len(), rows)?;
-    check("X", inp.x.len(), rows * cols)?;
-    check("dY", inp.dy.len(), rows * cols)?;
+    check("X", inp.x.len(), total)?;
+    check("dY", inp.dy.len(), total)?;
     check("Scale", inp.scale.len(), cols)?;
-    check("dX", out.dx.len(), rows * cols)?;
+    check("dX", out.dx.len(), total)?;
     let LayerNormGradOut { dx, dscale, dbias } = out;
     if let Some(d) = dscale.as_deref() {
         check("dScale", d.len(), cols)?;

@@ -25,6 +25,15 @@ pub enum PoolGradError {
         /// What it must be.
         expected: usize,
     },
+    /// A window attribute is malformed, or its arithmetic overflows.
+    Window {
+        /// The attribute (`kernel_shape`, `strides`, `dilations`, `pads`).
+        name: &'static str,
+        /// What is wrong, with the values.
+        what: String,
+    },
+    /// The shapes do not fit the windows (or one another).
+    Shape(String),
     /// `indices[position]` is not an element of the input plane its output element is in.
     Index {
         /// Flat position in `gy` / `indices`.
@@ -42,6 +51,8 @@ impl core::fmt::Display for PoolGradError {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
         match self {
             Self::Length { what, got, expected } => write!(f, "{what} has {got} elements, expected {expected}"),
+            Self::Window { name, what } => write!(f, "attribute '{name}': {what}"),
+            Self::Shape(what) => f.write_str(what),
             Self::Index { position, index, start, end } => write!(
                 f,
                 "element {position} is {index}, outside its (batch, channel) plane of the input, [{start}, {end})"
@@ -117,6 +128,7 @@ fn check(gy: &[f32], indices: &[i64], planes: usize, gx: &[f32]) -> Result<(usiz
     }
     let out = gy.len().checked_div(planes).unwrap_or(0);
     let inp = gx.len().checked_div(planes).unwrap_or(0);
+    // out * planes <= gy.len() and inp * planes <= gx.len(): no overflow.
     if out * planes != gy.len() {
         return Err(PoolGradError::Length { what: "gy", got: gy.len(), expected: out * planes });
     }
@@ -252,6 +264,121 @@ pub struct Window {
     pub pad_begin: Vec<usize>,
 }
 
+/// The largest attribute value or dimension the windows take (ONNX's are int64).
+const MAX_VALUE: usize = i64::MAX as usize;
+
+fn window_error(name: &'static str, what: String) -> PoolGradError {
+    PoolGradError::Window { name, what }
+}
+
+impl Window {
+    /// Checks 1 to 3 spatial dimensions, one value per dimension in every list, kernel
+    /// sizes, strides and dilations positive, every value at most `2^63 - 1`; the error
+    /// names the attribute.
+    pub fn check(&self) -> Result<(), PoolGradError> {
+        let n = self.kernel.len();
+        if !(1..=3).contains(&n) {
+            return Err(window_error("kernel_shape", format!("expected 1 to 3 sizes, got {:?}", self.kernel)));
+        }
+        for (name, list, min) in [
+            ("kernel_shape", &self.kernel, 1),
+            ("strides", &self.strides, 1),
+            ("dilations", &self.dilations, 1),
+            ("pads", &self.pad_begin, 0),
+        ] {
+            if list.len() != n || list.iter().any(|&v| v < min || v > MAX_VALUE) {
+                let what = format!("expected {n} values in [{min}, 2^63 - 1], got {list:?}");
+                return Err(window_error(name, what));
+            }
+        }
+        Ok(())
+    }
+
+    /// The output sizes MaxPool gives over input sizes `in_sp` with end pads `pad_end`: per
+    /// dimension, `(floor, ceil)` for `ceil_mode` 0 and 1 (ONNX's formula; a runtime that
+    /// drops a last window starting in the end padding gives `floor` where `ceil` would
+    /// exceed it by one). Every step is overflow-checked; a dilated window larger than the
+    /// padded input is an error, as it is for MaxPool.
+    pub fn output_sizes(&self, pad_end: &[usize], in_sp: &[usize]) -> Result<Vec<(usize, usize)>, PoolGradError> {
+        self.check()?;
+        let n = self.kernel.len();
+        if pad_end.len() != n || pad_end.iter().any(|&v| v > MAX_VALUE) {
+            let what = format!(
+                "expected {} values in [0, 2^63 - 1], got {:?}",
+                2 * n,
+                [&self.pad_begin[..], pad_end].concat()
+            );
+            return Err(window_error("pads", what));
+        }
+        if in_sp.len() != n {
+            let what = format!("the input has {} spatial dimensions, kernel_shape {n}", in_sp.len());
+            return Err(PoolGradError::Shape(what));
+        }
+        (0..n)
+            .map(|j| {
+                let (pb, pe) = (self.pad_begin[j], pad_end[j]);
+                let padded = in_sp[j].checked_add(pb).and_then(|v| v.checked_add(pe)).filter(|&v| v <= MAX_VALUE);
+                let padded = padded.ok_or_else(|| {
+                    let what =
+                        format!("dimension {j}: the input ({}) padded by {pb} + {pe} exceeds 2^63 - 1", in_sp[j]);
+                    window_error("pads", what)
+                })?;
+                let (k, d) = (self.kernel[j], self.dilations[j]);
+                let window = (k - 1).checked_mul(d).filter(|&v| v < MAX_VALUE).ok_or_else(|| {
+                    let what = format!("dimension {j}: the dilated window (({k} - 1) * {d} + 1) exceeds 2^63 - 1");
+                    window_error("dilations", what)
+                })? + 1;
+                let span = padded.checked_sub(window).ok_or_else(|| {
+                    PoolGradError::Shape(format!(
+                        "dimension {j}: the window (kernel {k}, dilation {d}: {window} elements) is larger than the \
+                         padded input ({} + {pb} + {pe} = {padded})",
+                        in_sp[j]
+                    ))
+                })?;
+                let s = self.strides[j];
+                Ok((span / s + 1, span.div_ceil(s) + 1))
+            })
+            .collect()
+    }
+}
+
+/// Checks that `out_sp` is an output MaxPool with `window` and end pads `pad_end` can give
+/// over `in_sp`: with `ceil_mode` `Some(false)` the floor sizes, `Some(true)` the ceil sizes
+/// (or the floor where a runtime drops a last window starting in the padding), `None`
+/// either, per dimension. The error says which sizes were possible (the caller adds what it
+/// got).
+pub fn check_pooled(
+    window: &Window,
+    pad_end: &[usize],
+    in_sp: &[usize],
+    out_sp: &[usize],
+    ceil_mode: Option<bool>,
+) -> Result<(), PoolGradError> {
+    let sizes = window.output_sizes(pad_end, in_sp)?;
+    let fits = out_sp.len() == sizes.len()
+        && out_sp.iter().zip(&sizes).zip(in_sp).zip(&window.pad_begin).zip(&window.strides).all(
+            |((((&o, &(floor, ceil)), &inp), &pb), &s)| match ceil_mode {
+                Some(false) => o == floor,
+                // A last window must start inside the input or its begin padding (ONNX
+                // Runtime drops one that starts in the end padding).
+                Some(true) => o == ceil || (o == floor && (ceil - 1).saturating_mul(s) >= inp.saturating_add(pb)),
+                None => o == floor || o == ceil,
+            },
+        );
+    if fits {
+        return Ok(());
+    }
+    let floor: Vec<usize> = sizes.iter().map(|s| s.0).collect();
+    let ceil: Vec<usize> = sizes.iter().map(|s| s.1).collect();
+    let want = match ceil_mode {
+        Some(false) => format!("{floor:?} (ceil_mode 0)"),
+        Some(true) => format!("{ceil:?} (ceil_mode 1)"),
+        None if floor == ceil => format!("{floor:?}"),
+        None => format!("{floor:?} (ceil_mode 0) or {ceil:?} (ceil_mode 1), per dimension"),
+    };
+    Err(PoolGradError::Shape(format!("spatial sizes {want} (MaxPool's output over the input's {in_sp:?})")))
+}
+
 /// A spatial layout padded to 3 dimensions (leading dimensions of size 1).
 fn pad3(v: &[usize], fill: usize) -> [usize; 3] {
     let mut out = [fill; 3];
@@ -260,19 +387,29 @@ fn pad3(v: &[usize], fill: usize) -> [usize; 3] {
 }
 
 /// Per spatial dimension and output position, the range of window steps that land inside
-/// the input (the same for every plane: worked out once per call).
-type Spans = [Vec<(usize, usize)>; 3];
+/// the input and the input position of the first (the same for every plane: worked out
+/// once per call).
+type Spans = [Vec<(usize, usize, usize)>; 3];
 
+/// [`Spans`] in closed form, in `i128` (values up to `2^63 - 1` cannot overflow it): a
+/// window's first step inside the input is `ceil(-start / d)`, its first past the input's
+/// end `ceil((in - start) / d)`, both clamped to `[0, k]`.
 fn spans(inp: [usize; 3], out: [usize; 3], w: &[[usize; 3]; 4]) -> Spans {
     let [k, s, d, p] = w;
-    let start = |a: usize, o: usize| (o * s[a]) as isize - p[a] as isize;
+    let ceil_div = |a: i128, b: i128| if a <= 0 { 0 } else { (a + b - 1) / b };
     core::array::from_fn(|a| {
-        let inside = |o: usize, j: usize| (0..inp[a] as isize).contains(&(start(a, o) + (j * d[a]) as isize));
+        let (k, d, i) = (k[a] as i128, d[a] as i128, inp[a] as i128);
         (0..out[a])
             .map(|o| {
-                let lo = (0..k[a]).find(|&j| inside(o, j)).unwrap_or(k[a]);
-                let hi = (lo..k[a]).take_while(|&j| inside(o, j)).last().map_or(lo, |j| j + 1);
-                (lo, hi)
+                let start = (o as i128) * (s[a] as i128) - p[a] as i128;
+                let lo = ceil_div(-start, d).min(k);
+                let hi = ceil_div(i - start, d).min(k);
+                if lo < hi {
+                    // Inside the input: fits usize.
+                    (lo as usize, hi as usize, (start + lo * d) as usize)
+                } else {
+                    (0, 0, 0)
+                }
             })
             .collect()
     })
@@ -283,22 +420,20 @@ fn spans(inp: [usize; 3], out: [usize; 3], w: &[[usize; 3]; 4]) -> Spans {
 /// starting below every finite value, taking a strictly greater one: the first of equal
 /// maxima, NaN never), then `gy` added there.
 fn argmax_plane(gy: &[f32], x: &[f32], gx: &mut [f32], inp: [usize; 3], w: &[[usize; 3]; 4], spans: &Spans) {
-    let [_, s, d, p] = w;
+    let [_, _, d, _] = w;
     gx.fill(0.0);
-    let start = |a: usize, o: usize| (o * s[a]) as isize - p[a] as isize;
     let mut j = 0;
-    for (o0, &(lo0, hi0)) in spans[0].iter().enumerate() {
-        for (o1, &(lo1, hi1)) in spans[1].iter().enumerate() {
-            for (o2, &(lo2, hi2)) in spans[2].iter().enumerate() {
+    for &(lo0, hi0, first0) in &spans[0] {
+        for &(lo1, hi1, first1) in &spans[1] {
+            for &(lo2, hi2, first2) in &spans[2] {
                 let (mut best, mut at) = (f32::MIN, usize::MAX);
                 for k0 in lo0..hi0 {
-                    let i0 = (start(0, o0) + (k0 * d[0]) as isize) as usize;
+                    let i0 = first0 + (k0 - lo0) * d[0];
                     for k1 in lo1..hi1 {
-                        let i1 = (start(1, o1) + (k1 * d[1]) as isize) as usize;
+                        let i1 = first1 + (k1 - lo1) * d[1];
                         let row = (i0 * inp[1] + i1) * inp[2];
-                        let base = start(2, o2);
                         for k2 in lo2..hi2 {
-                            let i = row + (base + (k2 * d[2]) as isize) as usize;
+                            let i = row + first2 + (k2 - lo2) * d[2];
                             let v = x[i];
                             // Branch-free: random data would mispredict a branch half the time.
                             let better = v > best;
@@ -320,7 +455,9 @@ fn argmax_plane(gy: &[f32], x: &[f32], gx: &mut [f32], inp: [usize; 3], w: &[[us
 /// added at its window's maximum, chosen as ONNX Runtime's MaxPool chooses its `Indices`
 /// (the first of equal maxima in row-major window order; a window of only NaN and `-inf`
 /// gets none). `in_sp` / `out_sp`: the spatial sizes of `x` and `gy` (1 to 3 dimensions, as
-/// `window`'s lists); `planes = N * C`. Same bits as the `Indices` route.
+/// `window`'s lists, [checked](Window::check); that `out_sp` is MaxPool's output over
+/// `in_sp` is the caller's to check, with [`check_pooled`]: any sizes are safe here); `planes
+/// = N * C`. Same bits as the `Indices` route.
 #[allow(clippy::too_many_arguments)]
 pub fn max_pool_grad_from_input(
     gy: &[f32],
@@ -333,19 +470,26 @@ pub fn max_pool_grad_from_input(
     par: &dyn Parallelism,
 ) -> Result<(), PoolGradError> {
     let nd = in_sp.len();
-    let lists = [&window.kernel, &window.strides, &window.dilations, &window.pad_begin];
-    if !(1..=3).contains(&nd) || out_sp.len() != nd || lists.iter().any(|l| l.len() != nd) {
-        return Err(PoolGradError::Length { what: "spatial dimensions", got: nd, expected: out_sp.len() });
+    window.check()?;
+    if nd != window.kernel.len() || out_sp.len() != nd {
+        return Err(PoolGradError::Length { what: "spatial dimensions", got: nd, expected: window.kernel.len() });
     }
-    let (inp, out) = (in_sp.iter().product::<usize>(), out_sp.iter().product::<usize>());
-    for (what, buf, want) in
-        [("gy", gy.len(), planes * out), ("x", x.len(), planes * inp), ("gx", gx.len(), planes * inp)]
-    {
+    let count = |what: &'static str, dims: &[usize]| {
+        crate::shape::count(what, dims).map_err(|e| PoolGradError::Shape(e.to_string()))
+    };
+    let (inp, out) = (count("x's planes", in_sp)?, count("gy's planes", out_sp)?);
+    for (what, buf, want) in [("gy", gy.len(), out), ("x", x.len(), inp), ("gx", gx.len(), inp)] {
+        let want = want.checked_mul(planes).ok_or_else(|| PoolGradError::Shape(format!("{what}: size overflow")))?;
         if buf != want {
             return Err(PoolGradError::Length { what, got: buf, expected: want });
         }
     }
-    if planes == 0 {
+    if planes == 0 || inp == 0 {
+        // No planes, or planes of no element (x and gx empty; any gy has nowhere to go).
+        return Ok(());
+    }
+    if out == 0 {
+        gx.fill(0.0);
         return Ok(());
     }
     let w = [pad3(&window.kernel, 1), pad3(&window.strides, 1), pad3(&window.dilations, 1), pad3(&window.pad_begin, 0)];
@@ -354,9 +498,6 @@ pub fn max_pool_grad_from_input(
     let per_plane = (out + inp).max(1);
     let work = WithInput { gy, x, gx, out, inp };
     run_chunked(vec![work], par, (CHUNK / per_plane).max(1), SERIAL_BELOW.div_ceil(per_plane), |p| {
-        if p.inp == 0 {
-            return;
-        }
         let planes = p.gy.chunks_exact(p.out.max(1)).zip(p.x.chunks_exact(p.inp));
         for (gx, (gy, x)) in p.gx.chunks_exact_mut(p.inp).zip(planes) {
             argmax_plane(gy, x, gx, inp3, &w, &spans);
@@ -491,6 +632,70 @@ mod from_input_tests {
             gx.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             want.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         );
+    }
+
+    /// The pooled output's shape is MaxPool's: more windows than it can give (the issue's
+    /// `[1, 2, 3, 2]` gradient for a 4x4 input, kernel 2, stride 2) are refused, naming the
+    /// sizes it can give.
+    #[test]
+    fn only_maxpools_output_sizes_pass() {
+        let w = Window { kernel: vec![2, 2], strides: vec![2, 2], dilations: vec![1, 1], pad_begin: vec![0, 0] };
+        assert!(check_pooled(&w, &[0, 0], &[4, 4], &[2, 2], None).is_ok());
+        let e = check_pooled(&w, &[0, 0], &[4, 4], &[3, 2], None).unwrap_err();
+        assert_eq!(e, PoolGradError::Shape("spatial sizes [2, 2] (MaxPool's output over the input's [4, 4])".into()));
+        // 5x5, kernel 2, stride 2: 2 windows (floor) or 3 (ceil_mode).
+        assert!(check_pooled(&w, &[0, 0], &[5, 5], &[3, 2], None).is_ok());
+        assert!(check_pooled(&w, &[0, 0], &[5, 5], &[3, 3], Some(true)).is_ok());
+        let e = check_pooled(&w, &[0, 0], &[5, 5], &[3, 3], Some(false)).unwrap_err().to_string();
+        assert!(e.starts_with("spatial sizes [2, 2] (ceil_mode 0) (MaxPool"), "{e}");
+        let e = check_pooled(&w, &[0, 0], &[5, 5], &[4, 2], None).unwrap_err().to_string();
+        assert!(e.contains("[2, 2] (ceil_mode 0) or [3, 3] (ceil_mode 1)"), "{e}");
+        // ceil_mode's last window starting in the end padding: ONNX Runtime drops it.
+        let w1 = Window { kernel: vec![2], strides: vec![2], dilations: vec![1], pad_begin: vec![1] };
+        assert_eq!(w1.output_sizes(&[2], &[4]).unwrap(), vec![(3, 4)]);
+        assert!(check_pooled(&w1, &[2], &[4], &[3], Some(true)).is_ok());
+        assert!(check_pooled(&w1, &[2], &[4], &[4], Some(true)).is_ok());
+        // Without that, ceil_mode 1 is the ceil sizes only.
+        assert!(check_pooled(&w, &[0, 0], &[5, 5], &[2, 3], Some(true)).is_err());
+        // A window larger than the padded input: as MaxPool, an error.
+        let e = check_pooled(&w, &[0, 0], &[1, 4], &[1, 2], None).unwrap_err().to_string();
+        assert!(e.contains("larger than the padded input"), "{e}");
+    }
+
+    /// Attributes up to 2^63 - 1: their arithmetic is checked, the windows found in closed
+    /// form (a search over 2^40 kernel steps would not end), and what is left is exact.
+    #[test]
+    fn huge_attributes_are_checked_or_exact() {
+        const BIG: usize = 1 << 62;
+        let w = Window { kernel: vec![2, 2], strides: vec![1, 1], dilations: vec![1, 1], pad_begin: vec![BIG, 0] };
+        let e = w.output_sizes(&[BIG, 0], &[4, 4]).unwrap_err();
+        assert_eq!(
+            e,
+            PoolGradError::Window {
+                name: "pads",
+                what: format!("dimension 0: the input (4) padded by {BIG} + {BIG} exceeds 2^63 - 1"),
+            }
+        );
+        let w = Window { kernel: vec![5, 2], strides: vec![1, 1], dilations: vec![BIG, 1], pad_begin: vec![0, 0] };
+        assert!(matches!(w.output_sizes(&[0, 0], &[4, 4]), Err(PoolGradError::Window { name: "dilations", .. })));
+        assert!(matches!(
+            Window { kernel: vec![2], strides: vec![usize::MAX], dilations: vec![1], pad_begin: vec![0] }.check(),
+            Err(PoolGradError::Window { name: "strides", .. })
+        ));
+        // A kernel of 2^40 steps whose windows hold the whole input once: pads 2^40 each
+        // side, stride 2^41: one window, the input's argmax.
+        let big = 1usize << 40;
+        let w = Window { kernel: vec![big], strides: vec![2 * big], dilations: vec![1], pad_begin: vec![big - 2] };
+        assert_eq!(w.output_sizes(&[big], &[4]).unwrap(), vec![(1, 2)]);
+        let x = [1.0f32, 5.0, 3.0, 4.0];
+        let mut gx = [f32::NAN; 4];
+        max_pool_grad_from_input(&[2.0], &x, 1, &[4], &[1], &w, &mut gx, &Sequential).unwrap();
+        assert_eq!(gx, [0.0, 2.0, 0.0, 0.0]);
+        // Windows past the input's end get no gradient; any output size is safe.
+        let w = Window { kernel: vec![2], strides: vec![BIG], dilations: vec![BIG], pad_begin: vec![0] };
+        let mut gx = [f32::NAN; 4];
+        max_pool_grad_from_input(&[1.0, 7.0, 9.0], &x, 1, &[4], &[3], &w, &mut gx, &Sequential).unwrap();
+        assert_eq!(gx, [1.0, 0.0, 0.0, 0.0]);
     }
 
     #[test]

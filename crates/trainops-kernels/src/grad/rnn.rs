@@ -109,15 +109,41 @@ pub struct GruShape {
 }
 
 impl GruShape {
-    /// Element counts of X, W, R, B, initial_h, Y (Y_h and dY_h have `initial_h`'s).
+    /// Element counts of X, W, R, B, initial_h, Y (Y_h and dY_h have `initial_h`'s), for a
+    /// shape [checked](Self::checked_lens) (else `usize::MAX`, which no buffer matches).
     pub fn lens(&self) -> [usize; 6] {
-        let (t, b, i, h, d) = (self.seq, self.batch, self.input, self.hidden, self.direction.count());
-        [t * b * i, d * 3 * h * i, d * 3 * h * h, d * 6 * h, d * b * h, t * d * b * h]
+        self.checked_lens().unwrap_or([usize::MAX; 6])
     }
 
-    /// Element count of the saved gates, `[dirs, seq, batch, GATE_ROW * hidden]`.
+    /// [`GruShape::lens`], every product overflow-checked left to right, so that each
+    /// dimension of every shape (`3 * hidden`, `6 * hidden`) fits too: `hidden_size` and
+    /// the dimensions of an empty X may be anything up to `2^63 - 1`.
+    pub fn checked_lens(&self) -> Result<[usize; 6], KernelError> {
+        let (t, b, i, h, d) = (self.seq, self.batch, self.input, self.hidden, self.direction.count());
+        let p = crate::shape::product;
+        Ok([
+            p("X", &[t, b, i])?,
+            p("W (dirs, 3 hidden_size, input)", &[d, 3, h, i])?,
+            p("R (dirs, 3 hidden_size, hidden_size)", &[d, 3, h, h])?,
+            p("B (dirs, 6 hidden_size)", &[d, 6, h])?,
+            p("initial_h (dirs, batch, hidden_size)", &[d, b, h])?,
+            p("Y (seq, dirs, batch, hidden_size)", &[t, d, b, h])?,
+        ])
+    }
+
+    /// Element count of the saved gates, `[dirs, seq, batch, GATE_ROW * hidden]` (for a
+    /// checked shape; else `usize::MAX`).
     pub fn gates_len(&self) -> usize {
-        self.direction.count() * self.seq * self.batch * GATE_ROW * self.hidden
+        self.checked_gates_len().unwrap_or(usize::MAX)
+    }
+
+    /// [`GruShape::gates_len`], overflow-checked.
+    pub fn checked_gates_len(&self) -> Result<usize, KernelError> {
+        let gate_row = crate::shape::product("4 hidden_size", &[GATE_ROW, self.hidden])?;
+        crate::shape::product(
+            "gates (dirs, seq, batch, 4 hidden_size)",
+            &[self.direction.count(), self.seq, self.batch, gate_row],
+        )
     }
 }
 
@@ -171,7 +197,8 @@ fn check(what: &'static str, got: usize, expected: usize) -> Result<(), KernelEr
 
 /// Checks every buffer's length against `sh` (shared with the reference).
 pub(crate) fn check_lens(sh: &GruShape, i: &GruGradIn<'_>, o: &GruGradOut<'_>) -> Result<(), KernelError> {
-    let [lx, lw, lr, lb, lh, ly] = sh.lens();
+    let [lx, lw, lr, lb, lh, ly] = sh.checked_lens()?;
+    let lg = sh.checked_gates_len()?;
     check("X", i.x.len(), lx)?;
     check("W", i.w.len(), lw)?;
     check("R", i.r.len(), lr)?;
@@ -181,7 +208,7 @@ pub(crate) fn check_lens(sh: &GruShape, i: &GruGradIn<'_>, o: &GruGradOut<'_>) -
     opt(i.initial_h.map(<[f32]>::len), "initial_h", lh)?;
     opt(i.dy.map(<[f32]>::len), "dY", ly)?;
     opt(i.dy_h.map(<[f32]>::len), "dY_h", lh)?;
-    opt(i.gates.map(<[f32]>::len), "gates", sh.gates_len())?;
+    opt(i.gates.map(<[f32]>::len), "gates", lg)?;
     opt(o.dx.as_deref().map(<[f32]>::len), "dX", lx)?;
     opt(o.dw.as_deref().map(<[f32]>::len), "dW", lw)?;
     opt(o.dr.as_deref().map(<[f32]>::len), "dR", lr)?;
@@ -347,6 +374,20 @@ pub fn gru_grad_with(
     scratch: &mut GruScratch,
 ) -> Result<(), KernelError> {
     check_lens(sh, i, &o)?;
+    if sh.seq == 0 {
+        // No steps: dY_h flows straight to initial_h, nothing else (and no working memory
+        // is sized by the batch, which may be huge beside the empty sequence).
+        for out in [o.dx, o.dw, o.dr, o.db].into_iter().flatten() {
+            out.fill(0.0);
+        }
+        if let Some(dh0) = o.dh0 {
+            match i.dy_h {
+                Some(g) => dh0.copy_from_slice(g),
+                None => dh0.fill(0.0),
+            }
+        }
+        return Ok(());
+    }
     if sh.hidden == 0 || sh.batch == 0 {
         // Nothing flows: every gradient is zero (X's too when hidden is 0).
         for out in [o.dx, o.dw, o.dr, o.db, o.dh0].into_iter().flatten() {

@@ -41,13 +41,20 @@ pub struct Dims {
 }
 
 impl Dims {
-    /// `shape` split at `axis` (in `0..shape.len()`).
-    pub fn split(shape: &[usize], axis: usize) -> Self {
-        Dims { outer: shape[..axis].iter().product(), n: shape[axis], inner: shape[axis + 1..].iter().product() }
+    /// `shape` split at `axis` (in `0..shape.len()`); `None` when a count does not fit in
+    /// `usize` (an empty tensor's other dimensions may be huge: `[0, 2^40, 2^40]` split at
+    /// 0 has 2^80 elements per slice, and no kernel can take it).
+    pub fn split(shape: &[usize], axis: usize) -> Option<Self> {
+        let (outer, inner) = (crate::shape::numel(&shape[..axis])?, crate::shape::numel(&shape[axis + 1..])?);
+        let d = Dims { outer, n: shape[axis], inner };
+        crate::shape::numel(&[d.outer, d.n, d.inner])?;
+        d.n.checked_mul(d.inner)?;
+        Some(d)
     }
 
+    /// Elements (0 when a count is 0, whatever the others).
     fn len(self) -> usize {
-        self.outer * self.n * self.inner
+        crate::shape::numel(&[self.outer, self.n, self.inner]).unwrap_or(usize::MAX)
     }
 }
 
@@ -68,8 +75,9 @@ pub fn softmax_grad(
             return Err(KernelError::LengthMismatch { what, got, expected: total });
         }
     }
-    let slice = dims.n * dims.inner;
-    if slice == 0 {
+    // `n * inner` fits when the tensor has elements; else there is nothing to do.
+    let slice = dims.n.saturating_mul(dims.inner);
+    if slice == 0 || total == 0 {
         return Ok(());
     }
     let per = (CHUNK / slice).max(1) * slice;
@@ -228,7 +236,8 @@ pub fn cross_entropy_grad(
     par: &dyn Parallelism,
 ) -> Result<(), KernelError> {
     let rows = labels.len();
-    for (what, got, expected) in [("scores", scores.len(), rows * classes), ("dX", dx.len(), rows * classes)] {
+    let total = crate::shape::mul("scores (rows * classes)", rows, classes)?;
+    for (what, got, expected) in [("scores", scores.len(), total), ("dX", dx.len(), total)] {
         if got != expected {
             return Err(KernelError::LengthMismatch { what, got, expected });
         }

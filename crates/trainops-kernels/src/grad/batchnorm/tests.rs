@@ -133,6 +133,21 @@ fn empty_shapes_write_zero_sums() {
     }
 }
 
+/// An empty tensor may have huge dimensions beside its zero: nothing is sized by them (the
+/// tasks' lists once reserved one entry per sample, 2^40 of them here).
+#[test]
+fn empty_tensors_with_huge_dimensions() {
+    assert_eq!(BnShape::of(&[1 << 40, 1 << 40, 0]), Some(BnShape { n: 1 << 40, c: 1 << 40, s: 0 }));
+    assert_eq!(BnShape::of(&[1 << 40, 1 << 40, 1 << 40]), None);
+    assert_eq!(BnShape::of(&[3]), None);
+    let sh = BnShape::of(&[1 << 40, 2, 0]).unwrap();
+    assert_eq!(sh.len(), 0);
+    let (mut dx, mut ds, mut db) = (vec![], vec![f32::NAN; 2], vec![f32::NAN; 2]);
+    let out = BnGrads { dx: Some(&mut dx), dscale: Some(&mut ds), dbias: Some(&mut db) };
+    batch_norm_train_grad(&[], &[], &[1.0, 2.0], EPS, sh, out, &Sequential).unwrap();
+    assert_eq!((ds, db), (vec![0.0; 2], vec![0.0; 2]));
+}
+
 #[test]
 fn each_output_alone_equals_its_part_of_all_three() {
     let sh = BnShape { n: 6, c: 5, s: 10 };

@@ -65,7 +65,8 @@ pub(crate) fn check_train_lens(
     i: &GruTrainIn<'_>,
     o: Option<&GruTrainOut<'_>>,
 ) -> Result<(), KernelError> {
-    let [lx, lw, lr, lb, lh, ly] = sh.lens();
+    let [lx, lw, lr, lb, lh, ly] = sh.checked_lens()?;
+    let lg = sh.checked_gates_len()?;
     check("X", i.x.len(), lx)?;
     check("W", i.w.len(), lw)?;
     check("R", i.r.len(), lr)?;
@@ -74,7 +75,7 @@ pub(crate) fn check_train_lens(
     if let Some(o) = o {
         check("Y", o.y.len(), ly)?;
         o.y_h.as_deref().map_or(Ok(()), |v| check("Y_h", v.len(), lh))?;
-        check("gates", o.gates.len(), sh.gates_len())?;
+        check("gates", o.gates.len(), lg)?;
     }
     Ok(())
 }
@@ -94,6 +95,17 @@ pub fn gru_train_with(
     let GruTrainOut { y, mut y_h, gates } = o;
     if bh == 0 {
         return Ok(()); // every output is empty
+    }
+    if t_len == 0 {
+        // No steps: Y_h is the initial state (nothing is sized by the batch, which may be
+        // huge beside the empty sequence).
+        if let Some(yh) = y_h.as_deref_mut() {
+            match i.initial_h {
+                Some(h0) => yh.copy_from_slice(h0),
+                None => yh.fill(0.0),
+            }
+        }
+        return Ok(());
     }
     let x = super::view(i.x, n, isz);
     let (gh, hp) = (sized(&mut scratch.gh, bt * 3 * h), sized(&mut scratch.hp, bh));

@@ -284,3 +284,40 @@ fn portable_element_loops_give_the_avx2_bits() {
         }
     }
 }
+
+/// `hidden_size` and an empty X's dimensions may be anything up to 2^63 - 1: the counts are
+/// checked (an error naming the tensor, never a wrapped length), and an empty sequence
+/// sizes nothing by its huge batch.
+#[test]
+fn huge_sizes_are_checked_and_empty_sequences_allocate_nothing() {
+    let sh = |seq, batch, input, hidden| GruShape {
+        seq,
+        batch,
+        input,
+        hidden,
+        direction: Direction::Forward,
+        linear_before_reset: false,
+    };
+    // 3 * 2^62 * 2^62 overflows (R), and 4 * 2^62 (a row of the gates).
+    let e = sh(1, 1, 1, 1 << 62).checked_lens().unwrap_err();
+    assert!(
+        matches!(&e, KernelError::Overflow { what } if what.starts_with("R (dirs, 3 hidden_size, hidden_size)")),
+        "{e}"
+    );
+    assert!(sh(1, 1, 0, 1 << 62).checked_gates_len().is_err());
+    assert_eq!(sh(1, 1, 1, 1 << 62).lens(), [usize::MAX; 6]);
+    let huge = sh(0, 1 << 40, 0, 2);
+    let (x, w, r, dyh) = (vec![], vec![], vec![0.5; 12], vec![]);
+    let i =
+        GruGradIn { x: &x, w: &w, r: &r, b: None, initial_h: None, y: &[], dy: None, dy_h: Some(&dyh), gates: None };
+    // dY_h for 2^40 rows cannot be given: a length error, before anything is allocated.
+    let e = gru_grad(&huge, &i, GruGradOut::default(), &Sequential).unwrap_err();
+    assert_eq!(e, KernelError::LengthMismatch { what: "dY_h", got: 0, expected: 1 << 41 });
+    let i = GruGradIn { dy_h: None, ..i };
+    let mut dr = vec![f32::NAN; 12];
+    gru_grad(&huge, &i, GruGradOut { dr: Some(&mut dr), ..Default::default() }, &Sequential).unwrap();
+    assert_eq!(dr, [0.0; 12]);
+    let ti = forward::GruTrainIn { x: &x, w: &w, r: &r, b: None, initial_h: None };
+    forward::gru_train(&huge, &ti, forward::GruTrainOut { y: &mut [], y_h: None, gates: &mut [] }, &Sequential)
+        .unwrap();
+}

@@ -94,8 +94,16 @@ fn every_level_and_thread_count_gives_the_same_bits_within_the_bound_of_the_refe
 
 #[test]
 fn dims_split_an_axis() {
-    assert_eq!(Dims::split(&[2, 3, 4, 5], 1), Dims { outer: 2, n: 3, inner: 20 });
-    assert_eq!(Dims::split(&[7], 0), Dims { outer: 1, n: 7, inner: 1 });
+    assert_eq!(Dims::split(&[2, 3, 4, 5], 1), Some(Dims { outer: 2, n: 3, inner: 20 }));
+    assert_eq!(Dims::split(&[7], 0), Some(Dims { outer: 1, n: 7, inner: 1 }));
+    // An empty tensor's other dimensions may be huge: counts that do not fit are refused,
+    // the others give an empty run.
+    assert_eq!(Dims::split(&[0, 1 << 40, 1 << 40], 0), None);
+    let empty = Dims::split(&[1 << 40, 1 << 40, 0], 1).unwrap();
+    assert_eq!(empty, Dims { outer: 1 << 40, n: 1 << 40, inner: 0 });
+    softmax_grad(Level::Scalar, Kind::Softmax, empty, &[], &[], &mut [], &Sequential).unwrap();
+    let huge = Dims { outer: 0, n: 1 << 40, inner: 1 << 40 };
+    softmax_grad(Level::Scalar, Kind::Softmax, huge, &[], &[], &mut [], &Sequential).unwrap();
 }
 
 #[test]

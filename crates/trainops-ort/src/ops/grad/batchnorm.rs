@@ -91,10 +91,6 @@ impl Kernel for BatchNormTrainGradKernel {
             }
         };
         let pool = OrtPool::new(ctx);
-        batch_norm_train_grad(dy_s, x_s, scale_s, self.epsilon, shape, out, &pool).map_err(|e| Error::Runtime {
-            op: OP,
-            call: "batch_norm_train_grad",
-            message: e.to_string(),
-        })
+        batch_norm_train_grad(dy_s, x_s, scale_s, self.epsilon, shape, out, &pool).map_err(|e| Error::kernel(OP, e))
     }
 }

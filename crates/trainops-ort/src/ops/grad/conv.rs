@@ -9,12 +9,18 @@
 //! Attributes as `Conv`'s, resolved: `kernel_shape` (required by `ConvWeightGrad`, else
 //! `W`'s), `strides` and `dilations` (default 1s), `pads` (begins then ends, default 0s; no
 //! `auto_pad`), `group` (default 1). `dY`'s spatial shape must be the one `Conv` gives.
+//!
+//! Every attribute's arithmetic (padded input, dilated kernel, the output and column
+//! matrix sizes) is checked by `ConvDims::new` before anything is allocated, and the
+//! inputs are checked against the sizes it implies before the output is: an error names
+//! the attribute or the input and what was expected.
 
-use trainops_kernels::grad::conv::{input_grad, weight_grad, ConvDims, ConvGeometry};
+use trainops_kernels::grad::conv::{input_grad, weight_grad, ConvDims, ConvError, ConvGeometry};
 
 use crate::error::{Error, Result};
 use crate::ffi::pool::OrtPool;
 use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature, Tensor};
+use crate::ops::grad::{kernel_error, shape_i64};
 use crate::ops::io;
 
 /// `ConvWeightGrad` as registered in `com.trainops`.
@@ -86,7 +92,7 @@ impl Attrs {
             group: self.group,
             kernel,
         };
-        geo.check().map_err(|what| Error::Attribute { op: self.op, name: "kernel_shape", what })?;
+        geo.check().map_err(|e| conv_error(self.op, e, (0, "X"), &[]))?;
         Ok(geo)
     }
 }
@@ -104,12 +110,21 @@ fn float_input(ctx: &Context<'_>, op: &'static str, index: usize, name: &str, la
     Ok(t)
 }
 
-/// The dims of a convolution of `geo` on `x_shape` with `out_channels` filters; an error
-/// names input `index` (`name`) when they do not fit.
+/// A refusal of the kernels' convolution checks as the op's error: an attribute by name, a
+/// shape as input `at` (`x_shape` its shape).
+fn conv_error(op: &'static str, e: ConvError, at: (usize, &str), x_shape: &[usize]) -> Error {
+    match e {
+        ConvError::Attribute { name, what } => Error::Attribute { op, name, what },
+        ConvError::Shape(what) => {
+            Error::input(op, at.0, at.1, format!("a shape that fits the convolution: {what}"), format!("{x_shape:?}"))
+        }
+    }
+}
+
+/// The dims of a convolution of `geo` on `x_shape` with `out_channels` filters, every size
+/// checked; an error names the attribute, or input `index` (`name`), that does not fit.
 fn dims(op: &'static str, geo: &ConvGeometry, x_shape: &[usize], m: usize, at: (usize, &str)) -> Result<ConvDims> {
-    ConvDims::new(geo, x_shape[0], x_shape[1], m, &x_shape[2..]).map_err(|what| {
-        Error::input(op, at.0, at.1, format!("a shape that fits the convolution: {what}"), format!("{x_shape:?}"))
-    })
+    ConvDims::new(geo, x_shape[0], x_shape[1], m, &x_shape[2..]).map_err(|e| conv_error(op, e, at, x_shape))
 }
 
 /// `got` must equal `want`, else an error naming input `index`.
@@ -118,10 +133,6 @@ fn same_shape(op: &'static str, index: usize, name: &str, got: &Tensor, want: &[
         return Err(Error::input(op, index, name, format!("shape {want:?} ({why})"), format!("{:?}", got.shape)));
     }
     Ok(())
-}
-
-fn kernel_error(op: &'static str, e: trainops_kernels::KernelError) -> Error {
-    Error::Panic { op, message: e.to_string() }
 }
 
 impl OpSpec for ConvWeightGrad {
@@ -141,6 +152,9 @@ impl OpSpec for ConvWeightGrad {
             return Ok(());
         };
         let group = ctx.attr_i64(c"group").unwrap_or(1).max(1);
+        if k.iter().any(|&d| d < 1) {
+            return Ok(()); // the kernel refuses the node when it is created
+        }
         let known = |d: i64| (d >= 0).then_some(d);
         let c = x.get(1).copied().and_then(known).map(|c| c / group);
         let dims: Vec<Option<i64>> =
@@ -166,7 +180,7 @@ impl Kernel for WeightKernel {
         }
         let dims = dims(OP, &self.geo, &xs, ys[1], (0, "X"))?;
         same_shape(OP, 1, "dY", &dy, &dims.y_shape(), "the convolution's output on X")?;
-        let w_shape: Vec<i64> = dims.w_shape().iter().map(|&d| d as i64).collect();
+        let w_shape = shape_i64(OP, 0, "X", &dims.w_shape())?;
         let out = io::output(ctx, OP, 0, "dW", DType::Float, &w_shape)?;
         // SAFETY: types, lengths and alignment checked; inputs are only read, and the output
         // is a buffer of its own (the runtime never aliases a custom op's output with an input).
@@ -233,7 +247,7 @@ impl Kernel for InputKernel {
         let dims = dims(OP, &geo, &xs, wd[0], (2, "X_shape"))?;
         same_shape(OP, 1, "W", &w, &dims.w_shape(), "M, C/group, kernel_shape..")?;
         same_shape(OP, 0, "dY", &dy, &dims.y_shape(), "the convolution's output on X_shape")?;
-        let x_shape: Vec<i64> = xs.iter().map(|&d| d as i64).collect();
+        let x_shape = shape_i64(OP, 2, "X_shape", &xs)?;
         let out = io::output(ctx, OP, 0, "dX", DType::Float, &x_shape)?;
         // SAFETY: types, lengths and alignment checked; inputs are only read, and the output
         // is a buffer of its own.

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 use trainops_kernels::grad::rnn::forward::{gru_train_with, GruTrainIn, GruTrainOut, GruTrainScratch};
 use trainops_kernels::grad::rnn::GATE_ROW;
 
-use super::rnn::{gru_input, outputs_disjoint, x_dims, GruAttrs};
+use super::rnn::{gru_input, outputs_disjoint, GruAttrs};
 use crate::error::{Error, Result};
 use crate::ffi::pool::OrtPool;
 use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, Signature, Tensor};
@@ -67,6 +67,13 @@ struct Scratch {
     gates: Vec<f32>,
 }
 
+/// `v` resized to `len` elements as a stand-in for an output the node leaves out, allocated
+/// fallibly (Y and the gates may be larger than memory: an error, not an abort).
+fn stand_in<'a>(v: &'a mut Vec<f32>, len: usize, what: &'static str) -> Result<&'a mut [f32]> {
+    trainops_kernels::shape::resize(v, len, what).map_err(|e| Error::kernel(OP, e))?;
+    Ok(v)
+}
+
 struct GruTrainKernel {
     attrs: GruAttrs,
     /// Kept between runs; a run that finds it busy (the same node run concurrently) uses
@@ -78,7 +85,8 @@ impl Kernel for GruTrainKernel {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
         let input = |ctx: &Context<'_>, k: usize, dims: Option<&[usize]>| gru_input(ctx, OP, &IN_NAMES, 3, k, dims);
         let x = input(ctx, 0, None)?.expect("required");
-        let (seq, batch, isz) = x_dims(OP, &x)?;
+        let sh = self.attrs.checked_shape(OP, &x)?;
+        let (seq, batch, isz) = (sh.seq, sh.batch, sh.input);
         let (h, nd) = (self.attrs.hidden, self.attrs.direction.count());
         let w = input(ctx, 1, Some(&[nd, 3 * h, isz]))?.expect("required");
         let r = input(ctx, 2, Some(&[nd, 3 * h, h]))?.expect("required");
@@ -97,7 +105,6 @@ impl Kernel for GruTrainKernel {
             outs.push(io::optional_output(ctx, OP, k, OUT_NAMES[k], DType::Float, shape)?);
         }
         outputs_disjoint(OP, &ins, &outs, &OUT_NAMES)?;
-        let sh = self.attrs.shape(seq, batch, isz);
         let mut own = Scratch::default();
         let mut kept = self.scratch.try_lock().ok();
         let scratch = kept.as_deref_mut().unwrap_or(&mut own);
@@ -111,19 +118,15 @@ impl Kernel for GruTrainKernel {
             let m = |k: usize| outs[k].as_ref().map(|t| t.slice_mut::<f32>());
             (tin, m(0), m(1), m(2))
         };
-        let y = y.unwrap_or_else(|| {
-            y_own.resize(sh.lens()[5], 0.0);
-            y_own
-        });
-        let gates = gates.unwrap_or_else(|| {
-            g_own.resize(sh.gates_len(), 0.0);
-            g_own
-        });
+        let y = match y {
+            Some(y) => y,
+            None => stand_in(y_own, sh.lens()[5], "GRUTrain's Y (not an output of the node)")?,
+        };
+        let gates = match gates {
+            Some(g) => g,
+            None => stand_in(g_own, sh.gates_len(), "GRUTrain's gates (not an output of the node)")?,
+        };
         let pool = OrtPool::new(ctx);
-        gru_train_with(&sh, &tin, GruTrainOut { y, y_h, gates }, &pool, kernel).map_err(|e| Error::Runtime {
-            op: OP,
-            call: "gru_train",
-            message: e.to_string(),
-        })
+        gru_train_with(&sh, &tin, GruTrainOut { y, y_h, gates }, &pool, kernel).map_err(|e| Error::kernel(OP, e))
     }
 }

@@ -51,7 +51,15 @@ impl Kernel for LayerNormGradKernel {
         }
         let dims = x.dims();
         let axis = axis_of(OP, self.axis, dims.len(), 1, "X")?;
-        let (rows, cols) = (dims[..axis].iter().product::<usize>(), dims[axis..].iter().product::<usize>());
+        // An empty X may have huge dimensions beside its zero: counts past 64 bits cannot
+        // match Scale, Mean or InvStdDev (real tensors), so they are refused here.
+        let count = |part: &[usize], what: &str| {
+            trainops_kernels::shape::numel(part).ok_or_else(|| {
+                let want = format!("dimensions {what} axis {axis} whose product fits in 64 bits");
+                Error::input(OP, 1, "X", want, format!("shape {:?}", x.shape))
+            })
+        };
+        let (rows, cols) = (count(&dims[..axis], "before")?, count(&dims[axis..], "from")?);
         if scale.numel != cols {
             let want = format!("{cols} elements (X's dimensions from axis {axis} on, {:?})", &x.shape[axis..]);
             return Err(Error::input(OP, 2, "Scale", want, format!("shape {:?}", scale.shape)));

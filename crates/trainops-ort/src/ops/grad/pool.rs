@@ -4,7 +4,7 @@
 //! the shape of MaxPool's input `X`, of the same rank, with the same `N` and `C`.
 //! `dX = 0; dX.flat[Indices[i]] += dY[i]` (overlapping windows add).
 
-use trainops_kernels::grad::pool::{max_pool_grad, max_pool_grad_from_input, Window};
+use trainops_kernels::grad::pool::{check_pooled, max_pool_grad, max_pool_grad_from_input, PoolGradError, Window};
 
 use super::{float_input, no_overlap, typed_input};
 use crate::error::{Error, Result};
@@ -66,9 +66,18 @@ impl Kernel for MaxPoolGradKernel {
             );
             return Err(Error::input(OP, 2, "shape", want, format!("{dims:?}")));
         }
-        let planes = usize::try_from(dims[0] * dims[1]).unwrap_or(usize::MAX);
+        // N * C may overflow only for an empty dY (a real one has N * C * ... elements).
+        let planes = gy_t.dims()[0].checked_mul(gy_t.dims()[1]);
         let out = io::output(ctx, OP, 0, "dX", DType::Float, &dims)?;
         no_overlap(OP, &out, &[("dY", &gy_t), ("Indices", &idx_t), ("shape", &shape_t)])?;
+        let planes = match planes {
+            Some(p) => p,
+            None if gy_t.numel == 0 && out.numel == 0 => return Ok(()),
+            None => {
+                let want = "an N * C (dimensions 0 and 1) that fits in 64 bits";
+                return Err(Error::input(OP, 2, "shape", want, format!("{dims:?}")));
+            }
+        };
         // SAFETY: types, sizes and alignment checked; the output overlaps no input, and the
         // inputs are never written.
         let (gy, idx, gx) = unsafe { (gy_t.slice::<f32>(), idx_t.slice::<i64>(), out.slice_mut::<f32>()) };
@@ -85,8 +94,18 @@ const OP_X: &str = "MaxPoolGradFromInput";
 /// MaxPool finds its `Indices` (the first of equal maxima), so the forward MaxPool can run
 /// without that output (its fast path). Attributes as MaxPool's: `kernel_shape` (required),
 /// `strides`, `dilations` (default 1s), `pads` (explicit, default 0s; `auto_pad` is resolved
-/// by the rule). `dY` is `[N, C, out...]`, `X` `[N, C, in...]` with 1 to 3 spatial dims.
+/// by the rule), `ceil_mode` (optional). `dY` is `[N, C, out...]`, `X` `[N, C, in...]` with 1 to
+/// 3 spatial dims; `dY`'s spatial sizes must be MaxPool's output sizes over `X` (with
+/// `ceil_mode` 0 or 1 when the attribute is absent), checked before `dX` is allocated.
 pub struct MaxPoolGradFromInput;
+
+/// A window attribute the kernels refuse, as the op's attribute error.
+fn pool_error(e: PoolGradError) -> Error {
+    match e {
+        PoolGradError::Window { name, what } => Error::Attribute { op: OP_X, name, what },
+        other => Error::Kernel { op: OP_X, message: other.to_string() },
+    }
+}
 
 static INPUTS_X: [Formal; 2] = [Formal::One(Some(DType::Float)), Formal::One(Some(DType::Float))];
 static SIGNATURE_X: Signature = Signature { name: c"MaxPoolGradFromInput", inputs: &INPUTS_X, outputs: &OUTPUTS };
@@ -110,13 +129,21 @@ impl OpSpec for MaxPoolGradFromInput {
             }
             Ok(v.into_iter().map(|e| e as usize).collect())
         };
+        let pads = list("pads", 2 * n, 0, 0)?;
         let window = Window {
             kernel: list("kernel_shape", n, 1, 1)?,
             strides: list("strides", n, 1, 1)?,
             dilations: list("dilations", n, 1, 1)?,
-            pad_begin: list("pads", 2 * n, 0, 0)?[..n].to_vec(),
+            pad_begin: pads[..n].to_vec(),
         };
-        Ok(Box::new(FromInputKernel { window }))
+        window.check().map_err(pool_error)?;
+        let ceil_mode = match info.i64_opt("ceil_mode")? {
+            None => None,
+            Some(0) => Some(false),
+            Some(1) => Some(true),
+            Some(v) => return Err(attr("ceil_mode", format!("expected 0 or 1, got {v}"))),
+        };
+        Ok(Box::new(FromInputKernel { window, pad_end: pads[n..].to_vec(), ceil_mode }))
     }
 
     fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
@@ -126,6 +153,8 @@ impl OpSpec for MaxPoolGradFromInput {
 
 struct FromInputKernel {
     window: Window,
+    pad_end: Vec<usize>,
+    ceil_mode: Option<bool>,
 }
 
 impl Kernel for FromInputKernel {
@@ -142,12 +171,19 @@ impl Kernel for FromInputKernel {
             return Err(Error::input(OP_X, 1, "X", want, format!("shape {:?}", x_t.shape)));
         }
         let (gy_d, x_d) = (gy_t.dims(), x_t.dims());
+        // dY must be MaxPool's output over X: its windows' count, every size checked.
+        check_pooled(&self.window, &self.pad_end, &x_d[2..], &gy_d[2..], self.ceil_mode).map_err(|e| match e {
+            PoolGradError::Shape(what) => Error::input(OP_X, 0, "dY", what, format!("shape {:?}", gy_t.shape)),
+            other => pool_error(other),
+        })?;
+        // N * C overflows only for an empty X (a real one has N * C * ... elements).
+        let planes = x_d[0].checked_mul(x_d[1]);
         let out = io::output(ctx, OP_X, 0, "dX", DType::Float, &x_t.shape)?;
         no_overlap(OP_X, &out, &[("dY", &gy_t), ("X", &x_t)])?;
         // SAFETY: types, sizes and alignment checked; the output overlaps no input, and the
         // inputs are never written.
         let (gy, x, gx) = unsafe { (gy_t.slice::<f32>(), x_t.slice::<f32>(), out.slice_mut::<f32>()) };
-        let planes = x_d[0] * x_d[1];
+        let Some(planes) = planes else { return Ok(()) };
         max_pool_grad_from_input(gy, x, planes, &x_d[2..], &gy_d[2..], &self.window, gx, &OrtPool::new(ctx))
             .map_err(|e| Error::input(OP_X, 0, "dY", "sizes consistent with X", e.to_string()))
     }

@@ -80,6 +80,33 @@ impl GruAttrs {
     pub(crate) fn shape(&self, seq: usize, batch: usize, input: usize) -> GruShape {
         GruShape { seq, batch, input, hidden: self.hidden, direction: self.direction, linear_before_reset: self.lbr }
     }
+
+    /// The node's shape over X `(seq, batch, input)`, every tensor's size checked (`3 *
+    /// hidden_size`, `6 * hidden_size`, `hidden_size^2`, ... must fit, each dimension in
+    /// `2^63 - 1`) before anything is sized by it: an error names `hidden_size` when it
+    /// overflows on its own (over a 1 x 1 x 1 X), else X.
+    pub(crate) fn checked_shape(&self, op: &'static str, x: &Tensor) -> Result<GruShape> {
+        let (seq, batch, isz) = x_dims(op, x)?;
+        let check = |sh: &GruShape| -> std::result::Result<(), String> {
+            let lens = sh.checked_lens().and_then(|l| sh.checked_gates_len().map(|g| (l, g)));
+            lens.map_err(|e| e.to_string())?;
+            let (h, nd) = (sh.hidden, sh.direction.count());
+            for dims in [[nd, 3 * h, sh.input, 1], [nd, 6 * h, 1, 1], [nd, sh.seq, sh.batch, GATE_ROW * h]] {
+                trainops_kernels::shape::to_i64("a dimension", &dims).map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        };
+        if let Err(what) = check(&self.shape(1, 1, 1)) {
+            let what = format!("expected a size whose tensors fit in 64 bits, got {} ({what})", self.hidden);
+            return Err(Error::Attribute { op, name: "hidden_size", what });
+        }
+        let sh = self.shape(seq, batch, isz);
+        check(&sh).map_err(|what| {
+            let want = format!("a shape whose GRU tensors (hidden_size {}) fit in 64 bits", self.hidden);
+            Error::input(op, 0, "X", want, format!("shape {:?} ({what})", x.shape))
+        })?;
+        Ok(sh)
+    }
 }
 
 impl OpSpec for GruGrad {
@@ -165,7 +192,8 @@ impl Kernel for GruGradKernel {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
         let input = |ctx: &Context<'_>, k: usize, dims: Option<&[usize]>| gru_input(ctx, OP, &IN_NAMES, 4, k, dims);
         let x = input(ctx, 0, None)?.expect("required");
-        let (seq, batch, isz) = x_dims(OP, &x)?;
+        let sh = self.attrs.checked_shape(OP, &x)?;
+        let (seq, batch, isz) = (sh.seq, sh.batch, sh.input);
         let (h, nd) = (self.attrs.hidden, self.attrs.direction.count());
         let w = input(ctx, 1, Some(&[nd, 3 * h, isz]))?.expect("required");
         let r = input(ctx, 2, Some(&[nd, 3 * h, h]))?.expect("required");
@@ -200,7 +228,6 @@ impl Kernel for GruGradKernel {
             outs.push(io::optional_output(ctx, OP, k, OUT_NAMES[k], DType::Float, shape)?);
         }
         outputs_disjoint(OP, &ins, &outs, &OUT_NAMES)?;
-        let sh = self.attrs.shape(seq, batch, isz);
         // SAFETY: every tensor was checked to be an aligned float32 buffer; the inputs are
         // only read and no output overlaps an input or another output (checked above), so
         // the mutable views are the only references to their memory.
@@ -224,10 +251,6 @@ impl Kernel for GruGradKernel {
         let mut own = GruScratch::default();
         let mut kept = self.scratch.try_lock().ok();
         let scratch = kept.as_deref_mut().unwrap_or(&mut own);
-        gru_grad_with(&sh, &gin, gout, &pool, scratch).map_err(|e| Error::Runtime {
-            op: OP,
-            call: "gru_grad",
-            message: e.to_string(),
-        })
+        gru_grad_with(&sh, &gin, gout, &pool, scratch).map_err(|e| Error::kernel(OP, e))
     }
 }
