@@ -10,21 +10,17 @@ runs it against 1.17.3."""
 
 from __future__ import annotations
 
-import glob
 import os
-import shutil
-import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
+from helpers import rust_trainer
 from helpers.artifact_cases import CASES, make_trainer
 from helpers.checks import same_bits
 from trainops import Trainer
 
-ROOT = Path(__file__).resolve().parent.parent
 N_BATCHES = 7  # the example feeds batch i % 7: the batches cycle
 
 
@@ -32,31 +28,11 @@ N_BATCHES = 7  # the example feeds batch i % 7: the batches cycle
 def train_rs():
     """(the example's executable, its environment); skips without cargo or a
     libonnxruntime.so in this onnxruntime package."""
-    import onnxruntime
-
-    cargo = shutil.which("cargo")
-    if cargo is None:
-        pytest.skip("no cargo on PATH: the Rust example cannot be built")
-    libs = sorted(glob.glob(str(Path(onnxruntime.__file__).parent / "capi" /
-                                "libonnxruntime.so*")))
-    if not libs:
-        pytest.skip("this onnxruntime package has no libonnxruntime.so")
-    r = subprocess.run([cargo, "build", "-q", "-p", "trainops-trainer", "--example", "train"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr
-    target = Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target")
-    exe = target / "debug" / "examples" / "train"
-    assert exe.is_file(), exe
-    return exe, dict(os.environ, ORT_DYLIB_PATH=libs[0])
+    return rust_trainer.build()
 
 
 def run_rs(train_rs, library_path, *args, ok=True):
-    exe, env = train_rs
-    r = subprocess.run([str(exe), *map(str, args), "--threads", "1", "--library", library_path],
-                       capture_output=True, text=True, timeout=600, env=env)
-    if ok:
-        assert r.returncode == 0, r.stderr
-    return r
+    return rust_trainer.run(train_rs, library_path, *args, ok=ok)
 
 
 def artifacts(tmp_path, case):

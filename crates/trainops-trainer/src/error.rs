@@ -20,13 +20,15 @@ pub enum Error {
         /// The operating system's error.
         source: std::io::Error,
     },
-    /// `manifest.json` is missing, not JSON, or not a manifest this crate reads.
-    #[error("manifest {}: {message}", path.display())]
+    /// `manifest.json` is missing, not JSON, not valid against its schema, or binds
+    /// names the training model does not have: every problem found is listed, each with
+    /// its key (`states[0].output`) and what was expected.
+    #[error("manifest {}: {}", path.display(), problems.join("; "))]
     Manifest {
         /// The manifest file.
         path: PathBuf,
-        /// What is wrong.
-        message: String,
+        /// Each problem.
+        problems: Vec<String>,
     },
     /// A checkpoint (or a batches file) is no valid safetensors file, or does not fit the
     /// manifest: every problem found is listed.

@@ -43,6 +43,7 @@ mod error;
 mod format;
 pub mod manifest;
 pub mod runtime;
+pub mod schema;
 mod tensor;
 mod trainer;
 

@@ -14,8 +14,7 @@ use crate::manifest::{self, Manifest, TensorSpec};
 use crate::runtime;
 use crate::tensor::{with_element, DType, HostTensor};
 
-/// The checkpoint tensor holding the source model's serialized bytes (kept as it is).
-pub const MODEL_KEY: &str = "trainops/model";
+pub use crate::checkpoint::MODEL_KEY;
 
 /// One batch: a tensor per data input, by input name.
 pub type Batch = BTreeMap<String, HostTensor>;
@@ -262,6 +261,12 @@ impl Trainer {
             .clone()
             .commit_from_file(&model)
             .map_err(|e| Error::Invalid(format!("{}: ONNX Runtime cannot create its session: {e}", model.display())))?;
+        let inputs: Vec<&str> = session.inputs().iter().map(|i| i.name()).collect();
+        let outputs: Vec<&str> = session.outputs().iter().map(|o| o.name()).collect();
+        let problems = manifest.model_problems(&inputs, &outputs);
+        if !problems.is_empty() {
+            return Err(Error::Manifest { path: mpath, problems });
+        }
         let mut binding = session.create_binding()?;
         let mut buffers = Vec::with_capacity(states.len());
         for (spec, t) in manifest.states.iter().zip(states) {
@@ -273,14 +278,9 @@ impl Trainer {
         let loss_dtype = manifest::dtype(&mpath, "loss", &manifest.loss.dtype)?;
         let mut loss = output_buffer(&session, &model, &manifest.loss.training_output, loss_dtype)?;
         binding.bind_output(loss.name.as_str(), &mut loss.value)?;
-        let mut extras = manifest.extra_outputs.clone();
-        if let Some(s) = &manifest.step.skip_output {
-            if !extras.iter().any(|e| &e.name == s) {
-                extras.push(TensorSpec { name: s.clone(), dtype: "bool".into(), shape: None });
-            }
-        }
-        let mut outputs = Vec::with_capacity(extras.len());
-        for e in &extras {
+        // The manifest's checks made the skip output one of the extra outputs, of dtype bool.
+        let mut outputs = Vec::with_capacity(manifest.extra_outputs.len());
+        for e in &manifest.extra_outputs {
             let dtype = manifest::dtype(&mpath, &format!("extra output {:?}", e.name), &e.dtype)?;
             let mut b = output_buffer(&session, &model, &e.name, dtype)?;
             binding.bind_output(b.name.as_str(), &mut b.value)?;
@@ -290,22 +290,14 @@ impl Trainer {
             .step
             .skip_output
             .as_ref()
-            .map(|s| outputs.iter().position(|b| &b.name == s).expect("the skip output is bound"));
-        if let Some(k) = skip {
-            if outputs[k].dtype != DType::Bool {
-                return Err(Error::Manifest {
-                    path: mpath,
-                    message: format!("step.skip_output {:?} must be bool, is {}", outputs[k].name, outputs[k].dtype),
-                });
-            }
-        }
+            .map(|s| outputs.iter().position(|b| &b.name == s).expect("the manifest's checks: an extra output"));
         let mut data = Vec::with_capacity(manifest.data_inputs.len());
         for d in &manifest.data_inputs {
             data.push((d.clone(), manifest::dtype(&mpath, &format!("tensor {:?}", d.name), &d.dtype)?));
         }
         let lr_dtype = manifest::dtype(&mpath, "learning_rate", &manifest.learning_rate.dtype)?;
         let learning_rate = metadata["learning_rate"].parse().expect("checked");
-        let t = metadata["step"].parse().expect("checked");
+        let t = metadata["step"].parse().expect("checked: 1 ..= 2^63-1");
         let skipped = metadata["skipped"].parse().expect("checked");
         Ok(Trainer {
             dir,
@@ -340,10 +332,14 @@ impl Trainer {
     /// [`Error::Shape`] for a batch that does not fit (nothing has run), [`Error::Ort`] when
     /// a node fails (`T` stays).
     pub fn step(&mut self, batch: &Batch) -> Result<f64> {
+        let t = i64::try_from(self.t)
+            .ok()
+            .filter(|&t| t < i64::MAX)
+            .ok_or_else(|| Error::Invalid(format!("Trainer::step: T = {} cannot advance past int64", self.t)))?;
         bind_batch("Trainer::step", &mut self.binding, &self.data, batch)?;
         let lr = scalar_input(self.lr_dtype, self.learning_rate)?;
         self.binding.bind_input(self.manifest.learning_rate.input.as_str(), &lr)?;
-        let t = Tensor::from_array((vec![1i64], vec![self.t as i64]))?;
+        let t = Tensor::from_array((vec![1i64], vec![t]))?;
         self.binding.bind_input(self.manifest.step.input.as_str(), &t)?;
         drop(self.session.run_binding(&self.binding)?);
         let loss = first(&self.loss)?;
@@ -390,7 +386,7 @@ impl Trainer {
         let mpath = self.dir.join("manifest.json");
         let file = self.manifest.models.eval.as_ref().ok_or_else(|| Error::Manifest {
             path: mpath.clone(),
-            message: "models.eval: the artifacts have no eval model".into(),
+            problems: vec!["models.eval: the artifacts have no eval model".into()],
         })?;
         let model = self.dir.join(file);
         let env = runtime::environment(self.options.onnxruntime.as_deref())?;
@@ -497,7 +493,11 @@ impl Trainer {
 }
 
 /// The checkpoint's state tensors in the manifest's order, and the other tensors kept
-/// (the source model); every problem in one [`Error::Checkpoint`].
+/// (the source model); every problem in one [`Error::Checkpoint`]: the Python reader's
+/// checks (`docs/artifacts.md`, the reader contract): the metadata and the config, the
+/// source model (present, hashing to `model_sha256`, an ONNX model), the manifest's
+/// options, every state present with the manifest's dtype and shape, no other tensor, the
+/// `loss_scale` metadata equal to the loss scale state.
 fn check_checkpoint(
     m: &Manifest,
     mpath: &Path,
@@ -506,6 +506,18 @@ fn check_checkpoint(
     metadata: &HashMap<String, String>,
 ) -> Result<(Vec<HostTensor>, BTreeMap<String, HostTensor>)> {
     let mut problems = checkpoint::check_metadata(metadata);
+    if problems.is_empty() {
+        problems = checkpoint::check_model(&tensors, metadata);
+    }
+    if !problems.is_empty() {
+        return Err(Error::Checkpoint { path: ckpath.to_path_buf(), problems });
+    }
+    let config: serde_json::Value = serde_json::from_str(&metadata["config"]).expect("checked");
+    let mut problems = m.options_problems(&config, &metadata["seed"]);
+    if !problems.is_empty() {
+        return Err(Error::Checkpoint { path: ckpath.to_path_buf(), problems });
+    }
+    let scale = tensors.get(LOSS_SCALE).map(|t| (t.dtype(), t.shape().to_vec(), t.clone()));
     let mut states = Vec::with_capacity(m.states.len());
     for s in &m.states {
         let want = manifest::dtype(mpath, &format!("state {:?}", s.input), &s.dtype)?;
@@ -525,9 +537,27 @@ fn check_checkpoint(
     if !unknown.is_empty() {
         problems.push(format!("tensors {unknown:?} are not states of the training model"));
     }
+    let have = &metadata["loss_scale"];
+    match (m.state(LOSS_SCALE), scale) {
+        (None, _) if !have.is_empty() => problems.push(format!("loss_scale {have}: this trainer has none")),
+        (Some(spec), Some((dtype, shape, t))) if shape == spec.shape && dtype.numpy_name() == spec.dtype => {
+            let want = match dtype {
+                DType::F32 => t.to_vec::<f32>()?.first().map(|&x| python_repr(f64::from(x))),
+                DType::F64 => t.to_vec::<f64>()?.first().map(|&x| python_repr(x)),
+                _ => None,
+            };
+            if let Some(want) = want.filter(|w| w != have) {
+                problems.push(format!("loss_scale {have:?} disagrees with the tensor {LOSS_SCALE:?} ({want})"));
+            }
+        }
+        _ => {}
+    }
     if problems.is_empty() {
         Ok((states, tensors))
     } else {
         Err(Error::Checkpoint { path: ckpath.to_path_buf(), problems })
     }
 }
+
+/// The loss scale state's input name (mixed precision).
+const LOSS_SCALE: &str = "trainops/loss_scale";

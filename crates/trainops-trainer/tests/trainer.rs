@@ -138,8 +138,8 @@ fn write_artifacts(dir: &Path, w0: [f32; 2], threshold: f32, t0: u64, lr: f64) {
 
     let manifest = serde_json::json!({
         "format": "trainops-artifacts", "format_version": 1, "producer": "test",
-        "custom_op_library": "libtrainops.so", "custom_ops": [],
-        "models": {"training": "training.onnx", "eval": "eval.onnx"},
+        "min_onnxruntime": "1.17.0", "custom_op_library": "libtrainops.so", "custom_ops": [],
+        "models": {"training": "training.onnx", "eval": "eval.onnx", "inference": "eval.onnx"},
         "checkpoint": "checkpoint.safetensors",
         "data_inputs": [{"name": "x", "dtype": "float32", "shape": ["N", 2]},
                         {"name": "y", "dtype": "float32", "shape": ["N"]}],
@@ -148,14 +148,22 @@ fn write_artifacts(dir: &Path, w0: [f32; 2], threshold: f32, t0: u64, lr: f64) {
         "step": {"input": "trainops/T", "dtype": "int64", "skip_output": "ok"},
         "states": [{"input": "W", "output": "trainops/new/W", "kind": "param", "dtype": "float32", "shape": [2]}],
         "extra_outputs": [{"name": "ok", "dtype": "bool", "shape": []}],
-        "parameters": ["W"], "eval_inputs": ["x", "y", "W"]
+        "parameters": ["W"], "eval_inputs": ["x", "y", "W"],
+        "options": {"loss": "loss", "optimizer": {"type": "Momentum", "lr": 0.01}, "params": ["W"],
+                    "policy": "float32", "key_seed": 5}
     });
     std::fs::write(dir.join("manifest.json"), manifest.to_string()).unwrap();
     let w = HostTensor::from_vec(vec![2], w0.to_vec()).unwrap();
-    let model = HostTensor::from_vec(vec![3], vec![1u8, 2, 3]).unwrap();
+    let model = HostTensor::from_vec(vec![MODEL.len()], MODEL.to_vec()).unwrap();
     checkpoint::write(&dir.join("checkpoint.safetensors"), [("W", &w), ("trainops/model", &model)], &metadata(t0, lr))
         .unwrap();
 }
+
+/// The checkpoint's source model: a ModelProto (ir_version 8, a graph named "g"); the
+/// readers check its wire format and its hash, not what it computes.
+const MODEL: [u8; 7] = [0x08, 0x08, 0x3a, 0x03, 0x12, 0x01, b'g'];
+const CONFIG: &str =
+    r#"{"loss": "loss", "optimizer": {"type": "Momentum", "lr": 0.01}, "params": ["W"], "policy": "float32"}"#;
 
 fn metadata(t0: u64, lr: f64) -> HashMap<String, String> {
     [
@@ -166,8 +174,8 @@ fn metadata(t0: u64, lr: f64) -> HashMap<String, String> {
         ("loss_scale", String::new()),
         ("seed", "5".into()),
         ("skipped", "0".into()),
-        ("config", "{}".into()),
-        ("model_sha256", "ab".repeat(32)),
+        ("config", CONFIG.into()),
+        ("model_sha256", checkpoint::sha256_hex(&MODEL)),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_string(), v))
@@ -272,7 +280,7 @@ fn save_and_resume_continue_bit_for_bit() {
         m
     };
     assert_eq!(saved.metadata, want);
-    assert_eq!(saved.tensors["trainops/model"].to_vec::<u8>().unwrap(), vec![1, 2, 3]);
+    assert_eq!(saved.tensors["trainops/model"].to_vec::<u8>().unwrap(), MODEL.to_vec());
     let mut b =
         Trainer::from_artifacts_with(&dir, TrainerOptions { checkpoint: Some(path), ..Default::default() }).unwrap();
     assert_eq!((b.next_step(), b.learning_rate()), (3, 0.003));
@@ -309,18 +317,35 @@ fn bad_batches_and_checkpoints_are_named() {
     assert!(tr.set_learning_rate(-1.0).is_err());
     assert_eq!(tr.next_step(), 1, "failed steps do not count");
 
-    // A checkpoint with W of the wrong shape and metadata without "seed": one error.
+    // Metadata without "seed": named (the metadata is checked first, as in Python).
+    let model = HostTensor::from_vec(vec![MODEL.len()], MODEL.to_vec()).unwrap();
     let w = HostTensor::from_vec(vec![3], vec![0.0f32; 3]).unwrap();
     let mut m = metadata(1, 0.01);
     m.remove("seed");
     let bad = dir.join("bad.safetensors");
-    checkpoint::write(&bad, [("W", &w)], &m).unwrap();
-    let e =
-        Trainer::from_artifacts_with(&dir, TrainerOptions { checkpoint: Some(bad), ..Default::default() }).unwrap_err();
+    checkpoint::write(&bad, [("W", &w), ("trainops/model", &model)], &m).unwrap();
+    let with = |path: &Path| TrainerOptions { checkpoint: Some(path.to_path_buf()), ..Default::default() };
+    let e = Trainer::from_artifacts_with(&dir, with(&bad)).unwrap_err();
+    let Error::Checkpoint { problems, path } = &e else { panic!("{e}") };
+    assert_eq!((problems, path), (&vec!["metadata \"seed\" is missing".to_string()], &bad));
+    // W of the wrong shape and a stray tensor: both in one error.
+    let stray = HostTensor::from_vec(vec![1], vec![0u8]).unwrap();
+    checkpoint::write(&bad, [("W", &w), ("trainops/model", &model), ("stray", &stray)], &metadata(1, 0.01)).unwrap();
+    let e = Trainer::from_artifacts_with(&dir, with(&bad)).unwrap_err();
     let Error::Checkpoint { problems, .. } = &e else { panic!("{e}") };
     assert_eq!(
         problems,
-        &vec!["metadata \"seed\" is missing".to_string(), "state \"W\": expected float32 [2], got float32 [3]".into()]
+        &vec![
+            "state \"W\": expected float32 [2], got float32 [3]".to_string(),
+            "tensors [\"stray\"] are not states of the training model".into()
+        ]
     );
+    // A step at the largest int64: loads, but cannot advance (T would wrap around).
+    let w = HostTensor::from_vec(vec![2], vec![0.5f32, -0.25]).unwrap();
+    checkpoint::write(&bad, [("W", &w), ("trainops/model", &model)], &metadata(i64::MAX as u64, 0.01)).unwrap();
+    let mut last = Trainer::from_artifacts_with(&dir, with(&bad)).unwrap();
+    let e = last.step(&batch()).unwrap_err().to_string();
+    assert_eq!(e, "Trainer::step: T = 9223372036854775807 cannot advance past int64");
+    assert_eq!(last.next_step(), i64::MAX as u64);
     std::fs::remove_dir_all(dir).unwrap();
 }

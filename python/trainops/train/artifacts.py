@@ -23,12 +23,15 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper
 
+from . import atomic
 from . import checkpoint as _checkpoint
+from . import schema as _schema
 from .batchnorm import inference_batchnorm
 from .spec import StepGraph
 
-__all__ = ["CHECKPOINT", "FORMAT", "FORMAT_VERSION", "MANIFEST", "MODELS", "custom_ops",
-           "eval_model", "eval_state", "inference_mode", "load", "manifest", "read_manifest", "save"]
+__all__ = ["CHECKPOINT", "FORMAT", "FORMAT_VERSION", "MANIFEST", "MODELS", "ManifestError",
+           "custom_ops", "eval_model", "eval_state", "inference_mode", "load", "manifest",
+           "manifest_problems", "model_problems", "options_problems", "read_manifest", "save"]
 
 FORMAT = "trainops-artifacts"
 FORMAT_VERSION = 1
@@ -37,6 +40,7 @@ CUSTOM_OP_LIBRARY = "libtrainops.so"  # trainops.dll / libtrainops.dylib on thos
 MODELS = {"training": "training.onnx", "eval": "eval.onnx", "inference": "inference.onnx"}
 CHECKPOINT = "checkpoint.safetensors"
 MANIFEST = "manifest.json"
+NORM_OUTPUT = "trainops/grad_norm"  # clip_grad_norm's gradient norm (train/clip.py)
 # Domains ONNX Runtime implements itself: nodes there need no custom-op library.
 BUILTIN_DOMAINS = ("", "ai.onnx", "ai.onnx.ml", "com.microsoft")
 _DTYPE_NAMES = {TensorProto.FLOAT: "float32", TensorProto.DOUBLE: "float64",
@@ -174,17 +178,23 @@ def _dtype_name(dtype) -> str:
 
 def _step_graph_manifest(m: dict) -> dict:
     """The artifacts manifest in :meth:`StepGraph.to_manifest`'s form."""
+    extra = [o["name"] for o in m["extra_outputs"]]
     return {"options": m["options"], "data_inputs": [d["name"] for d in m["data_inputs"]],
             "loss_output": m["loss"]["training_output"], "lr_input": m["learning_rate"]["input"],
             "lr_dtype": m["learning_rate"]["dtype"], "step_input": m["step"]["input"],
-            "states": m["states"], "extra_outputs": [o["name"] for o in m["extra_outputs"]],
-            "finite_output": m["step"]["skip_output"]}
+            "states": m["states"], "extra_outputs": extra,
+            "finite_output": m["step"]["skip_output"],
+            # clip_grad_norm's output (Trainer.last_grad_norm), under its fixed name
+            "norm_output": NORM_OUTPUT if NORM_OUTPUT in extra else None}
 
 
 def save(trainer, directory) -> dict:
     """Write ``trainer``'s artifacts into ``directory`` (created if needed; the files are
-    replaced): the three models, the checkpoint (atomically) and, last, the manifest.
-    Returns the manifest. One process only (not ``comm=``)."""
+    replaced): the three models, the checkpoint and the manifest, all or nothing
+    (:func:`.atomic.write_files`: every target checked first, a symlink written through,
+    a special file refused; every file written to a temporary file and fsync'ed before
+    any is renamed over its target). Returns the manifest. One process only (not
+    ``comm=``)."""
     if trainer.step_graph is None:
         raise NotImplementedError("save_artifacts of a data-parallel (comm=) trainer: its "
                                   "step is two sessions around the collectives; save from a "
@@ -195,64 +205,181 @@ def save(trainer, directory) -> dict:
     models = {"training": graph.model,
               "eval": eval_model(trainer._train_model, eval_state(graph), graph.options.loss),
               "inference": trainer.export()}
-    for key, m in models.items():
-        _write_bytes(os.path.join(directory, MODELS[key]), m.SerializeToString())
-    _checkpoint.write(os.path.join(directory, CHECKPOINT), *_checkpoint.state_of(trainer))
-    man = manifest(graph, trainer._model, models, trainer.runtime.arrays)
-    _write_bytes(os.path.join(directory, MANIFEST),
-                 (json.dumps(man, indent=2) + "\n").encode())
+    # the model with its loss attached: a trainops.losses loss adds its target input
+    man = manifest(graph, trainer._train_model, models, trainer.runtime.arrays)
+    files = [(os.path.join(directory, MODELS[key]), [m.SerializeToString()])
+             for key, m in models.items()]
+    files.append((os.path.join(directory, CHECKPOINT),
+                  _checkpoint.serialize(*_checkpoint.state_of(trainer))))
+    files.append((os.path.join(directory, MANIFEST), [(json.dumps(man, indent=2) + "\n").encode()]))
+    # Older versions wrote through "<name>.tmp": an interrupted save of theirs left it.
+    legacy = [(os.path.basename(p) + ".tmp",) for p, _ in files]
+    atomic.write_files(files, "Trainer.save_artifacts", legacy)
     return man
 
 
-def _write_bytes(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+class ManifestError(ValueError):
+    """A ``manifest.json`` (or a model it names) that this reader refuses: the message
+    names the file and lists every problem, each with its key (``states[0].output``) and
+    what was expected."""
+
+
+def _manifest_error(path, problems: list[str]) -> ManifestError:
+    return ManifestError(f"manifest {os.fspath(path)!r} is not a valid trainops artifacts "
+                         "manifest:\n" + "\n".join(f"  - {p}" for p in problems))
 
 
 def read_manifest(directory) -> dict:
-    """``manifest.json`` of ``directory``, its format and version checked (ValueError
-    naming what was expected)."""
+    """``manifest.json`` of ``directory``, checked: strict JSON (UTF-8), valid against
+    ``docs/manifest.schema.json`` (:mod:`.schema`), and the rules the schema cannot
+    express (:func:`manifest_problems`). :class:`ManifestError` listing every problem,
+    each naming its key and what was expected."""
     path = os.path.join(os.fspath(directory), MANIFEST)
-    with open(path, encoding="utf-8") as f:
-        man = json.load(f)
-    if not isinstance(man, dict) or man.get("format") != FORMAT:
-        raise ValueError(f"{path}: not a trainops artifacts manifest (expected format "
-                         f"{FORMAT!r})")
-    if man.get("format_version") != FORMAT_VERSION:
-        raise ValueError(f"{path}: format_version {man.get('format_version')!r}; this "
-                         f"trainops reads version {FORMAT_VERSION}")
+    _checkpoint.refuse_special(path, "manifest")
+    with open(path, "rb") as f:
+        raw = f.read()
+    try:
+        man = _checkpoint.parse_json(raw.decode("utf-8"))
+    except (UnicodeError, ValueError) as exc:
+        raise _manifest_error(path, [f"expected a JSON object in UTF-8: {exc}"]) from None
+    problems = _schema.manifest_validator().problems(man)
+    if not problems:
+        problems = manifest_problems(man)
+    if problems:
+        raise _manifest_error(path, problems)
     return man
+
+
+def manifest_problems(man: dict) -> list[str]:
+    """What a manifest valid against the schema may still get wrong (empty: nothing):
+    a name bound twice (two states, or a state and a data input, on one input; two states,
+    a state and the loss or an extra output on one output), ``step.skip_output`` that is
+    no bool extra output, a parameter that is no state of kind ``param``. The Rust
+    trainer checks the same (``manifest.rs``)."""
+    problems: list[str] = []
+
+    def claim(seen: dict, name: str, key: str, what: str) -> None:
+        if name in seen:
+            problems.append(f"{key}: {_schema.show(name)} is also {seen[name]} ({what})")
+        else:
+            seen[name] = key
+
+    for named, what in ((bound_inputs(man), "an input is bound once"),
+                        (bound_outputs(man), "an output has one buffer")):
+        seen: dict = {}
+        for key, name in named:
+            claim(seen, name, key, what)
+    skip = man["step"]["skip_output"]
+    if skip is not None:
+        found = [(i, o) for i, o in enumerate(man["extra_outputs"]) if o["name"] == skip]
+        if not found:
+            problems.append(f"step.skip_output: {_schema.show(skip)} is not the name of an "
+                            "extra_outputs entry (expected a bool extra output)")
+        elif found[0][1]["dtype"] != "bool":
+            problems.append(f"step.skip_output: {_schema.show(skip)} is extra_outputs"
+                            f"[{found[0][0]}], of dtype {found[0][1]['dtype']} (expected bool)")
+    params = {s["input"] for s in man["states"] if s["kind"] == "param"}
+    for i, p in enumerate(man["parameters"]):
+        if p not in params:
+            problems.append(f"parameters[{i}]: {_schema.show(p)} is not the input of a state of "
+                            "kind \"param\"")
+    return problems
+
+
+def bound_inputs(man: dict) -> list[tuple[str, str]]:
+    """``(key, name)`` of every training-model input the manifest binds."""
+    return ([(f"data_inputs[{i}].name", d["name"]) for i, d in enumerate(man["data_inputs"])] +
+            [("learning_rate.input", man["learning_rate"]["input"]),
+             ("step.input", man["step"]["input"])] +
+            [(f"states[{i}].input", s["input"]) for i, s in enumerate(man["states"])])
+
+
+def bound_outputs(man: dict) -> list[tuple[str, str]]:
+    """``(key, name)`` of every training-model output the manifest binds."""
+    return ([(f"states[{i}].output", s["output"]) for i, s in enumerate(man["states"])] +
+            [("loss.training_output", man["loss"]["training_output"])] +
+            [(f"extra_outputs[{i}].name", o["name"]) for i, o in enumerate(man["extra_outputs"])])
+
+
+def model_problems(man: dict, inputs: list[str], outputs: list[str]) -> list[str]:
+    """The manifest against its training model's ``inputs`` (initializers excluded) and
+    ``outputs``: every name it binds exists there, every model input is bound."""
+    file = man["models"]["training"]
+    problems = [f"{key}: {_schema.show(name)} is not an input of {file}"
+                for key, name in bound_inputs(man) if name not in set(inputs)]
+    bound = {name for _, name in bound_inputs(man)}
+    problems += [f"data_inputs: the input {_schema.show(name)} of {file} is not bound (neither "
+                 "a data input, a state, the learning rate nor the step)"
+                 for name in inputs if name not in bound]
+    problems += [f"{key}: {_schema.show(name)} is not an output of {file}"
+                 for key, name in bound_outputs(man) if name not in set(outputs)]
+    return problems
+
+
+def _training_model(directory: str, man: dict, mpath: str) -> onnx.ModelProto:
+    """``models.training``, loaded and checked against the manifest (ManifestError)."""
+    from google.protobuf.message import DecodeError
+
+    path = os.path.join(directory, man["models"]["training"])
+    _checkpoint.refuse_special(path, "models.training")
+    try:
+        model = onnx.load(path)
+    except DecodeError as exc:
+        raise _manifest_error(mpath, [f"models.training: {path!r} is not an ONNX model "
+                                      f"({exc})"]) from None
+    g = model.graph
+    inits = {i.name for i in g.initializer}
+    problems = model_problems(man, [i.name for i in g.input if i.name not in inits],
+                              [o.name for o in g.output])
+    if problems:
+        raise _manifest_error(mpath, problems)
+    return model
+
+
+def options_problems(man: dict, metadata: dict) -> list[str]:
+    """The manifest's ``options`` against the checkpoint's ``config`` and ``seed`` (both
+    record how the step was built; they must agree). The Rust trainer checks the same."""
+    config, o = json.loads(metadata["config"]), man["options"]
+    # A trainops.losses loss is an object in the config and its output's name in options.
+    keys = ("optimizer", "params", "policy") if isinstance(config.get("loss"), dict) else \
+        ("loss", "optimizer", "params", "policy")
+    problems = [f"config {k!r}: the checkpoint has {_schema.show(config.get(k))}, the "
+                f"manifest's options.{k} {_schema.show(o.get(k))}"
+                for k in keys if not _schema.json_equal(o.get(k), config.get(k))]
+    if metadata["seed"] and not _schema.json_equal(o["key_seed"], int(metadata["seed"])):
+        problems.append(f"seed {metadata['seed']}: the manifest's options.key_seed is "
+                        f"{o['key_seed']}")
+    return problems
 
 
 def load(cls, directory, threads: int | None = None) -> Any:
     """A ``cls`` (:class:`~.trainer.Trainer`) resuming from the artifacts in ``directory``:
+    the manifest (:func:`read_manifest`) and the training model checked against it, the
+    checkpoint read (:func:`.checkpoint.read`) and checked against the manifest's options,
     the StepGraph from the manifest over ``training.onnx``, every state from the
     checkpoint (validated against it: :func:`.checkpoint.restore`), ``T``, the learning
-    rate and the skipped count from its metadata. Steps continue bit for bit."""
-    from .. import optim
-
+    rate and the skipped count from its metadata. Steps continue bit for bit. Errors:
+    :class:`ManifestError` (the manifest or the training model),
+    :class:`~.checkpoint.CheckpointError` (the checkpoint), each naming the file."""
     directory = os.fspath(directory)
+    mpath = os.path.join(directory, MANIFEST)
     man = read_manifest(directory)
+    training = _training_model(directory, man, mpath)
     path = os.path.join(directory, man["checkpoint"])
     tensors, metadata = _checkpoint.read(path)
-    if _checkpoint.MODEL_KEY not in tensors:
-        raise _checkpoint.CheckpointError(f"checkpoint {path!r} has no source model (tensor "
-                                          f"{_checkpoint.MODEL_KEY!r})")
-    training = onnx.load(os.path.join(directory, man["models"]["training"]))
-    graph = StepGraph.from_manifest(training, _step_graph_manifest(man), tensors)
-    config = json.loads(metadata["config"])
-    o = man["options"]
-    differ = [k for k in ("loss", "optimizer", "params", "policy") if o.get(k) != config.get(k)]
-    if metadata["seed"] and o.get("key_seed") != int(metadata["seed"]):
-        differ.append("key_seed (the checkpoint's seed)")
-    if differ:
-        raise ValueError(f"{directory}: the manifest's options and the checkpoint's config "
-                         f"differ in {differ}")
-    trainer = cls(tensors[_checkpoint.MODEL_KEY].tobytes(), config["loss"],
-                  optim.from_dict(config["optimizer"]), params=config["params"],
-                  policy=config["policy"], threads=threads,
-                  seed=int(metadata["seed"]) if metadata["seed"] else None, _step_graph=graph)
+    problems = options_problems(man, metadata)
+    if problems:
+        raise _checkpoint.CheckpointError(
+            f"checkpoint {path!r} does not match the manifest {mpath!r}:\n" +
+            "\n".join(f"  - {p}" for p in problems))
+    try:
+        graph = StepGraph.from_manifest(training, _step_graph_manifest(man), tensors)
+    except (ValueError, TypeError, KeyError) as exc:  # a state missing or of another
+        # dtype or shape; options its classes refuse (the same as the config's)
+        raise _checkpoint.CheckpointError(
+            f"checkpoint {path!r} and the manifest {mpath!r} cannot build the step: "
+            f"{exc}") from exc
+    trainer = _checkpoint.build_trainer(cls, tensors, metadata, path, threads,
+                                        _step_graph=graph)
     _checkpoint.restore(trainer, tensors, metadata, path)
     return trainer

@@ -2,12 +2,15 @@
 
 Usable without a Trainer:
 
-- :func:`write` ``(path, tensors, metadata)``: atomically (a temporary file in the same
-  folder, flushed, fsync'ed, renamed over ``path``; a failed write leaves the previous file
-  as it was and no temporary file behind);
+- :func:`write` ``(path, tensors, metadata)``: atomically (:mod:`.atomic`: symlinks
+  resolved, special files refused, a temporary file in the same folder flushed, fsync'ed
+  and renamed over ``path``; a failed write is an OSError with its errno naming ``path``,
+  leaves the previous file as it was and no temporary file behind);
 - :func:`read` ``(path) -> (tensors, metadata)``: a safetensors checkpoint, or an old
   ``.npz`` one (told apart by their first bytes) converted to the same form; every
-  metadata entry checked (:func:`check_metadata`), the model's bytes against their hash.
+  metadata entry checked (:func:`check_metadata`, :func:`check_config`), the model's
+  bytes against their hash and as an ONNX model (:func:`check_model`): the checks of the
+  reader contract in ``docs/artifacts.md``, which the Rust trainer makes too.
 
 Tensors are keyed by the state's INPUT name in the training graph; the source model's
 serialized bytes are the uint8 tensor ``trainops/model``. For a Trainer: :func:`state_of`
@@ -18,20 +21,23 @@ everything matches).
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
 import os
-import secrets
+import re
 import struct
 from typing import Any, Mapping
 
 import numpy as np
 
-from . import update_options
+from . import atomic, update_options
+from . import schema as _schema
 
-__all__ = ["CheckpointError", "FORMAT", "FORMAT_VERSION", "MODEL_KEY", "check_metadata",
-           "load_trainer", "mismatches", "read", "restore", "save", "state_of", "write"]
+__all__ = ["CheckpointError", "FORMAT", "FORMAT_VERSION", "MODEL_KEY", "build_trainer",
+           "check_config", "check_metadata", "check_model", "load_trainer", "mismatches",
+           "read", "restore", "save", "serialize", "state_of", "write"]
 
 FORMAT = "trainops-checkpoint"
 FORMAT_VERSION = "1"
@@ -57,54 +63,74 @@ def _problems(path, what: str, problems: list[str]) -> CheckpointError:
 
 # --- the file ----------------------------------------------------------------------------
 
-def _serialize_file(tensors: Mapping[str, np.ndarray], path: str,
-                    metadata: Mapping[str, str]) -> None:
-    """safetensors' writer (a function of its own so tests can make it fail midway)."""
-    from safetensors.numpy import save_file
-
-    save_file(dict(tensors), path, metadata=dict(metadata))
+# safetensors' dtype order (its Dtype enum): its writer lays tensors out by dtype, largest
+# first, then by name; this writer does the same, so its headers are safetensors' own.
+_ORDER = ("BOOL", "U8", "I8", "I16", "U16", "F16", "BF16", "I32", "U32", "F32", "F64", "I64",
+          "U64")
 
 
-def _fsync_dir(folder: str) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:  # a platform without directory descriptors
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+def _safetensors_name(array: np.ndarray, name: str) -> str:
+    if array.dtype.name == "bfloat16":
+        return "BF16"
+    for st, np_type in _DTYPES.items():
+        if array.dtype == np_type:
+            return st
+    raise TypeError(f"checkpoint.write: tensor {name!r} has dtype {array.dtype}, which "
+                    f"safetensors cannot hold (expected one of {sorted(_DTYPES)} or bfloat16)")
 
 
-def write(path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> None:
+def serialize(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> list:
+    """The safetensors file of ``tensors`` and ``metadata`` as a list of byte chunks (the
+    header, then each tensor's own buffer, not copied): the layout of safetensors' writer
+    (tensors by dtype, largest first, then by name; the header padded with spaces to a
+    multiple of 8 bytes)."""
+    arrays = {}
+    for name, value in tensors.items():
+        a = np.asarray(value)
+        if a.dtype.byteorder == ">":  # safetensors is little-endian
+            a = a.astype(a.dtype.newbyteorder("<"))
+        arrays[str(name)] = a if a.flags.c_contiguous else a.copy(order="C")  # 0-d stays 0-d
+    kinds = {n: _safetensors_name(a, n) for n, a in arrays.items()}
+    names = sorted(arrays, key=lambda n: (-_ORDER.index(kinds[n]), n))
+    header: dict[str, Any] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset = 0
+    for n in names:
+        size = arrays[n].nbytes
+        header[n] = {"dtype": kinds[n], "shape": list(arrays[n].shape),
+                     "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return [struct.pack("<Q", len(text)) + text] + [arrays[n].reshape(-1).view(np.uint8)
+                                                   for n in names]
+
+
+def write(path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str],
+          what: str = "checkpoint.write") -> None:
     """Write ``tensors`` (name -> array) and ``metadata`` (str -> str) as a safetensors
-    file at ``path``, atomically: into a temporary file in the same folder, flushed to
-    disk (fsync), then renamed over ``path`` (and the folder fsync'ed). If anything fails,
-    ``path`` keeps its previous content and the temporary file is removed."""
-    path = os.fspath(path)
+    file at ``path``, atomically (:mod:`.atomic`): symlinks resolved, a target that is no
+    regular file refused, a temporary file in the same folder flushed to disk (fsync) and
+    renamed over the file. If anything fails, ``path`` keeps its previous content, the
+    temporary file is removed, and the error is an :class:`OSError` with its errno naming
+    ``path`` (a full disk: ENOSPC; a file-size limit: EFBIG)."""
     bad = [k for k, v in metadata.items() if not (isinstance(k, str) and isinstance(v, str))]
     if bad:
-        raise TypeError(f"checkpoint.write: metadata values must be strings: {bad}")
-    arrays = {str(k): np.asarray(v) for k, v in tensors.items()}
-    arrays = {k: v if v.flags.c_contiguous else v.copy(order="C") for k, v in arrays.items()}
-    folder = os.path.dirname(os.path.abspath(path))
-    tmp = os.path.join(folder, f".{os.path.basename(path)}.{secrets.token_hex(6)}.tmp")
+        raise TypeError(f"{what}: metadata values must be strings: {bad}")
+    atomic.write_files([(path, serialize(tensors, metadata))], what)
+
+
+def refuse_special(path, what: str) -> None:
+    """:class:`OSError` (EISDIR, EINVAL) naming ``path`` when it exists and is not a
+    regular file once its symlinks are resolved (reading a FIFO would block)."""
+    import stat
+
     try:
-        os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
-        _serialize_file(arrays, tmp, metadata)
-        with open(tmp, "rb+") as f:
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    _fsync_dir(folder)
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return  # open() says so, naming it
+    if not stat.S_ISREG(mode):
+        code = errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL
+        raise OSError(code, f"{what} {os.fspath(path)!r} is not a regular file", path)
 
 
 def _header(data: bytes, path) -> dict:
@@ -135,7 +161,9 @@ def read(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
     format) or an old ``.npz`` checkpoint (converted: see :func:`_read_npz`), told apart by
     their first bytes. :class:`CheckpointError` listing every problem: not a checkpoint,
     metadata missing or malformed (:func:`check_metadata`), the model tensor not matching
-    ``model_sha256``."""
+    ``model_sha256`` or not an ONNX model (:func:`check_model`). A path that is not a
+    regular file (a FIFO, whose read would wait for a writer) is refused first."""
+    refuse_special(path, "checkpoint")
     with open(path, "rb") as f:
         data = f.read()
     if data[:4] == _NPZ_MAGIC:
@@ -160,69 +188,178 @@ def read(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
         if unknown:
             raise _problems(path, "has tensors of unsupported types", unknown)
     problems = check_metadata(metadata)
-    model = tensors.get(MODEL_KEY)
-    if model is not None and not problems:
-        if model.dtype != np.uint8 or model.ndim != 1:
-            problems.append(f"tensor {MODEL_KEY!r}: expected uint8 of one dimension, got "
-                            f"{model.dtype} {list(model.shape)}")
-        elif hashlib.sha256(model.tobytes()).hexdigest() != metadata["model_sha256"]:
-            problems.append(f"tensor {MODEL_KEY!r}: its sha256 is not model_sha256 "
-                            f"{metadata['model_sha256']} (the file is corrupt)")
+    if not problems:
+        problems = check_model(tensors, metadata)
     if problems:
         raise _problems(path, "is not a valid trainops checkpoint", problems)
     return tensors, dict(metadata)
 
 
+# The decimal grammars of the metadata (the Rust reader's are the same): integers are ASCII
+# digits only (no sign, space, underscore or other script's digits); floats are decimal
+# (optional sign, digits with an optional fraction, optional exponent), and loss_scale
+# may also be Python's repr of a non-finite float.
+_DIGITS = re.compile(r"[0-9]+")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+_NON_FINITE = ("inf", "-inf", "nan")
+INT64_MAX = 2**63 - 1
+UINT64_MAX = 2**64 - 1
+# What a checkpoint's config may name (trainops.optim.from_dict, trainops.schedules).
+OPTIMIZER_TYPES = ("Adam", "AdamW", "Adagrad", "Momentum")
+SCHEDULE_TYPES = ("Constant", "Cosine", "Exponential", "LinearWarmup", "OneCycle", "Step",
+                  "callable")
+POLICIES = ("float32", "float64", "mixed_float16")
+BATCHNORM = ("train", "frozen")
+
+
+def parse_json(text: str):
+    """``text`` as strict JSON (RFC 8259: no NaN or Infinity, no lone surrogates), as
+    every JSON reader of other languages reads it. ValueError otherwise."""
+    def constant(name):
+        raise ValueError(f"{name} is not JSON")
+
+    value = json.loads(text, parse_constant=constant)
+    json.dumps(value, ensure_ascii=False).encode("utf-8")  # UnicodeEncodeError: a surrogate
+    return value
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def check_config(config: Any) -> list[str]:
+    """The problems of a checkpoint's ``config`` (empty: none), each naming its key:
+    ``loss`` a string or an object; ``optimizer`` an object of a known ``type`` with a
+    finite ``lr`` >= 0; ``params`` an array of strings; ``policy`` a known policy; when
+    present, ``batchnorm`` train/frozen, ``clip_grad_norm`` null or a finite number > 0,
+    ``accumulate`` an integer >= 1, ``schedule`` null or an object of a known ``type``."""
+    if not isinstance(config, dict):
+        return [f"metadata 'config': expected a JSON object, got {type(config).__name__}"]
+    problems = [f"config {k!r} is missing" for k in ("loss", "optimizer", "params", "policy")
+                if k not in config]
+
+    def bad(key, expected):
+        problems.append(f"config {key!r}: expected {expected}, got {_schema.show(config[key])}")
+
+    if "loss" in config and not (isinstance(config["loss"], dict) or
+                                 (isinstance(config["loss"], str) and config["loss"])):
+        bad("loss", "a non-empty string (an output name) or an object (a trainops.losses loss)")
+    opt = config.get("optimizer")
+    if "optimizer" in config:
+        if not isinstance(opt, dict):
+            bad("optimizer", "an object")
+        else:
+            if opt.get("type") not in OPTIMIZER_TYPES:
+                problems.append(f"config 'optimizer' 'type': expected one of "
+                                f"{list(OPTIMIZER_TYPES)}, got {_schema.show(opt.get('type'))}")
+            lr = opt.get("lr")
+            if not (_is_number(lr) and math.isfinite(lr) and lr >= 0):
+                problems.append(f"config 'optimizer' 'lr': expected a finite number >= 0, "
+                                f"got {_schema.show(lr)}")
+    if "params" in config and not (isinstance(config["params"], list) and
+                                   all(isinstance(p, str) for p in config["params"])):
+        bad("params", "an array of strings")
+    if "policy" in config and config["policy"] not in POLICIES:
+        bad("policy", f"one of {list(POLICIES)}")
+    if "batchnorm" in config and config["batchnorm"] not in BATCHNORM:
+        bad("batchnorm", f"one of {list(BATCHNORM)}")
+    clip = config.get("clip_grad_norm")
+    if clip is not None and not (_is_number(clip) and math.isfinite(clip) and clip > 0):
+        bad("clip_grad_norm", "null or a finite number > 0")
+    acc = config.get("accumulate", 1)
+    if not (isinstance(acc, int) and not isinstance(acc, bool) and acc >= 1):
+        bad("accumulate", "an integer >= 1")
+    sched = config.get("schedule")
+    if sched is not None and not (isinstance(sched, dict) and
+                                  sched.get("type") in SCHEDULE_TYPES):
+        bad("schedule", f"null or an object whose 'type' is one of {list(SCHEDULE_TYPES)}")
+    return problems
+
+
+def _shown(text: str) -> str:
+    """``repr(text)``, cut to 80 characters (a metadata value may be long)."""
+    return repr(text) if len(text) <= 77 else repr(text[:77]) + "..."
+
+
 def check_metadata(metadata: Mapping[str, Any]) -> list[str]:
     """The problems of a checkpoint's metadata (empty: none): every key of
-    ``METADATA_KEYS`` present, ``format``/``format_version`` this format's, ``step`` an
-    int >= 1, ``skipped`` an int >= 0, ``learning_rate`` a finite float >= 0,
-    ``loss_scale`` a float or "", ``seed`` a 64-bit unsigned int ("" only in a converted
-    ``.npz``), ``config`` a JSON object, ``model_sha256`` 64 hex digits."""
+    ``METADATA_KEYS`` present, ``format``/``format_version`` this format's, ``step`` a
+    decimal integer in [1, 2^63-1], ``skipped`` one in [0, 2^63-1], ``seed`` one in
+    [0, 2^64-1] ("" only in a converted ``.npz``), ``learning_rate`` a decimal float,
+    finite and >= 0, ``loss_scale`` a decimal float, ``inf``, ``-inf``, ``nan`` or "",
+    ``config`` a JSON object (:func:`check_config`), ``model_sha256`` 64 lowercase hex
+    digits. Decimal integers are ASCII digits only (``docs/artifacts.md``)."""
     m = metadata
     problems = [f"metadata {k!r} is missing" for k in METADATA_KEYS if k not in m]
     if problems:
         return problems
+    not_str = [k for k in METADATA_KEYS if not isinstance(m[k], str)]
+    if not_str:
+        return [f"metadata {k!r}: expected a string, got {type(m[k]).__name__}" for k in not_str]
 
-    def integer(key, low, high=None):
-        try:
-            v = int(m[key], 10)
-        except (TypeError, ValueError):
-            problems.append(f"metadata {key!r}: expected an integer, got {m[key]!r}")
-            return
-        if v < low or (high is not None and v > high):
-            problems.append(f"metadata {key!r}: {v} is out of range [{low}, {high or 'inf'}]")
-
-    def number(key):
-        try:
-            return float(m[key])
-        except (TypeError, ValueError):
-            problems.append(f"metadata {key!r}: expected a float, got {m[key]!r}")
-            return None
+    def integer(key, low, high):
+        if not _DIGITS.fullmatch(m[key]):
+            problems.append(f"metadata {key!r}: expected a decimal integer in [{low}, {high}] "
+                            f"(ASCII digits only), got {_shown(m[key])}")
+        elif len(m[key]) > 40 or not low <= int(m[key]) <= high:  # (int() of 4300+ digits
+            # raises, and no value in range has 40)
+            shown = m[key] if len(m[key]) <= 40 else m[key][:37] + "..."
+            problems.append(f"metadata {key!r}: {shown} is out of range [{low}, {high}]")
 
     if m["format"] != FORMAT:
-        problems.append(f"metadata 'format': expected {FORMAT!r}, got {m['format']!r}")
+        problems.append(f"metadata 'format': expected {FORMAT!r}, got {_shown(m['format'])}")
     if m["format_version"] != FORMAT_VERSION:
         problems.append(f"metadata 'format_version': this trainops reads version "
-                        f"{FORMAT_VERSION!r}, got {m['format_version']!r}")
-    integer("step", 1)
-    integer("skipped", 0)
+                        f"{FORMAT_VERSION!r}, got {_shown(m['format_version'])}")
+    integer("step", 1, INT64_MAX)
+    integer("skipped", 0, INT64_MAX)
     if m["seed"] != "" or m.get("legacy") != "npz":
-        integer("seed", 0, 2**64 - 1)
-    lr = number("learning_rate")
-    if lr is not None and not (math.isfinite(lr) and lr >= 0):
-        problems.append(f"metadata 'learning_rate': expected a finite float >= 0, got {lr}")
-    if m["loss_scale"] != "":
-        number("loss_scale")
+        integer("seed", 0, UINT64_MAX)
+    lr = m["learning_rate"]
+    if not (_DECIMAL.fullmatch(lr) and math.isfinite(float(lr)) and float(lr) >= 0):
+        problems.append(f"metadata 'learning_rate': expected a decimal float, finite and "
+                        f">= 0, got {_shown(lr)}")
+    if m["loss_scale"] != "" and not (_DECIMAL.fullmatch(m["loss_scale"]) or
+                                      m["loss_scale"] in _NON_FINITE):
+        problems.append(f"metadata 'loss_scale': expected a decimal float (or inf, -inf, "
+                        f"nan) or \"\", got {_shown(m['loss_scale'])}")
     try:
-        if not isinstance(json.loads(m["config"]), dict):
-            raise ValueError("not an object")
-    except (TypeError, ValueError) as exc:
+        config = parse_json(m["config"])
+    except (ValueError, UnicodeError) as exc:
         problems.append(f"metadata 'config': expected a JSON object ({exc})")
+    else:
+        problems += check_config(config)
     h = m["model_sha256"]
-    if not (isinstance(h, str) and len(h) == 64 and all(c in "0123456789abcdef" for c in h)):
-        problems.append(f"metadata 'model_sha256': expected 64 hex digits, got {h!r}")
+    if not (len(h) == 64 and all(c in "0123456789abcdef" for c in h)):
+        problems.append(f"metadata 'model_sha256': expected 64 lowercase hex digits, got "
+                        f"{_shown(h)}")
     return problems
+
+
+def check_model(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) -> list[str]:
+    """The problems of the source model tensor ``trainops/model`` (empty: none, or
+    absent): uint8 of one dimension, hashing to ``model_sha256``, a serialized ONNX
+    ModelProto (protobuf) with a graph."""
+    model = tensors.get(MODEL_KEY)
+    if model is None:
+        return []
+    if model.dtype != np.uint8 or model.ndim != 1:
+        return [f"tensor {MODEL_KEY!r}: expected uint8 of one dimension, got {model.dtype} "
+                f"{list(model.shape)}"]
+    if hashlib.sha256(model.tobytes()).hexdigest() != metadata["model_sha256"]:
+        return [f"tensor {MODEL_KEY!r}: its sha256 is not model_sha256 "
+                f"{metadata['model_sha256']} (the file is corrupt)"]
+    import onnx
+    from google.protobuf.message import DecodeError
+
+    proto = onnx.ModelProto()
+    try:
+        proto.ParseFromString(model.tobytes())
+    except DecodeError as exc:
+        return [f"tensor {MODEL_KEY!r}: not a serialized ONNX model ({exc})"]
+    if not proto.HasField("graph"):
+        return [f"tensor {MODEL_KEY!r}: not a serialized ONNX model (it has no graph)"]
+    return []
 
 
 def _read_npz(path) -> tuple[dict[str, np.ndarray], dict[str, str]]:
@@ -286,7 +423,7 @@ def state_of(trainer) -> tuple[dict[str, np.ndarray], dict[str, str]]:
 
 def save(trainer, path) -> None:
     """Write ``trainer``'s checkpoint to ``path`` (atomically: :func:`write`)."""
-    write(path, *state_of(trainer))
+    write(path, *state_of(trainer), what="Trainer.save")
 
 
 def mismatches(trainer, tensors: Mapping[str, np.ndarray],
@@ -356,31 +493,55 @@ def restore(trainer, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, s
     trainer.skipped = int(metadata["skipped"])
 
 
-def load_trainer(cls, path, threads=None, schedule=None):
-    """The ``cls`` (Trainer) saved at ``path``: :meth:`trainops.Trainer.load`'s body."""
+def build_trainer(cls, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str], path,
+                  threads=None, schedule=None, **extra):
+    """A ``cls`` (Trainer) of the checkpoint's model and config (``tensors`` and
+    ``metadata`` as :func:`read` returned them; ``extra``: more Trainer arguments). Any
+    error building it (an optimizer, loss or schedule its class refuses, a config the
+    Trainer refuses with this model) is a :class:`CheckpointError` naming ``path`` and the
+    config key (or ``config`` and ``trainops/model`` together when the Trainer refuses the
+    pair); nothing is half-built."""
     from .. import losses as _losses
     from .. import optim as _optim
 
-    tensors, metadata = read(path)
+    where = os.fspath(path)
     if MODEL_KEY not in tensors:
         raise CheckpointError(
-            f"checkpoint {os.fspath(path)!r} has no model (tensor "
-            f"{MODEL_KEY!r}): load it into a Trainer of its model with "
-            "trainer.load_state(path)")
+            f"checkpoint {where!r} has no model (tensor {MODEL_KEY!r}): load it into a "
+            "Trainer of its model with trainer.load_state(path)")
     config = json.loads(metadata["config"])
+    problems = check_config(config)  # read() checked it; a caller's own tensors may not be
+    if problems:
+        raise _problems(path, "has a config that cannot build a trainer", problems)
+    kwargs = {}
+    for key, make in (("optimizer", lambda: _optim.from_dict(config["optimizer"])),
+                      ("loss", lambda: _losses.from_dict(config["loss"])
+                       if isinstance(config["loss"], dict) else config["loss"]),
+                      ("schedule", lambda: update_options.load_options(config, schedule, path))):
+        try:
+            kwargs[key] = make()
+        except CheckpointError:
+            raise
+        except (ValueError, TypeError, KeyError) as exc:
+            raise _problems(path, "has a config that cannot build a trainer",
+                            [f"config {key!r}: {exc}"]) from exc
     try:
-        optimizer = _optim.from_dict(config["optimizer"])
-        loss = config["loss"]
-        loss = _losses.from_dict(loss) if isinstance(loss, dict) else loss
-        trainer = cls(tensors[MODEL_KEY].tobytes(), loss,
-                      optimizer, params=config["params"], policy=config["policy"],
-                      threads=threads,
-                      seed=int(metadata["seed"]) if metadata["seed"] else None,
-                      batchnorm=config.get("batchnorm", "train"),
-                      **update_options.load_options(config, schedule, path))
-    except (KeyError, TypeError) as exc:
-        raise CheckpointError(
-            f"checkpoint {os.fspath(path)!r}: its config cannot build a trainer "
-            f"({exc!r})") from None
+        return cls(tensors[MODEL_KEY].tobytes(), kwargs["loss"], kwargs["optimizer"],
+                   params=config["params"], policy=config["policy"], threads=threads,
+                   seed=int(metadata["seed"]) if metadata["seed"] else None,
+                   batchnorm=config.get("batchnorm", "train"), **kwargs["schedule"], **extra)
+    except (OSError, MemoryError):
+        raise
+    except Exception as exc:  # noqa: BLE001 (whatever the model and config make it raise)
+        raise _problems(path, "cannot build a trainer", [
+            f"its model (tensor {MODEL_KEY!r}) and 'config' "
+            f"{json.dumps({k: config[k] for k in ('loss', 'params', 'policy')})}: "
+            f"{type(exc).__name__}: {exc}"]) from exc
+
+
+def load_trainer(cls, path, threads=None, schedule=None):
+    """The ``cls`` (Trainer) saved at ``path``: :meth:`trainops.Trainer.load`'s body."""
+    tensors, metadata = read(path)
+    trainer = build_trainer(cls, tensors, metadata, path, threads, schedule)
     restore(trainer, tensors, metadata, path)
     return trainer
