@@ -8,7 +8,7 @@ use trainops_kernels::optim::Optimizer;
 use crate::error::{Error, Result};
 use crate::ffi::device::{CoeffFn, DeviceOp, MixedAdamStep};
 use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
-use crate::ops::optim::adam::read_attrs;
+use crate::ops::optim::attrs;
 use crate::ops::optim::call::Call;
 use crate::ops::optim::layout::Layout;
 use crate::ops::optim::run;
@@ -61,7 +61,7 @@ impl OpSpec for MixedPrecisionAdam {
 
 /// Adam's attributes and `copy_dtype` of a node.
 fn read_node(info: &KernelInfo<'_>) -> Result<(AdamAttrs, Option<DType>)> {
-    let attrs = read_attrs(info)?;
+    let attrs = attrs::read::<AdamAttrs>(LAYOUT.op, info)?;
     let copy = match info.i64_opt("copy_dtype")?.unwrap_or(0) {
         0 => None,
         10 => Some(DType::Float16),

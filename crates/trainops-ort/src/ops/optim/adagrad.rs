@@ -3,29 +3,19 @@
 //! Inputs `R, T, X_1..X_n, G_1..G_n, H_1..H_n`; outputs `X_1_new..X_n_new, H_1_new..H_n_new`.
 //! The math is `trainops_kernels::optim::adagrad`; the node plumbing the family's (`super`).
 
-use trainops_kernels::optim::adagrad::{Adagrad, AdagradAttrs};
+use core::marker::PhantomData;
+
+use trainops_kernels::optim::adagrad::Adagrad;
 
 use super::layout::{optimizer_signature, Layout};
 use super::OptimizerOp;
-use crate::error::Result;
-use crate::ffi::KernelInfo;
 
 /// The op as registered in `ai.onnx.preview.training`.
 pub static ADAGRAD: OptimizerOp<Adagrad, 2> = OptimizerOp {
     signature: optimizer_signature(c"Adagrad"),
     layout: Layout { op: "Adagrad", groups: &["X", "G", "H"], gradient: 1, rewrites: &[0, 2], ..Layout::ONNX },
-    attrs: read_attrs,
+    kernel: PhantomData,
 };
-
-/// Adagrad's three attributes, with ONNX's defaults; a wrong-typed one is an error.
-fn read_attrs(info: &KernelInfo<'_>) -> Result<AdagradAttrs> {
-    let d = AdagradAttrs::default();
-    Ok(AdagradAttrs {
-        decay_factor: info.f32_or("decay_factor", d.decay_factor)?,
-        epsilon: info.f32_or("epsilon", d.epsilon)?,
-        norm_coefficient: info.f32_or("norm_coefficient", d.norm_coefficient)?,
-    })
-}
 
 #[cfg(test)]
 mod tests {

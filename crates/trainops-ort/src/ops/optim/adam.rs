@@ -2,33 +2,22 @@
 //!
 //! Inputs `R, T, X_1..X_n, G_1..G_n, V_1..V_n, H_1..H_n`; outputs
 //! `X_1_new..X_n_new, V_1_new..V_n_new, H_1_new..H_n_new`. The math is
-//! `trainops_kernels::optim::adam`; the node plumbing the family's (`super`).
+//! `trainops_kernels::optim::adam`; the node plumbing the family's (`super`), the
+//! attributes' table and checks `super::attrs`'.
 
-use trainops_kernels::optim::adam::{Adam, AdamAttrs};
+use core::marker::PhantomData;
+
+use trainops_kernels::optim::adam::Adam;
 
 use super::layout::{optimizer_signature, Layout};
 use super::OptimizerOp;
-use crate::error::Result;
-use crate::ffi::KernelInfo;
 
 /// The op as registered in `ai.onnx.preview.training`.
 pub static ADAM: OptimizerOp<Adam, 3> = OptimizerOp {
     signature: optimizer_signature(c"Adam"),
     layout: Layout { op: "Adam", groups: &["X", "G", "V", "H"], gradient: 1, rewrites: &[0, 2, 3], ..Layout::ONNX },
-    attrs: read_attrs,
+    kernel: PhantomData,
 };
-
-/// Adam's five attributes, with ONNX's defaults; a wrong-typed one is an error.
-pub fn read_attrs(info: &KernelInfo<'_>) -> Result<AdamAttrs> {
-    let d = AdamAttrs::default();
-    Ok(AdamAttrs {
-        alpha: info.f32_or("alpha", d.alpha)?,
-        beta: info.f32_or("beta", d.beta)?,
-        epsilon: info.f32_or("epsilon", d.epsilon)?,
-        norm_coefficient: info.f32_or("norm_coefficient", d.norm_coefficient)?,
-        norm_coefficient_post: info.f32_or("norm_coefficient_post", d.norm_coefficient_post)?,
-    })
-}
 
 #[cfg(test)]
 mod tests {

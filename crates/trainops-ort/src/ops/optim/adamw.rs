@@ -6,14 +6,18 @@
 //! `Vmax_1_new..Vmax_n_new`). `T` is torch's `step`: 1 on the first update. Attributes, with
 //! torch's names and defaults: `beta1 = 0.9`, `beta2 = 0.999`, `epsilon = 1e-8`,
 //! `weight_decay = 1e-2`, `amsgrad = 0`, `maximize = 0`; float ones are read as the
-//! decimal they were written as (`adamw::as_written`). The math is
-//! `trainops_kernels::optim::adamw`; the node plumbing the family's (`super`).
+//! decimal they were written as (`adamw::as_written`), and checked against torch's ranges by
+//! `super::attrs` (the family's one reader: AdamW8bit and AdamWBf16State share the table).
+//! The math is `trainops_kernels::optim::adamw`; the node plumbing the family's (`super`).
 
-use trainops_kernels::optim::adamw::{as_written, AdamW, AdamWAttrs};
+use core::marker::PhantomData;
 
+use trainops_kernels::optim::adamw::AdamW;
+
+use super::attrs::flag;
 use super::layout::{optimizer_signature, Layout};
 use super::OptimizerOp;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::ffi::context::{KernelInfo, ShapeInfer};
 use crate::ffi::op::{Kernel, OpSpec, Signature};
 
@@ -32,7 +36,7 @@ pub static ADAMW: AdamWOp = AdamWOp {
     plain: OptimizerOp {
         signature: optimizer_signature(c"AdamW"),
         layout: Layout { op: OP, groups: &["X", "G", "M", "V"], gradient: 1, rewrites: &[0, 2, 3], ..Layout::ONNX },
-        attrs: read_attrs,
+        kernel: PhantomData,
     },
     amsgrad: OptimizerOp {
         signature: optimizer_signature(c"AdamW"),
@@ -43,42 +47,9 @@ pub static ADAMW: AdamWOp = AdamWOp {
             rewrites: &[0, 2, 3, 4],
             ..Layout::ONNX
         },
-        attrs: read_attrs,
+        kernel: PhantomData,
     },
 };
-
-/// A 0/1 int attribute (absent: 0).
-fn flag(name: &'static str, v: Option<i64>) -> Result<bool> {
-    match v {
-        None | Some(0) => Ok(false),
-        Some(1) => Ok(true),
-        Some(v) => Err(Error::Attribute { op: OP, name, what: format!("expected 0 or 1, got {v}") }),
-    }
-}
-
-/// A float attribute with torch's default, read as written, checked against torch's range.
-fn float(info: &KernelInfo<'_>, name: &'static str, default: f64, below_one: bool) -> Result<f64> {
-    let v = info.f32_opt(name)?.map_or(default, as_written);
-    let fits = if below_one { (0.0..1.0).contains(&v) } else { v >= 0.0 };
-    if fits {
-        return Ok(v);
-    }
-    let want = if below_one { "a value in [0, 1)" } else { "a value >= 0" };
-    Err(Error::Attribute { op: OP, name, what: format!("expected {want} (as torch.optim.AdamW), got {v}") })
-}
-
-/// AdamW's attributes, with torch's defaults and checks; a wrong-typed or out-of-range one
-/// is an error.
-pub fn read_attrs(info: &KernelInfo<'_>) -> Result<AdamWAttrs> {
-    let d = AdamWAttrs::default();
-    Ok(AdamWAttrs {
-        beta1: float(info, "beta1", d.beta1, true)?,
-        beta2: float(info, "beta2", d.beta2, true)?,
-        epsilon: float(info, "epsilon", d.epsilon, false)?,
-        weight_decay: float(info, "weight_decay", d.weight_decay, false)?,
-        maximize: flag("maximize", info.i64_opt("maximize")?)?,
-    })
-}
 
 impl OpSpec for AdamWOp {
     fn signature(&self) -> &Signature {
@@ -86,7 +57,7 @@ impl OpSpec for AdamWOp {
     }
 
     fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
-        if flag("amsgrad", info.i64_opt("amsgrad")?)? {
+        if flag(OP, "amsgrad", info.i64_opt("amsgrad")?)? {
             self.amsgrad.create(info)
         } else {
             self.plain.create(info)
@@ -94,7 +65,7 @@ impl OpSpec for AdamWOp {
     }
 
     fn device_step(&'static self, info: &KernelInfo<'_>) -> Result<Option<crate::ffi::device::DeviceStep>> {
-        if flag("amsgrad", info.i64_opt("amsgrad")?)? {
+        if flag(OP, "amsgrad", info.i64_opt("amsgrad")?)? {
             self.amsgrad.device_step(info)
         } else {
             self.plain.device_step(info)
@@ -102,7 +73,7 @@ impl OpSpec for AdamWOp {
     }
 
     fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
-        if flag("amsgrad", ctx.attr_i64(c"amsgrad"))? {
+        if flag(OP, "amsgrad", ctx.attr_i64(c"amsgrad"))? {
             self.amsgrad.infer(ctx)
         } else {
             self.plain.infer(ctx)
@@ -141,13 +112,5 @@ mod tests {
         };
         check_names(&ADAMW.amsgrad.layout, &amsgrad);
         check_counts(&ADAMW.amsgrad.layout, &amsgrad);
-    }
-
-    #[test]
-    fn flags_are_zero_or_one() {
-        assert!(!flag("amsgrad", None).unwrap());
-        assert!(flag("amsgrad", Some(1)).unwrap());
-        let msg = flag("maximize", Some(2)).unwrap_err().to_string();
-        assert_eq!(msg, "AdamW: attribute 'maximize': expected 0 or 1, got 2");
     }
 }

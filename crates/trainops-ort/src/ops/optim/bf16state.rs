@@ -11,12 +11,13 @@
 //! from 1, as torch's `step`.
 
 use half::{bf16, f16};
-use trainops_kernels::optim::adam::Adam;
+use trainops_kernels::optim::adam::{Adam, AdamAttrs};
 use trainops_kernels::optim::adamw::AdamWCoeffs;
 use trainops_kernels::optim::bf16state::{step, ParamBf16, Rule, Stochastic};
 use trainops_kernels::optim::Optimizer;
 use trainops_kernels::Element;
 
+use super::attrs::{self, AdamWNoAmsgrad};
 use super::layout::{optimizer_signature, Layout};
 #[cfg(test)]
 use super::mixed_call::fits;
@@ -52,7 +53,7 @@ pub static ADAMW_BF16_STATE: Bf16StateOp =
 
 /// A node's attributes.
 enum Attrs {
-    Adam(trainops_kernels::optim::adam::AdamAttrs),
+    Adam(AdamAttrs),
     AdamW(trainops_kernels::optim::adamw::AdamWAttrs),
 }
 
@@ -62,14 +63,12 @@ impl OpSpec for Bf16StateOp {
     }
 
     fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
+        // The family's one reader, naming this op: AdamW's table without amsgrad, or Adam's.
+        let op = self.layout.op;
         let attrs = if self.adamw {
-            if info.i64_opt("amsgrad")?.is_some_and(|a| a != 0) {
-                let what = "amsgrad is not supported with bfloat16 state (use com.trainops::AdamW)".into();
-                return Err(Error::Attribute { op: self.layout.op, name: "amsgrad", what });
-            }
-            Attrs::AdamW(super::adamw::read_attrs(info)?)
+            Attrs::AdamW(attrs::read::<AdamWNoAmsgrad>(op, info)?.0)
         } else {
-            Attrs::Adam(super::adam::read_attrs(info)?)
+            Attrs::Adam(attrs::read::<AdamAttrs>(op, info)?)
         };
         let seed = info.i64_opt("seed")?.unwrap_or(0);
         Ok(Box::new(Bf16StateKernel { layout: &self.layout, attrs, seed }))

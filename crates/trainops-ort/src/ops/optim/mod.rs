@@ -11,6 +11,7 @@
 pub mod adagrad;
 pub mod adam;
 pub mod adamw;
+pub mod attrs;
 pub mod bf16state;
 pub mod call;
 pub mod device;
@@ -19,37 +20,46 @@ mod mixed_call;
 pub mod momentum;
 pub mod quantized;
 
+use core::marker::PhantomData;
+
 use half::{bf16, f16};
 use trainops_kernels::optim::Optimizer;
 use trainops_kernels::Element;
 
+use self::attrs::FromNode;
 use self::call::{Call, Views};
 use self::layout::Layout;
 use crate::error::{Error, Result};
 use crate::ffi::tensor::TensorElem;
 use crate::ffi::{Context, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
 
-/// An ONNX-style optimizer op of `N` rewritten streams per tensor, computed by kernel `O`.
+/// An ONNX-style optimizer op of `N` rewritten streams per tensor, computed by kernel `O`;
+/// its attributes are `O::Attrs`, read and checked by [`attrs::read`] (the family's one
+/// path).
 pub struct OptimizerOp<O: Optimizer<N>, const N: usize> {
     /// Name and formal inputs and outputs.
     pub signature: Signature,
     /// The variadic layout.
     pub layout: Layout,
-    /// Reads (and checks) the node's attributes.
-    pub attrs: fn(&KernelInfo<'_>) -> Result<O::Attrs>,
+    /// The kernel.
+    pub kernel: PhantomData<O>,
 }
 
-impl<O: Optimizer<N> + device::OnDevice<N>, const N: usize> OpSpec for OptimizerOp<O, N> {
+impl<O: Optimizer<N> + device::OnDevice<N>, const N: usize> OpSpec for OptimizerOp<O, N>
+where
+    O::Attrs: FromNode,
+{
     fn signature(&self) -> &Signature {
         &self.signature
     }
 
     fn device_step(&'static self, info: &KernelInfo<'_>) -> Result<Option<crate::ffi::device::DeviceStep>> {
-        Ok(O::device(&(self.attrs)(info)?))
+        Ok(O::device(&attrs::read::<O::Attrs>(self.layout.op, info)?))
     }
 
     fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
-        Ok(Box::new(OptimizerKernel::<O, N> { layout: &self.layout, attrs: (self.attrs)(info)? }))
+        let attrs = attrs::read::<O::Attrs>(self.layout.op, info)?;
+        Ok(Box::new(OptimizerKernel::<O, N> { layout: &self.layout, attrs }))
     }
 
     fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {

@@ -6,46 +6,22 @@
 //! missing one fails the node when its kernel is created. The math is
 //! `trainops_kernels::optim::momentum`; the node plumbing the family's (`super`).
 
-use trainops_kernels::optim::momentum::{Momentum, MomentumAttrs, MomentumMode};
+use core::marker::PhantomData;
+
+use trainops_kernels::optim::momentum::Momentum;
 
 use super::layout::{optimizer_signature, Layout};
 use super::OptimizerOp;
-use crate::error::{Error, Result};
-use crate::ffi::KernelInfo;
 
 const OP: &str = "Momentum";
 
-/// The op as registered in `ai.onnx.preview.training`.
+/// The op as registered in `ai.onnx.preview.training`; its attributes (all required, `mode`
+/// "standard" or "nesterov") are read by `super::attrs`.
 pub static MOMENTUM: OptimizerOp<Momentum, 2> = OptimizerOp {
     signature: optimizer_signature(c"Momentum"),
     layout: Layout { op: OP, groups: &["X", "G", "V"], gradient: 1, rewrites: &[0, 2], ..Layout::ONNX },
-    attrs: read_attrs,
+    kernel: PhantomData,
 };
-
-/// The error for a required attribute the node does not set.
-fn missing(name: &'static str, kind: &str) -> Error {
-    Error::Attribute {
-        op: OP,
-        name,
-        what: format!("required, but the node has no '{name}' attribute (ONNX gives it no default; expected {kind})"),
-    }
-}
-
-/// Momentum's four attributes, all required; a missing or wrong-typed one, or an unknown
-/// mode, is an error.
-fn read_attrs(info: &KernelInfo<'_>) -> Result<MomentumAttrs> {
-    let float = |name: &'static str| info.f32_opt(name)?.ok_or_else(|| missing(name, "a float"));
-    let alpha = float("alpha")?;
-    let beta = float("beta")?;
-    let mode_name = info.string_opt("mode")?.ok_or_else(|| missing("mode", "a string"))?;
-    let mode = MomentumMode::from_onnx(&mode_name).ok_or_else(|| Error::Attribute {
-        op: OP,
-        name: "mode",
-        what: format!("expected \"standard\" or \"nesterov\", got {mode_name:?}"),
-    })?;
-    let norm_coefficient = float("norm_coefficient")?;
-    Ok(MomentumAttrs { alpha, beta, mode, norm_coefficient })
-}
 
 #[cfg(test)]
 mod tests {
@@ -69,11 +45,5 @@ mod tests {
     #[test]
     fn arity_and_output_count_follow_the_variadic_layout() {
         check_counts(&MOMENTUM.layout, &EXPECT);
-    }
-
-    #[test]
-    fn a_missing_attribute_names_itself() {
-        let msg = missing("mode", "a string").to_string();
-        assert!(msg.starts_with("Momentum: attribute 'mode': required"), "{msg}");
     }
 }

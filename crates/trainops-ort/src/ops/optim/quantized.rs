@@ -1,7 +1,8 @@
 //! `com.trainops::Adam8bit` and `com.trainops::AdamW8bit` (since version 1): Adam (ONNX's
 //! formula and attributes) and AdamW (PyTorch's formula; attributes `beta1`, `beta2`,
-//! `epsilon`, `weight_decay`, `maximize`) with 8-bit blockwise-quantised moments. The
-//! format and the math are `trainops_kernels::optim::quantized`.
+//! `epsilon`, `weight_decay`, `maximize`; no `amsgrad`) with 8-bit blockwise-quantised
+//! moments; the attributes checked as Adam's and AdamW's (`super::attrs`). The format and
+//! the math are `trainops_kernels::optim::quantized`.
 //!
 //! Inputs `R, T`, then `X_1..X_n, G_1..G_n, M_q_1..M_q_n, M_absmax_1..M_absmax_n,
 //! V_q_1..V_q_n, V_absmax_1..V_absmax_n`; outputs `X_new.., M_q_new.., M_absmax_new..,
@@ -10,13 +11,13 @@
 //! `M_absmax`, `V_absmax` float32 with `ceil(numel(X) / 256)` elements (any shape).
 
 use half::{bf16, f16};
-use trainops_kernels::optim::adam::Adam;
+use trainops_kernels::optim::adam::{Adam, AdamAttrs};
 use trainops_kernels::optim::quantized::adamw::{AdamWAttrs, AdamWCoeffs, Rule};
 use trainops_kernels::optim::quantized::{blocks, step, Param8bit, Quantized, BLOCK};
 use trainops_kernels::optim::Optimizer;
 use trainops_kernels::Element;
 
-use super::adam::read_attrs;
+use super::attrs;
 use super::layout::{optimizer_signature, Layout};
 use super::mixed_call::{self, ByGradient, MixedCall};
 use crate::error::{Error, Result};
@@ -64,28 +65,9 @@ pub static ADAMW_8BIT: Optim8bitOp = Optim8bitOp {
     adamw: true,
 };
 
-/// AdamW's attributes, with PyTorch's defaults; `maximize` is 0 or 1.
-pub fn read_adamw_attrs(info: &KernelInfo<'_>, op: &'static str) -> Result<AdamWAttrs> {
-    let d = AdamWAttrs::default();
-    let maximize = match info.i64_opt("maximize")?.unwrap_or(0) {
-        0 => false,
-        1 => true,
-        other => {
-            return Err(Error::Attribute { op, name: "maximize", what: format!("expected 0 or 1, got {other}") });
-        }
-    };
-    Ok(AdamWAttrs {
-        beta1: info.f32_or("beta1", d.beta1)?,
-        beta2: info.f32_or("beta2", d.beta2)?,
-        epsilon: info.f32_or("epsilon", d.epsilon)?,
-        weight_decay: info.f32_or("weight_decay", d.weight_decay)?,
-        maximize,
-    })
-}
-
 /// A node's attributes.
 enum Attrs {
-    Adam(trainops_kernels::optim::adam::AdamAttrs),
+    Adam(AdamAttrs),
     AdamW(AdamWAttrs),
 }
 
@@ -95,10 +77,12 @@ impl OpSpec for Optim8bitOp {
     }
 
     fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
+        // The family's one reader: AdamW's table (torch's ranges, amsgrad refused) or Adam's.
+        let op = self.layout.op;
         let attrs = if self.adamw {
-            Attrs::AdamW(read_adamw_attrs(info, self.layout.op)?)
+            Attrs::AdamW(attrs::read::<AdamWAttrs>(op, info)?)
         } else {
-            Attrs::Adam(read_attrs(info)?)
+            Attrs::Adam(attrs::read::<AdamAttrs>(op, info)?)
         };
         Ok(Box::new(Optim8bitKernel { layout: &self.layout, attrs }))
     }
