@@ -86,3 +86,35 @@ def test_c_loop_reports_a_missing_batch(library_path, tmp_path, train_c):
     r = subprocess.run([str(train_c), str(tmp_path), library_path, str(tmp_path / "b.safetensors"),
                         "1"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "batches: no tensor 0/t" in r.stderr
+
+
+def test_c_loop_saves_through_symlinks_and_refuses_special_files(library_path, tmp_path,
+                                                                 train_c):
+    """Its save follows docs/artifacts.md's rules: a FIFO or a directory is refused (the
+    node stays), a symlink is written through (the link stays)."""
+    import stat
+
+    case = "mlp-momentum-nesterov"
+    tr = make_trainer(case)
+    tr.save_artifacts(tmp_path / "art")
+    save_file({f"0/{n}": v for n, v in CASES[case][3](1)[0].items()},
+              str(tmp_path / "b.safetensors"))
+
+    def run(out):
+        return subprocess.run([str(train_c), str(tmp_path / "art"), library_path,
+                               str(tmp_path / "b.safetensors"), "1", str(out)],
+                              capture_output=True, text=True, timeout=120)
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    for special in ("fifo", "dir"):
+        r = run(tmp_path / special)
+        assert r.returncode == 1 and "is not a regular file" in r.stderr, r.stderr
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
+    assert (tmp_path / "dir").is_dir() and not list((tmp_path / "dir").iterdir())
+    (tmp_path / "real.safetensors").write_bytes(b"old")
+    os.symlink("real.safetensors", tmp_path / "link")
+    assert run(tmp_path / "link").returncode == 0
+    assert os.path.islink(tmp_path / "link")
+    assert Trainer.load(tmp_path / "real.safetensors", threads=1).T == 2
+    assert not [n for n in os.listdir(tmp_path) if n.endswith(".tmp")]

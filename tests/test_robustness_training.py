@@ -184,6 +184,49 @@ def test_read_refuses_what_is_no_checkpoint(library_path, tmp_path):
         Trainer.load(tmp_path / "c")
 
 
+def test_load_names_the_config_key_its_classes_refuse(library_path, tmp_path):
+    """A config whose values the optimizer, loss or schedule classes refuse, or that the
+    Trainer cannot build with the checkpoint's model: CheckpointError naming the file and
+    the key (these were bare ValueError/TypeError before)."""
+    tr = trained()
+    tr.save(tmp_path / "c")
+    tensors, meta = checkpoint.read(tmp_path / "c")
+    config = json.loads(meta["config"])
+    path = tmp_path / "bad"
+    bad = f"checkpoint {str(path)!r} has a config that cannot build a trainer:\n  - "
+    for change, want in [
+            ({"optimizer": {**config["optimizer"], "nonsense": 1}},
+             bad + "config 'optimizer': Adam.__init__() got an unexpected keyword argument "
+                   "'nonsense'"),
+            ({"loss": {"kind": "mse"}}, bad + "config 'loss': the key 'target' is missing"),
+            ({"schedule": {"type": "Cosine", "nonsense": 1}},
+             bad + "config 'schedule': Cosine.__init__() got an unexpected keyword argument "
+                   "'nonsense'"),
+            # the Trainer's own words follow (params.py's): what matters here is the prefix
+            ({"params": ["nope"]},
+             f"checkpoint {str(path)!r} cannot build a trainer:\n  - its model (tensor "
+             "'trainops/model') and 'config' {\"loss\": \"loss\", \"params\": [\"nope\"], "
+             "\"policy\": \"float32\"}: ValueError: ")]:
+        checkpoint.write(path, tensors, {**meta, "config": json.dumps({**config, **change})})
+        with pytest.raises(CheckpointError) as e:
+            Trainer.load(path, threads=1)
+        assert str(e.value) == want or (want.endswith(": ") and str(e.value).startswith(want))
+    # An untouched copy loads: the changes above were the only problems.
+    checkpoint.write(path, tensors, meta)
+    assert Trainer.load(path, threads=1).T == tr.T
+
+
+def test_reading_a_fifo_is_refused_not_waited_on(library_path, tmp_path):
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(OSError, match="is not a regular file") as e:
+        Trainer.load(tmp_path / "fifo")
+    assert e.value.filename == tmp_path / "fifo"
+    trained().save_artifacts(tmp_path / "art")
+    os.replace(tmp_path / "fifo", tmp_path / "art" / "manifest.json")
+    with pytest.raises(OSError, match="is not a regular file"):
+        Trainer.from_artifacts(tmp_path / "art")
+
+
 # --- checkpoints: loading validates everything ----------------------------------------------
 
 def test_load_lists_every_mismatching_state_in_one_error(library_path, tmp_path):

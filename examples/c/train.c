@@ -10,6 +10,7 @@
  *
  * Build: gcc -O2 -std=c11 train.c -I <onnxruntime>/include -L <dir of libonnxruntime.so>
  *        -lonnxruntime -o train      (or -I ort_abi: the declarations it uses, no SDK) */
+#define _XOPEN_SOURCE 700 /* realpath, fsync (POSIX) */
 #include <onnxruntime_c_api.h>
 
 #include <math.h>
@@ -18,6 +19,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "mini_json.h"
 
@@ -227,7 +230,10 @@ static void py_repr(double x, char* out) {
 typedef struct { const char* name; const dtype_info* dtype; const json* shape; const void* data; size_t nbytes; } out_tensor;
 
 /* Writes `tensors` and `ckpt`'s metadata with step, skipped and loss_scale replaced, as a
- * safetensors file at `path` (a temporary file renamed over it). */
+ * safetensors file at `path`, atomically (docs/artifacts.md, "Writing"): through a symlink
+ * to the file it names, never over a directory, FIFO or device (a rename would replace the
+ * node), into a temporary file fsync'ed and renamed over it; on failure the previous file
+ * stays and the temporary file is removed. */
 static void write_checkpoint(const char* path, const safetensors* ckpt, const out_tensor* tensors,
                              size_t n, long long step, long long skipped, const char* loss_scale) {
   text h = {0};
@@ -258,8 +264,13 @@ static void write_checkpoint(const char* path, const safetensors* ckpt, const ou
   }
   put(&h, "}");
   while (h.n % 8) put(&h, " ");
-  char* tmp = malloc(strlen(path) + 5);
-  sprintf(tmp, "%s.tmp", path);
+  struct stat st;
+  char* target = realpath(path, NULL); /* NULL when it does not exist yet */
+  if (target && (stat(target, &st) || !S_ISREG(st.st_mode)))
+    die("cannot write %s: %s is not a regular file", path, target);
+  if (!target) target = strdup(path);
+  char* tmp = malloc(strlen(target) + 5);
+  sprintf(tmp, "%s.tmp", target);
   FILE* f = fopen(tmp, "wb");
   if (!f) die("cannot write %s", tmp);
   unsigned char len[8];
@@ -267,8 +278,13 @@ static void write_checkpoint(const char* path, const safetensors* ckpt, const ou
   fwrite(len, 1, 8, f);
   fwrite(h.s, 1, h.n, f);
   for (size_t i = 0; i < n; i++) fwrite(tensors[i].data, 1, tensors[i].nbytes, f);
-  if (fclose(f) || rename(tmp, path)) die("cannot write %s", path);
+  bool ok = !ferror(f) && !fflush(f) && !fsync(fileno(f));
+  if (fclose(f) || !ok || rename(tmp, target)) {
+    remove(tmp);
+    die("cannot write %s (a full disk, a file-size limit?): the previous file is unchanged", path);
+  }
   free(tmp);
+  free(target);
   free(h.s);
 }
 

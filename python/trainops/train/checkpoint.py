@@ -523,8 +523,9 @@ def build_trainer(cls, tensors: Mapping[str, np.ndarray], metadata: Mapping[str,
         except CheckpointError:
             raise
         except (ValueError, TypeError, KeyError) as exc:
+            why = f"the key {exc.args[0]!r} is missing" if isinstance(exc, KeyError) else exc
             raise _problems(path, "has a config that cannot build a trainer",
-                            [f"config {key!r}: {exc}"]) from exc
+                            [f"config {key!r}: {why}"]) from exc
     try:
         return cls(tensors[MODEL_KEY].tobytes(), kwargs["loss"], kwargs["optimizer"],
                    params=config["params"], policy=config["policy"], threads=threads,

@@ -66,7 +66,10 @@ class TrainerResults:
         optimizer state, the loss scale, the Philox states of the random nodes) by its
         input name, the model's bytes, and as metadata the update count, the learning
         rate, the seed, the skipped count and the configuration. :meth:`load` resumes from
-        it, bit for bit. Atomic: a failed save leaves the previous file at ``path`` intact.
+        it, bit for bit. Atomic: a failed save (a full disk, a file-size limit) raises
+        :class:`OSError` with its errno naming ``path`` and leaves the previous file intact.
+        A symlink is written through; a ``path`` that is not a regular file (a directory, a
+        FIFO, a device) is refused with :class:`OSError`.
 
         With ``comm`` (not sharded) every rank holds the whole state: rank 0 writing the
         file is enough, and a one-process Trainer can resume from it (the Philox states
@@ -78,8 +81,10 @@ class TrainerResults:
     @classmethod
     def load(cls, path, threads: int | None = None, schedule=None) -> "Trainer":
         """The trainer saved at ``path`` (:meth:`save`; an old ``.npz`` checkpoint too),
-        ready to continue. :class:`~trainops.train.checkpoint.CheckpointError` listing
-        every problem when the file is no valid checkpoint or its states do not fit the
+        ready to continue. :class:`~trainops.train.checkpoint.CheckpointError` naming the
+        file and listing every problem with its key when the file is no valid checkpoint
+        (the reader contract of ``docs/artifacts.md``: malformed metadata, a config that
+        cannot build a trainer, a corrupt source model) or its states do not fit the
         trainer its model and configuration build (missing, extra, other dtype or shape).
         ``schedule``: needed when the saved trainer's schedule was a Python function
         (which a checkpoint cannot hold), else it replaces the saved one."""
@@ -100,8 +105,10 @@ class TrainerResults:
         ``inference.onnx`` (:meth:`export`), ``checkpoint.safetensors`` (every state) and
         ``manifest.json``. Stock ONNX Runtime with the trainops library loaded trains from
         them in any language; :meth:`from_artifacts` resumes here. Returns the manifest.
-        Not with ``accumulate`` > 1 (two models) yet; a ``schedule`` is not part of them
-        (the loop feeds ``lr``)."""
+        All or nothing: every file is written and fsync'ed before any replaces its previous
+        version; a failure is an :class:`OSError` naming the file, and a special file among
+        the targets is refused (as :meth:`save`). Not with ``accumulate`` > 1 (two models)
+        yet; a ``schedule`` is not part of them (the loop feeds ``lr``)."""
         if self.accumulate > 1:
             raise NotImplementedError("save_artifacts with accumulate > 1 (a micro-batch "
                                       "model and an update model) is not supported yet")
@@ -112,5 +119,8 @@ class TrainerResults:
         """The trainer whose artifacts (:meth:`save_artifacts`, or a checkpoint another
         language wrote into the folder) are in ``directory``, ready to continue bit for bit:
         the step graph from ``manifest.json`` and ``training.onnx``, the states from
-        ``checkpoint.safetensors`` (validated as :meth:`load` does)."""
+        ``checkpoint.safetensors`` (validated as :meth:`load` does). The manifest is checked
+        against ``docs/manifest.schema.json`` and the training model:
+        :class:`~trainops.train.artifacts.ManifestError` names the file and lists every
+        problem with its key (``states[0].output``)."""
         return _artifacts.load(cls, directory, threads)
