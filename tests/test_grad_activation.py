@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from helpers.adam_pair import assert_runs_agree, record
 from trainops import Trainer, optim
 from trainops.bench.train_models import family
 from trainops.onnx_defs import IR_VERSION, TRAINOPS_DOMAIN
@@ -207,19 +208,26 @@ def fused_ops(tr) -> Counter:
 def train(model, params, feeds, monkeypatch, fused: bool, steps=4, **kw):
     monkeypatch.setenv("TRAINOPS_FUSED_GRADS", "1" if fused else "0")
     tr = Trainer(model, "loss", optim.Adam(lr=1e-3), params=params, threads=1, seed=0, **kw)
-    losses = [tr.step(feeds) for _ in range(steps)]
-    return tr, losses
+    return tr, record(tr, feeds, steps)  # (losses, parameters and moments after each step)
 
 
-def compare(model, params, feeds, monkeypatch, expect: set[str], rtol: float):
-    a, la = train(model, params, feeds, monkeypatch, True)
-    b, lb = train(model, params, feeds, monkeypatch, False)
+def compare(model, params, feeds, monkeypatch, expect: set[str]):
+    """The fused step against the standard-op step, after every step, within the bound of
+    helpers/adam_pair.py: the two backwards sum in different orders (onnxruntime's MLAS
+    kernels, whose blocking depends on the CPU, against trainops' kernels), each within
+    gamma(n) sum|terms| of the exact gradient (helpers/rounding.py, from a float64
+    reference of the model), and Adam turns a gradient difference D of an element whose
+    gradients have RMS S into a parameter difference of about lr D / S per step. Elements
+    whose gradient is a sum that cancels (a BatchNorm bias) have a small S and may differ
+    by far more than a relative tolerance on the parameter allows: a fixed rtol of 1e-6
+    passed on the CPU it was tuned on and failed on another (conv1.bn.b off by 3.2e-8,
+    2.7e-5 relative). The moments V are checked too: a gradient 1% off in any tensor of
+    these models moves V past its bound (Adam's update alone hides a uniform scale)."""
+    a, ra = train(model, params, feeds, monkeypatch, True)
+    b, rb = train(model, params, feeds, monkeypatch, False)
     assert set(fused_ops(a)) >= expect, fused_ops(a)
     assert not fused_ops(b)
-    np.testing.assert_allclose(la, lb, rtol=rtol)
-    pa, pb = a.parameters(), b.parameters()
-    for k in pa:
-        np.testing.assert_allclose(pa[k], pb[k], rtol=rtol, atol=rtol * 1e-2, err_msg=k)
+    assert_runs_agree(model, feeds, a.optimizer, ra, rb)
     return a, b
 
 
@@ -229,12 +237,11 @@ def compare(model, params, feeds, monkeypatch, expect: set[str], rtol: float):
     ("mlp", 4, {"GeluGrad"}),
 ])
 def test_trainer_fused_matches_standard_ops(library_path, monkeypatch, name, batch, expect):
-    """Relu and MaxPool grads are bit-exact, so those weights agree to float32 rounding of
-    the same sums; the mlp's Gelu grads are 1 ulp from the standard form's (which itself
-    rounds ten times), hence the loose bound there."""
+    """Relu and MaxPool grads are bit-exact; BatchNorm, the convolution's weight gradient,
+    LayerNorm, Gelu (1 ulp from exact, where the standard form rounds ten times) and the
+    loss's gradient round differently: compare()'s bound."""
     fam = family(name, batch)
-    rtol = 1e-4 if name == "mlp" else 1e-6
-    compare(fam.model, fam.params, fam.feeds, monkeypatch, expect, rtol)
+    compare(fam.model, fam.params, fam.feeds, monkeypatch, expect)
 
 
 def act_mlp(seed=0):
@@ -261,7 +268,7 @@ def act_mlp(seed=0):
 
 def test_trainer_leaky_relu_and_tanh_gelu(library_path, monkeypatch):
     m, params, feeds = act_mlp()
-    a, _ = compare(m, params, feeds, monkeypatch, {"LeakyReluGrad", "GeluGrad"}, 1e-4)
+    a, _ = compare(m, params, feeds, monkeypatch, {"LeakyReluGrad", "GeluGrad"})
     node = next(n for n in a.training_model().graph.node if n.op_type == "GeluGrad")
     assert helper.get_attribute_value(node.attribute[0]) == b"tanh"
 

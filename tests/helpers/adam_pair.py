@@ -1,0 +1,123 @@
+"""Two Trainers with ONNX Adam stepped on the same model and data, whose backwards differ
+only in how they round (the fused com.trainops gradient kernels against the standard ONNX
+ops, TRAINOPS_FUSED_GRADS=1 against 0): how far apart may their parameters, moments and
+losses be after each step, on any machine?
+
+The argument, step by step (every quantity per parameter element):
+
+1. Gradients. :func:`helpers.rounding.step_bounds` bounds how far ANY float32 backward, in
+   any summation order, is from the exact gradient at the forward's values (``E``, from
+   ``gamma(n) * sum|terms|`` of every sum on the way). At the first step both runs start
+   from the same parameters and run the same forward nodes, so their gradients differ by
+   at most ``D = E_a + E_b``. From the second step on their parameters differ (by the
+   bound of step 3), so their forwards differ too: by the exact change, which the float64
+   reference gives (``|g64(x_a) - g64(x_b)|``), and by the forward's roundings landing
+   the other way on inputs a few ulps apart. Those are roundings of the same magnitudes as
+   the backward's own (and far smaller than the forward's worst-case bound, which assumes
+   every rounding of every layer aligned); they are counted as one more ``E_a + E_b``:
+   ``D = 2 (E_a + E_b) + |g64(x_a) - g64(x_b)|``. This last part is a model, not a
+   theorem; the first step is a theorem.
+2. Moments. ``V = alpha V + (1 - alpha) g`` moves by ``(1 - alpha) D`` plus alpha times the
+   previous bound and each run's three roundings. ``sqrt(H)`` is a 2-norm of (sqrt(beta)
+   sqrt(H_prev), sqrt(1 - beta) g), so it moves by at most sqrt(beta) times the previous
+   bound plus sqrt(1 - beta) D (Minkowski), plus a relative gamma_2 of rounding each.
+3. Parameters. The update ``r V / (sqrt(H) + eps)`` of run a minus run b is at most
+   ``r (dV / (S_a + eps) + |V_b| dS / ((S_a + eps)(S_b + eps)))`` with the runs' own S, V
+   (never more than both updates' sizes together), plus gamma_4 of each update's size; the
+   subtraction from the parameter adds one rounding of each result.
+
+4. Losses. Each step's loss is the forward's: the exact change between the two parameter
+   sets plus, per run, twice the rounding bound of the loss's own computation (the same
+   model as in 1).
+
+Adam normalises the gradient: an element whose gradient is small (a sum that cancels) has
+a large ``D / S``, and its parameters may legitimately move apart by up to ``2 r`` per
+step; an element with a well-conditioned gradient moves by about ``r * D / S``. A fixed
+tolerance on the parameters is therefore wrong in both directions at once.
+
+:func:`record` steps a Trainer and keeps what the check needs (parameters, moments, loss
+after each step); :func:`assert_runs_agree` does the check at every step, so a difference
+the bound does not allow is reported at the step where it appears.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from helpers.rounding import U, gamma, step_bounds
+
+F32 = np.float32
+
+
+def snapshot(tr) -> dict:
+    st = tr.optimizer_state()
+    params = tr.parameters()
+    return {"x": {k: np.array(v, F32) for k, v in params.items()},
+            "V": {k: np.array(st[f"trainops/V/{k}"], F32) for k in params},
+            "H": {k: np.array(st[f"trainops/H/{k}"], F32) for k in params}}
+
+
+def record(tr, feeds, steps: int):
+    """``steps`` calls of ``tr.step(feeds)``: ``(losses, states)`` with ``states[0]`` the
+    state before the first step and ``states[t]`` after step t."""
+    states, losses = [snapshot(tr)], []
+    for _ in range(steps):
+        losses.append(tr.step(feeds))
+        states.append(snapshot(tr))
+    return losses, states
+
+
+def _adam_constants(opt):
+    alpha, beta = float(F32(opt.alpha)), float(F32(opt.beta))
+    assert opt.norm_coefficient == 0 and opt.norm_coefficient_post == 0, opt
+    return (alpha, beta, float(F32(1.0 - alpha)), float(F32(1.0 - beta)),
+            float(F32(opt.epsilon)))
+
+
+def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what=""):
+    """Check two :func:`record` results (``(losses, states)``) of the same model, feeds
+    and Adam optimizer ``opt`` against the bounds of this module's argument, after every
+    step; returns the worst ratio of observed difference to bound per parameter (for
+    reporting margins)."""
+    (la, sa), (lb, sb) = run_a, run_b
+    alpha, beta, c1, c2, eps = _adam_constants(opt)
+    lr = opt.lr if lr is None else lr
+    names = list(sa[0]["x"])
+    zero = {k: np.zeros(sa[0]["x"][k].shape) for k in names}
+    bx, bv, bs = dict(zero), dict(zero), dict(zero)
+    worst = {k: 0.0 for k in names}
+    for t in range(1, len(la) + 1):
+        xa, xb = sa[t - 1]["x"], sb[t - 1]["x"]
+        L64a, Lwa, ga, Ea = step_bounds(model, xa, feeds, other=xb)
+        L64b, Lwb, gb, Eb = step_bounds(model, xb, feeds, other=xa)
+        first = t == 1 and all(np.array_equal(xa[k], xb[k]) for k in names)
+        # loss: the exact change plus the width of each run's loss (twice its rounding)
+        lbound = abs(L64a - L64b) + Lwa + Lwb
+        assert abs(la[t - 1] - lb[t - 1]) <= lbound, \
+            f"{what}step {t}: losses {la[t - 1]} and {lb[t - 1]} differ by more than {lbound:.3g}"
+        rate = float(F32(lr * np.sqrt(1 - beta ** t) / (1 - alpha ** t)))
+        for k in names:
+            D = (Ea[k] + Eb[k]) * (1 if first else 2) + np.abs(ga[k] - gb[k])
+            Va, Vb = (s[t]["V"][k].astype(np.float64) for s in (sa, sb))
+            Vpa, Vpb = (s[t - 1]["V"][k].astype(np.float64) for s in (sa, sb))
+            Sa, Sb = (np.sqrt(s[t]["H"][k].astype(np.float64)) for s in (sa, sb))
+            bv[k] = alpha * bv[k] + c1 * D + U * (2 * alpha * (np.abs(Vpa) + np.abs(Vpb))
+                                                 + 3 * (np.abs(Va) + np.abs(Vb)))
+            bs[k] = np.sqrt(beta) * bs[k] + np.sqrt(c2) * D + gamma(2) * (Sa + Sb)
+            ua, ub = rate * np.abs(Va) / (Sa + eps), rate * np.abs(Vb) / (Sb + eps)
+            du = np.minimum(rate * (bv[k] / (Sa + eps) + np.abs(Vb) * bs[k] / ((Sa + eps) * (Sb + eps))),
+                            ua + ub)
+            xa1, xb1 = (s[t]["x"][k].astype(np.float64) for s in (sa, sb))
+            bx[k] = bx[k] + du + gamma(4) * (ua + ub) + U * (np.abs(xa1) + np.abs(xb1))
+            for label, got, bound in (("V", np.abs(Va - Vb), bv[k]),
+                                      ("sqrt(H)", np.abs(Sa - Sb), bs[k]),
+                                      ("x", np.abs(xa1 - xb1), bx[k])):
+                bad = got > bound
+                assert not bad.any(), (
+                    f"{what}step {t}, {k}: {label} differs by {got[bad].max():.3g} where the "
+                    f"bound allows {bound[bad][np.argmax(got[bad])]:.3g} ({int(bad.sum())} of "
+                    f"{bad.size} elements over)")
+            with np.errstate(divide="ignore", invalid="ignore"):
+                r = np.where(bx[k] > 0, np.abs(xa1 - xb1) / bx[k], 0)
+            worst[k] = max(worst[k], float(r.max(initial=0)))
+    return worst

@@ -1,0 +1,592 @@
+"""Rounding-error bounds of a float32 training step, for tests that compare two float32
+backwards whose summation orders differ (onnxruntime's MLAS kernels against trainops'
+fused gradient kernels; MLAS's blocking and SIMD paths also change with the CPU).
+
+Such a test cannot use a fixed tolerance: how far two orders of the same sum may drift
+apart depends on the terms being summed, not on the machine the test was tuned on. The
+bound used here is the classical one (Higham, *Accuracy and Stability of Numerical
+Algorithms*, ch. 3): a float32 sum or dot product of ``n`` terms, in ANY order, blocked,
+vectorised or with fused multiply-adds, is within ``gamma(n) * sum|terms|`` of the exact
+value, ``gamma(n) = n u / (1 - n u)``, ``u = 2^-24``.
+
+:func:`step_bounds` runs a model's forward and backward in float64 from the operators'
+definitions (not from trainops' rules). Both runs compute the backward from the same
+forward values, so the forward is taken as exact; every backward operation carries a bound
+``E`` on how far ANY float32 evaluation of it may be from its float64 value: the bounds of
+its inputs propagated through it (with the magnitudes of its coefficients), plus
+``gamma(n)`` times the magnitudes of the terms it sums. What the backward recomputes from
+the forward values rounds too and is bounded the same way: a BatchNorm / LayerNorm's
+mean, variance and x̂, the softmax of the loss's gradient, Gelu's derivative. The bound is
+large where the sums cancel (a BatchNorm bias's gradient sums terms of both signs) and
+small where they do not.
+
+Elementary functions: onnxruntime's vectorised ``Exp``, ``Erf`` and ``Tanh`` are within 4.6
+ulps of the exact value over [-20, 20] (1.17.3 and 1.32.0); each is allowed ``ELEMENTARY``
+ulps here. Decisions: when the two runs' parameters differ (:mod:`helpers.adam_pair`), a
+Relu input or two max-pool candidates within the width by which the two forwards may
+differ could be decided differently; the bound there takes the whole routed gradient.
+
+The rules also propagate forward errors (``e``) for completeness, but :func:`step_bounds`
+only feeds them the decision widths: the forward's worst-case bound, which assumes every
+rounding of every layer aligned, is far too loose to be of use.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from onnx import helper, numpy_helper
+
+U = 2.0 ** -24  # float32's unit roundoff
+ELEMENTARY = 16  # ulps allowed for each Exp / Erf / Tanh (measured worst: 4.6, Tanh)
+
+
+def gamma(n) -> float:
+    """Higham's gamma_n for float32: the relative bound of n roundings in a row."""
+    n = float(n)
+    assert n * U < 0.01, n
+    return n * U / (1 - n * U)
+
+
+def _attrs(n):
+    return {a.name: helper.get_attribute_value(a) for a in n.attribute}
+
+
+def _s(a):
+    return a.decode() if isinstance(a, bytes) else a
+
+
+# -- im2col ------------------------------------------------------------------------------
+
+def _im2col(x, k, s, p, d=(1, 1), fill=0.0):
+    """x [N, C, H, W] -> [N, C, kh, kw, OH, OW] (padded with ``fill``)."""
+    x = np.pad(x, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])), constant_values=fill)
+    n, c, h, w = x.shape
+    oh = (h - d[0] * (k[0] - 1) - 1) // s[0] + 1
+    ow = (w - d[1] * (k[1] - 1) - 1) // s[1] + 1
+    cols = np.empty((n, c, k[0], k[1], oh, ow), x.dtype)
+    for i in range(k[0]):
+        for j in range(k[1]):
+            cols[:, :, i, j] = x[:, :, i * d[0]:i * d[0] + s[0] * oh:s[0],
+                                 j * d[1]:j * d[1] + s[1] * ow:s[1]]
+    return cols
+
+
+def _col2im(cols, shape, k, s, p, d=(1, 1)):
+    n, c, h, w = shape
+    out = np.zeros((n, c, h + p[0] + p[2], w + p[1] + p[3]), cols.dtype)
+    oh, ow = cols.shape[-2:]
+    for i in range(k[0]):
+        for j in range(k[1]):
+            out[:, :, i * d[0]:i * d[0] + s[0] * oh:s[0],
+                j * d[1]:j * d[1] + s[1] * ow:s[1]] += cols[:, :, i, j]
+    return out[:, :, p[0]:p[0] + h, p[1]:p[1] + w]
+
+
+def _geometry(a, k):
+    assert a.get("group", 1) == 1 and _s(a.get("auto_pad", "NOTSET")) == "NOTSET", a
+    assert not a.get("ceil_mode", 0), a
+    return (list(k), list(a.get("strides", [1, 1])), list(a.get("pads", [0, 0, 0, 0])),
+            list(a.get("dilations", [1, 1])))
+
+
+# -- the operators: forward (value, error) and backward (gradient, error) ---------------------
+#
+# Forward: each rule gets the inputs' float64 values ``v`` and error bounds ``e`` (what a
+# float32 evaluation may be off by) and returns the output's, plus a cache. Backward: each
+# gets the output gradient ``g`` and its bound ``E`` and returns, per input, the gradient
+# and ITS bound: the input errors of the forward (the coefficients a float32 backward
+# multiplies by) and of ``g`` propagated, plus gamma(terms) times the terms' magnitudes.
+# ``A = |g| + E`` is an upper bound on the magnitude of any float32 gradient there.
+
+def _sum_to(a, shape):
+    """Sum ``a`` down to ``shape`` (undo numpy broadcasting); also the number of terms."""
+    lead = a.ndim - len(shape)
+    axes = tuple(range(lead)) + tuple(i + lead for i, s in enumerate(shape) if s == 1 and a.shape[i + lead] != 1)
+    terms = int(np.prod([a.shape[i] for i in axes])) if axes else 1
+    return (a.sum(axis=axes).reshape(shape) if axes else a.reshape(shape)), terms
+
+
+def _conv(n, v, e, a):
+    x, w = v[0], v[1]
+    k, s, p, d = _geometry(a, a.get("kernel_shape", w.shape[2:]))
+    cols, ecols = _im2col(x, k, s, p, d), _im2col(e[0], k, s, p, d)
+    y = np.einsum("nckloh,mckl->nmoh", cols, w, optimize=True)
+    mag = np.einsum("nckloh,mckl->nmoh", np.abs(cols) + ecols, np.abs(w), optimize=True)
+    terms = w[0].size
+    if len(v) > 2:
+        y = y + v[2][None, :, None, None]
+        mag = mag + np.abs(v[2])[None, :, None, None]
+        terms += 1
+    ey = np.einsum("nckloh,mckl->nmoh", ecols, np.abs(w), optimize=True) + gamma(terms) * mag
+    return y, ey, (cols, ecols, k, s, p, d, x.shape)
+
+
+def _conv_back(n, v, e, cache, g, E):
+    cols, ecols, k, s, p, d, xshape = cache
+    w = v[1]
+    A = np.abs(g) + E
+    acols = np.abs(cols) + ecols
+    nsum = g.shape[0] * g.shape[2] * g.shape[3]
+    gw = np.einsum("nmoh,nckloh->mckl", g, cols, optimize=True)
+    Ew = (np.einsum("nmoh,nckloh->mckl", E, acols, optimize=True)
+          + np.einsum("nmoh,nckloh->mckl", np.abs(g), ecols, optimize=True)
+          + gamma(nsum) * np.einsum("nmoh,nckloh->mckl", A, acols, optimize=True))
+    gx = _col2im(np.einsum("nmoh,mckl->nckloh", g, w, optimize=True), xshape, k, s, p, d)
+    # Each element of dX sums (output channels) x (kernel taps) products, in any order.
+    Ex = (_col2im(np.einsum("nmoh,mckl->nckloh", E, np.abs(w), optimize=True), xshape, k, s, p, d)
+          + gamma(w.shape[0] * k[0] * k[1])
+          * _col2im(np.einsum("nmoh,mckl->nckloh", A, np.abs(w), optimize=True), xshape, k, s, p, d))
+    out = [(gx, Ex), (gw, Ew)]
+    if len(v) > 2:
+        out.append((g.sum(axis=(0, 2, 3)), E.sum(axis=(0, 2, 3)) + gamma(nsum) * A.sum(axis=(0, 2, 3))))
+    return out
+
+
+def _matmul_fwd(x, ex, w, ew):
+    y = x @ w
+    ey = ex @ np.abs(w) + np.abs(x) @ ew + gamma(x.shape[-1]) * ((np.abs(x) + ex) @ (np.abs(w) + ew))
+    return y, ey
+
+
+def _matmul_back(x, ex, w, ew, g, E):
+    """Gradients of y = x @ w (2-D) and their bounds."""
+    A = np.abs(g) + E
+    ax, aw = np.abs(x) + ex, np.abs(w) + ew
+    gx = g @ w.T
+    Ex = E @ aw.T + np.abs(g) @ ew.T + gamma(w.shape[1]) * (A @ aw.T)
+    gw = x.T @ g
+    Ew = ax.T @ E + ex.T @ np.abs(g) + gamma(x.shape[0]) * (ax.T @ A)
+    return (gx, Ex), (gw, Ew)
+
+
+def _matmul(n, v, e, a):
+    assert v[0].ndim == 2 and v[1].ndim == 2, "2-D MatMul only"
+    y, ey = _matmul_fwd(v[0], e[0], v[1], e[1])
+    return y, ey, None
+
+
+def _matmul_back_rule(n, v, e, cache, g, E):
+    return list(_matmul_back(v[0], e[0], v[1], e[1], g, E))
+
+
+def _gemm(n, v, e, a):
+    assert a.get("alpha", 1.0) == 1.0 and a.get("beta", 1.0) == 1.0, a
+    ta, tb = a.get("transA", 0), a.get("transB", 0)
+    x = v[0].T if ta else v[0]
+    ex = e[0].T if ta else e[0]
+    w = v[1].T if tb else v[1]
+    ew = e[1].T if tb else e[1]
+    y, ey = _matmul_fwd(x, ex, w, ew)
+    if len(v) > 2:
+        y = y + v[2]
+        ey = ey + e[2] + U * (np.abs(y) + ey + e[2])  # the bias add's rounding
+    return y, ey, (ta, tb)
+
+
+def _gemm_back(n, v, e, cache, g, E):
+    ta, tb = cache
+    x = v[0].T if ta else v[0]
+    ex = e[0].T if ta else e[0]
+    w = v[1].T if tb else v[1]
+    ew = e[1].T if tb else e[1]
+    (gx, Ex), (gw, Ew) = _matmul_back(x, ex, w, ew, g, E)
+    out = [(gx.T, Ex.T) if ta else (gx, Ex), (gw.T, Ew.T) if tb else (gw, Ew)]
+    if len(v) > 2:
+        gb, cnt = _sum_to(g, v[2].shape)
+        Eb, _ = _sum_to(E + gamma(cnt) * (np.abs(g) + E), v[2].shape)
+        out.append((gb, Eb))
+    return out
+
+
+def _add(n, v, e, a):
+    y = v[0] + v[1]
+    return y, e[0] + e[1] + U * (np.abs(y) + e[0] + e[1]), None
+
+
+def _add_back(n, v, e, cache, g, E):
+    out = []
+    for x in v[:2]:
+        gx, cnt = _sum_to(g, x.shape)
+        Ex, _ = _sum_to(E + (gamma(cnt) * (np.abs(g) + E) if cnt > 1 else 0), x.shape)
+        out.append((gx, Ex))
+    return out
+
+
+def _ties(x, ex):
+    """Relu / LeakyRelu inputs whose sign float32 rounding could flip (an exact 0 with no
+    error stays 0)."""
+    return (np.abs(x) <= ex) & ~((x == 0) & (ex == 0))
+
+
+def _relu(n, v, e, a):
+    x, ex = v[0], e[0]
+    tie = _ties(x, ex)
+    # Relu is 1-Lipschitz: the output is off by at most the input's error
+    return np.maximum(x, 0), np.where((x > 0) | tie, ex, 0.0), (x > 0, tie)
+
+
+def _relu_back(n, v, e, cache, g, E):
+    mask, tie = cache
+    # at a near-tie float32 may pass the gradient or not: off by its whole magnitude
+    return [(g * mask, np.where(tie, np.abs(g) + E, E * mask))]
+
+
+def _leaky_relu(n, v, e, a):
+    x, ex = v[0], e[0]
+    alpha = float(np.float32(a.get("alpha", 0.01)))
+    tie = _ties(x, ex)
+    y = np.where(x > 0, x, alpha * x)
+    ey = np.where(x > 0, ex, abs(alpha) * ex + U * (abs(alpha) * (np.abs(x) + ex)))
+    return y, np.where(tie, max(1.0, abs(alpha)) * ex + U * np.abs(x), ey), (x > 0, alpha, tie)
+
+
+def _leaky_relu_back(n, v, e, cache, g, E):
+    mask, alpha, tie = cache
+    slope = np.where(mask, 1.0, alpha)
+    A = np.abs(g) + E
+    Ex = np.abs(slope) * E + np.where(mask, 0.0, U * abs(alpha) * A)
+    return [(g * slope, np.where(tie, abs(1 - alpha) * A + Ex, Ex))]
+
+
+def _maxpool(n, v, e, a):
+    x, ex = v[0], e[0]
+    k, s, p, d = _geometry(a, a["kernel_shape"])
+    assert d == [1, 1], d
+    cols = _im2col(x, k, s, p, fill=-np.inf)
+    ecols = _im2col(ex, k, s, p)
+    nn, c, kh, kw, oh, ow = cols.shape
+    flat, eflat = cols.reshape(nn, c, kh * kw, oh, ow), ecols.reshape(nn, c, kh * kw, oh, ow)
+    idx = flat.argmax(axis=2)
+    top = np.take_along_axis(flat, idx[:, :, None], 2)[:, :, 0]
+    etop = np.take_along_axis(eflat, idx[:, :, None], 2)[:, :, 0]
+    # Candidates float32 may pick: within both error bounds of the maximum (values equal
+    # to it with no error on either side are equal in float32 too: the first one wins).
+    cand = (top[:, :, None] - flat <= eflat + etop[:, :, None]) \
+        & ~((flat == top[:, :, None]) & (eflat == 0) & (etop[:, :, None] == 0))
+    cand |= np.arange(kh * kw)[None, None, :, None, None] == idx[:, :, None]
+    tied = cand.sum(axis=2) > 1
+    # the maximum of a window moves by at most the largest error in it
+    return top, eflat.max(axis=2), (idx, cand & tied[:, :, None], x.shape, k, s, p)
+
+
+def _maxpool_back(n, v, e, cache, g, E):
+    idx, cand, shape, k, s, p = cache
+    nn, c, oh, ow = idx.shape
+
+    def to_input(flat):
+        return _col2im(flat.reshape(nn, c, k[0], k[1], oh, ow), shape, k, s, p)
+
+    def scatter(t):
+        flat = np.zeros((nn, c, k[0] * k[1], oh, ow))
+        np.put_along_axis(flat, idx[:, :, None], t[:, :, None], 2)
+        return flat
+    A = np.abs(g) + E
+    # a tied window may send its gradient to any candidate: each is off by all of it
+    Eflat = np.where(cand, A[:, :, None], scatter(E))
+    # overlapping windows add up to ceil(k/s)^2 routed gradients into one input
+    overlap = math.ceil(k[0] / s[0]) * math.ceil(k[1] / s[1])
+    Ex = to_input(Eflat) + (gamma(overlap) * to_input(np.where(cand, A[:, :, None], scatter(A)))
+                            if overlap > 1 else 0)
+    return [(to_input(scatter(g)), Ex)]
+
+
+def _normalize(x, ex, axes, eps):
+    """Statistics over ``axes`` and the normalised x̂ with error bounds that hold for any
+    float32 evaluation: the mean as a sum in any order, the variance either as the mean of
+    (x - mean)^2 (the standard ops, trainops' kernels) or as E[x^2] - mean^2 (a one-pass
+    kernel), then 1/sqrt(var + eps)."""
+    cnt = int(np.prod([x.shape[i] for i in axes]))
+    mean = x.mean(axis=axes, keepdims=True)
+    emean = ex.mean(axis=axes, keepdims=True) + gamma(cnt + 1) * (np.abs(x) + ex).mean(axis=axes, keepdims=True)
+    xc = x - mean
+    var = (xc ** 2).mean(axis=axes, keepdims=True)
+    ed = ex + emean
+    evar = ((2 * np.abs(xc) + ed) * ed).mean(axis=axes, keepdims=True) \
+        + gamma(cnt + 4) * (((np.abs(x) + ex) ** 2).mean(axis=axes, keepdims=True) + (np.abs(mean) + emean) ** 2)
+    assert (evar < 0.5 * (var + eps)).all(), "variance not resolved in float32"
+    rstd = 1 / np.sqrt(var + eps)
+    # relative error of rstd: half that of var + eps (first order, with the 2x slack of
+    # evar < (var + eps) / 2), plus add, sqrt and reciprocal
+    rho = evar / (var + eps) + gamma(3)
+    xhat = xc * rstd
+    exhat = ed * rstd * (1 + rho) + np.abs(xhat) * rho + U * (np.abs(xhat) + ed * rstd)
+    return mean, rstd, rho, xhat, exhat, cnt
+
+
+def _batchnorm(n, v, e, a):
+    """Training mode (the Trainer's default): batch statistics, biased variance."""
+    x, ex = v[0], e[0]
+    scale, bias = v[1], v[2]
+    eps = float(np.float32(a.get("epsilon", 1e-5)))
+    axes = (0,) + tuple(range(2, x.ndim))
+    chan = (1, -1) + (1,) * (x.ndim - 2)
+    mean, rstd, rho, xhat, exhat, cnt = _normalize(x, ex, axes, eps)
+    sc, bi = scale.reshape(chan), bias.reshape(chan)
+    y = sc * xhat + bi
+    # y = scale * x̂ + bias, or x * (scale rstd) + (bias - mean scale rstd): magnitudes of
+    # both orders, four roundings
+    ey = np.abs(sc) * exhat + gamma(4) * (np.abs(sc) * rstd * (np.abs(x) + np.abs(mean) + ex) + np.abs(bi))
+    return y, ey, (xhat, exhat, rstd, rho, sc, axes, cnt)
+
+
+def _batchnorm_back(n, v, e, cache, g, E):
+    xhat, exhat, rstd, rho, sc, axes, cnt = cache
+    A = np.abs(g) + E
+    ax = np.abs(xhat) + exhat
+    gb = g.sum(axis=axes)
+    Eb = E.sum(axis=axes) + gamma(cnt) * A.sum(axis=axes)
+    gs = (g * xhat).sum(axis=axes)
+    Es = (E * ax + np.abs(g) * exhat).sum(axis=axes) + gamma(cnt + 1) * (A * ax).sum(axis=axes)
+    m1 = g.mean(axis=axes, keepdims=True)
+    m2 = (g * xhat).mean(axis=axes, keepdims=True)
+    Em1 = E.mean(axis=axes, keepdims=True) + gamma(cnt + 1) * A.mean(axis=axes, keepdims=True)
+    Em2 = (E * ax + np.abs(g) * exhat).mean(axis=axes, keepdims=True) \
+        + gamma(cnt + 2) * (A * ax).mean(axis=axes, keepdims=True)
+    inner = g - m1 - xhat * m2
+    Ein = E + Em1 + ax * Em2 + exhat * np.abs(m2) \
+        + gamma(3) * (A + np.abs(m1) + Em1 + ax * (np.abs(m2) + Em2))
+    k = np.abs(sc) * rstd
+    gx = sc * rstd * inner
+    Ex = k * Ein + k * (rho + gamma(2)) * (np.abs(inner) + Ein)
+    return [(gx, Ex), (gs, Es), (gb, Eb)]
+
+
+def _layernorm(n, v, e, a):
+    x, ex = v[0], e[0]
+    axis = a.get("axis", -1) % x.ndim
+    assert axis == x.ndim - 1 and a.get("stash_type", 1) == 1, a
+    eps = float(np.float32(a.get("epsilon", 1e-5)))
+    mean, rstd, rho, xhat, exhat, cnt = _normalize(x, ex, (axis,), eps)
+    scale = v[1]
+    bias = v[2] if len(v) > 2 else np.zeros_like(scale)
+    y = scale * xhat + bias
+    ey = np.abs(scale) * exhat + gamma(4) * (np.abs(scale) * rstd * (np.abs(x) + np.abs(mean) + ex) + np.abs(bias))
+    return y, ey, (xhat, exhat, rstd, rho, scale, cnt)
+
+
+def _layernorm_back(n, v, e, cache, g, E):
+    xhat, exhat, rstd, rho, scale, cnt = cache
+    rows = int(np.prod(g.shape[:-1]))
+    A = np.abs(g) + E
+    ax = np.abs(xhat) + exhat
+    lead = tuple(range(g.ndim - 1))
+    gb, Eb = g.sum(axis=lead), E.sum(axis=lead) + gamma(rows) * A.sum(axis=lead)
+    gs = (g * xhat).sum(axis=lead)
+    Es = (E * ax + np.abs(g) * exhat).sum(axis=lead) + gamma(rows + 1) * (A * ax).sum(axis=lead)
+    gh = g * scale
+    Eh = E * np.abs(scale) + U * A * np.abs(scale)
+    Ah = np.abs(gh) + Eh
+    m1 = gh.mean(axis=-1, keepdims=True)
+    m2 = (gh * xhat).mean(axis=-1, keepdims=True)
+    Em1 = Eh.mean(axis=-1, keepdims=True) + gamma(cnt + 1) * Ah.mean(axis=-1, keepdims=True)
+    Em2 = (Eh * ax + np.abs(gh) * exhat).mean(axis=-1, keepdims=True) \
+        + gamma(cnt + 2) * (Ah * ax).mean(axis=-1, keepdims=True)
+    inner = gh - m1 - xhat * m2
+    Ein = Eh + Em1 + ax * Em2 + exhat * np.abs(m2) \
+        + gamma(3) * (Ah + np.abs(m1) + Em1 + ax * (np.abs(m2) + Em2))
+    gx = rstd * inner
+    Ex = rstd * Ein + rstd * (rho + U) * (np.abs(inner) + Ein)
+    out = [(gx, Ex), (gs, Es)]
+    if len(v) > 2:
+        out.append((gb, Eb))
+    return out
+
+
+_erf = np.vectorize(math.erf, otypes=[np.float64])
+K_TANH, C_TANH = math.sqrt(2 / math.pi), 0.044715
+
+
+def _gelu_parts(x, approximate):
+    """Gelu(x), Gelu'(x), and bounds on the rounding error of a float32 evaluation of each
+    from an exact x: ELEMENTARY ulps of the magnitude of every term (the standard form's
+    ten operations and its Erf / Exp or Tanh; the fused kernel is within 1 ulp)."""
+    r = ELEMENTARY * U
+    if approximate == "none":
+        cdf = 0.5 * (1 + _erf(x / math.sqrt(2)))
+        pdf = np.exp(-x * x / 2) / math.sqrt(2 * math.pi)
+        y, d = x * cdf, cdf + x * pdf
+        return y, d, r * np.abs(x) * (0.5 + np.abs(cdf - 0.5)), r * (cdf + np.abs(x * pdf))
+    u = K_TANH * (x + C_TANH * x ** 3)
+    t = np.tanh(u)
+    du = K_TANH * (1 + 3 * C_TANH * x * x)
+    y, d = 0.5 * x * (1 + t), 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * du
+    # u itself is off by a few roundings of its terms; Gelu moves by at most
+    # |x| (1 - t^2) / 2 and Gelu' by (1 - t^2)(1/2 + |x| du) per unit of u
+    eu = gamma(4) * K_TANH * (np.abs(x) + C_TANH * np.abs(x) ** 3)
+    ey = r * np.abs(x) * (0.5 + 0.5 * np.abs(t)) + 0.5 * np.abs(x) * (1 - t * t) * eu
+    ed = r * (0.5 * (1 + np.abs(t)) + 0.5 * np.abs(x) * (1 + t * t) * du) \
+        + (1 - t * t) * (0.5 + np.abs(x) * du) * eu
+    return y, d, ey, ed
+
+
+# |Gelu''| <= 0.8 for both forms (its largest value, at x = 0: 2 phi(0) = 0.798)
+GELU2 = 0.8
+
+
+def _gelu(n, v, e, a):
+    x, ex = v[0], e[0]
+    approximate = _s(a.get("approximate", "none"))
+    y, d, ey, _ = _gelu_parts(x, approximate)
+    # x off by ex moves Gelu by at most (|Gelu'(x)| + 0.8 ex) ex
+    return y, (np.abs(d) + GELU2 * ex) * ex + ey, approximate
+
+
+def _gelu_back(n, v, e, approximate, g, E):
+    x, ex = v[0], e[0]
+    _, d, _, ed = _gelu_parts(x, approximate)
+    Ed = GELU2 * ex + ed
+    A = np.abs(g) + E
+    return [(g * d, np.abs(d) * E + A * Ed + U * A * (np.abs(d) + Ed))]
+
+
+def _sce(n, v, e, a):
+    assert len(v) == 2 and _s(a.get("reduction", "mean")) == "mean" and "ignore_index" not in a, a
+    z, ez = v[0], e[0]
+    labels = v[1].astype(np.int64)
+    nb, c = z.shape
+    m = z.max(axis=1, keepdims=True)
+    ex_ = np.exp(z - m)
+    p = ex_ / ex_.sum(axis=1, keepdims=True)
+    lse = (m + np.log(ex_.sum(axis=1, keepdims=True)))[:, 0]
+    zt = z[np.arange(nb), labels]
+    li = lse - zt
+    loss = li.mean()
+    # lse is 1-Lipschitz in the max norm; computing it: c exps, a sum of c, a log, adds
+    elem = (c + 3 * ELEMENTARY + 4) * U * (1 + np.abs(lse) + np.abs(m[:, 0]))
+    eli = ez.max(axis=1) + elem + ez[np.arange(nb), labels] + U * np.abs(li)
+    eloss = eli.mean() + gamma(nb + 1) * (np.abs(li) + eli).mean()
+    return np.float64(loss), np.float64(eloss), (p, labels, ez)
+
+
+def _sce_back(n, v, e, cache, g, E):
+    p, labels, ez = cache
+    nb, c = p.shape
+    assert np.all(E == 0), "the loss is the output: its gradient is 1, exact"
+    y = np.zeros_like(p)
+    y[np.arange(nb), labels] = 1
+    # softmax of logits off by ez: each p_i moves by at most p_i (ez_i + max ez) (first
+    # order, doubled); computing it: c exps, a sum of c, a division
+    ep = p * 2 * (ez + ez.max(axis=1, keepdims=True)) + (c + 2 * ELEMENTARY + 4) * U * p
+    gz = g * (p - y) / nb
+    Ez = np.abs(g) * (ep + 2 * U * (np.abs(p - y) + ep)) / nb
+    return [(gz, Ez), None]
+
+
+def _flatten(n, v, e, a):
+    axis = a.get("axis", 1)
+    shape = (int(np.prod(v[0].shape[:axis])), -1)
+    return v[0].reshape(shape), e[0].reshape(shape), v[0].shape
+
+
+def _reshape_back(n, v, e, shape, g, E):
+    return [(g.reshape(shape), E.reshape(shape))]
+
+
+def _gap(n, v, e, a):
+    x, ex = v[0], e[0]
+    cnt = int(np.prod(x.shape[2:]))
+    axes = tuple(range(2, x.ndim))
+    y = x.mean(axis=axes, keepdims=True)
+    return y, ex.mean(axis=axes, keepdims=True) + gamma(cnt + 1) * (np.abs(x) + ex).mean(axis=axes, keepdims=True), x.shape
+
+
+def _gap_back(n, v, e, shape, g, E):
+    cnt = int(np.prod(shape[2:]))
+    return [(np.broadcast_to(g / cnt, shape), np.broadcast_to((E + U * (np.abs(g) + E)) / cnt, shape))]
+
+
+def _identity(n, v, e, a):
+    return v[0], e[0], None
+
+
+def _identity_back(n, v, e, cache, g, E):
+    return [(g, E)]
+
+
+OPS = {
+    "Conv": (_conv, _conv_back),
+    "MatMul": (_matmul, _matmul_back_rule),
+    "Gemm": (_gemm, _gemm_back),
+    "Add": (_add, _add_back),
+    "Relu": (_relu, _relu_back),
+    "LeakyRelu": (_leaky_relu, _leaky_relu_back),
+    "MaxPool": (_maxpool, _maxpool_back),
+    "BatchNormalization": (_batchnorm, _batchnorm_back),
+    "LayerNormalization": (_layernorm, _layernorm_back),
+    "Gelu": (_gelu, _gelu_back),
+    "SoftmaxCrossEntropyLoss": (_sce, _sce_back),
+    "Flatten": (_flatten, _reshape_back),
+    "GlobalAveragePool": (_gap, _gap_back),
+    "Identity": (_identity, _identity_back),
+}
+
+
+EXACT_OPS = {"Relu", "LeakyRelu", "MaxPool", "Flatten", "Identity"}  # no rounding of their own
+DECISION_OPS = {"Relu", "LeakyRelu", "MaxPool"}
+
+
+def _forward(model, params, feeds, other_values=None):
+    """The forward in float64 at ``params``; every op sees exact inputs (the two runs share
+    them) except the decision ops, which see the width by which the two runs' values of
+    their input may differ: twice the local rounding bound of the op that made it (a
+    rounding on either side) plus the exact difference ``other_values`` gives."""
+    g = model.graph
+    vals = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in g.initializer}
+    vals.update({k: np.asarray(x, np.float64) for k, x in params.items()})
+    vals.update({k: np.asarray(x, np.float64) for k, x in feeds.items()})
+    width = {k: np.zeros_like(x) for k, x in vals.items()}
+    tape = []
+    for n in g.node:
+        if n.op_type not in OPS:
+            raise NotImplementedError(f"rounding.step_bounds: no rule for {n.op_type}")
+        ins = [i for i in n.input if i]
+        v = [vals[i] for i in ins]
+        e = [width[i] if n.op_type in DECISION_OPS else np.zeros_like(vals[i]) for i in ins]
+        y, ey, cache = OPS[n.op_type][0](n, v, e, _attrs(n))
+        out = n.output[0]
+        vals[out] = y
+        if n.op_type in EXACT_OPS:
+            width[out] = ey
+        else:
+            diff = 0 if other_values is None else np.abs(y - other_values[out])
+            width[out] = 2 * ey + diff
+        tape.append((n, ins, v, [np.zeros_like(x) for x in v], cache))
+    return vals, width, tape
+
+
+def step_bounds(model, params: dict, feeds: dict, loss: str = "loss", other: dict | None = None):
+    """One training step of ``model`` (BatchNormalization in training mode) in float64 at
+    ``params`` (float32 values, exact) on ``feeds``, for two float32 runs whose backwards
+    differ (kernels, summation orders) and whose forwards run the same nodes, the other
+    run at parameters ``other`` (default: the same).
+
+    Returns ``(loss, loss_width, grads, grad_bounds)``:
+
+    - ``grad_bounds[p]``: any float32 backward, in any summation order, evaluated on this
+      run's forward values, is within it of the exact gradient there (``grads[p]``, the
+      float64 one: the forward values are taken as the float64 ones for the magnitudes);
+      where the two runs may take a Relu / MaxPool decision differently it holds the
+      whole routed gradient;
+    - ``loss_width``: twice the rounding bound of the loss's own computation plus the
+      exact change between the two parameter sets (the forwards' difference, modelled as
+      each op rounding its own terms the other way)."""
+    other_values = None
+    if other is not None:
+        other_values, _, _ = _forward(model, other, feeds)
+    vals, width, tape = _forward(model, params, feeds, other_values)
+    grads = {loss: (np.float64(1.0), np.float64(0.0))}
+    for n, ins, v, e, cache in reversed(tape):
+        if n.output[0] not in grads:
+            continue
+        gy, Ey = grads.pop(n.output[0])
+        for name, ge in zip(ins, OPS[n.op_type][1](n, v, e, cache, gy, Ey)):
+            if ge is None:
+                continue
+            if name in grads:  # a tensor read twice: the two gradients add, once rounded
+                (g1, e1), (g2, e2) = grads[name], ge
+                ge = (g1 + g2, e1 + e2 + U * (np.abs(g1) + np.abs(g2) + e1 + e2))
+            grads[name] = ge
+    return (float(vals[loss]), float(width[loss]),
+            {p: grads[p][0] for p in params}, {p: grads[p][1] for p in params})
