@@ -303,6 +303,28 @@ def test_rust_save_refuses_special_files_and_reports_a_file_size_limit(library_p
     assert _temps(tmp_path) == []
 
 
+def test_rust_refuses_to_read_a_fifo(library_path, tmp_path, train_rs):
+    """A checkpoint, manifest or model that is a FIFO: refused at once (reading one would
+    wait for a writer forever)."""
+    make_trainer(CASE).save_artifacts(tmp_path / "art")
+    from safetensors.numpy import save_file
+
+    batches = tmp_path / "batches.safetensors"
+    save_file({f"{n}/0": v for n, v in CASES[CASE][3](1)[0].items()}, str(batches))
+    os.mkfifo(tmp_path / "fifo")
+    r = rust_trainer.run(train_rs, library_path, tmp_path / "art", batches, 1, "--checkpoint",
+                         tmp_path / "fifo", ok=False, timeout=60)
+    assert r.returncode == 1 and f"{tmp_path / 'fifo'}: not a regular file" in r.stderr, \
+        r.stderr
+    for name in ("training.onnx", "manifest.json"):
+        copy = tmp_path / name
+        shutil.copytree(tmp_path / "art", copy)
+        (copy / name).unlink()
+        os.mkfifo(copy / name)
+        r = rust_trainer.run(train_rs, library_path, copy, batches, 1, ok=False, timeout=60)
+        assert r.returncode == 1 and f"{copy / name}: not a regular file" in r.stderr, r.stderr
+
+
 # --- the file layout -----------------------------------------------------------------------
 
 def test_the_writer_lays_files_out_as_safetensors_does(tmp_path):

@@ -257,6 +257,7 @@ impl Trainer {
             None => runtime::plain_builder(env, options.threads)?,
         };
         let model = dir.join(&manifest.models.training);
+        checkpoint::refuse_special(&model)?; // ONNX Runtime would wait on a FIFO
         let session = builder
             .clone()
             .commit_from_file(&model)
@@ -389,6 +390,7 @@ impl Trainer {
             problems: vec!["models.eval: the artifacts have no eval model".into()],
         })?;
         let model = self.dir.join(file);
+        checkpoint::refuse_special(&model)?;
         let env = runtime::environment(self.options.onnxruntime.as_deref())?;
         let builder = match &self.library {
             Some(lib) => runtime::session_builder(env, lib, self.options.threads)?,
