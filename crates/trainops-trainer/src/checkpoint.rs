@@ -424,7 +424,6 @@ pub fn write<'a>(
 /// [`Error::Io`] naming `path` when it exists and is not a regular file (a directory, a
 /// FIFO, a device, a socket: renaming over it would replace it).
 fn resolve_target(path: &Path) -> Result<(PathBuf, Option<std::fs::Permissions>)> {
-    use std::os::unix::fs::FileTypeExt;
     // Resolve the folder, then the file itself if it is a symlink (possibly dangling).
     let mut target = path.to_path_buf();
     for _ in 0..40 {
@@ -443,14 +442,8 @@ fn resolve_target(path: &Path) -> Result<(PathBuf, Option<std::fs::Permissions>)
                 }
                 let (kind, what) = if ft.is_dir() {
                     (std::io::ErrorKind::IsADirectory, "a directory")
-                } else if ft.is_fifo() {
-                    (std::io::ErrorKind::InvalidInput, "a FIFO")
-                } else if ft.is_char_device() {
-                    (std::io::ErrorKind::InvalidInput, "a character device")
-                } else if ft.is_block_device() {
-                    (std::io::ErrorKind::InvalidInput, "a block device")
                 } else {
-                    (std::io::ErrorKind::InvalidInput, "a socket")
+                    (std::io::ErrorKind::InvalidInput, special_kind(&ft))
                 };
                 let via =
                     if target != path { format!(" (through the symlink {})", path.display()) } else { String::new() };
@@ -465,6 +458,39 @@ fn resolve_target(path: &Path) -> Result<(PathBuf, Option<std::fs::Permissions>)
         }
     }
     Err(Error::io(path, std::io::Error::new(std::io::ErrorKind::InvalidInput, "too many levels of symbolic links")))
+}
+
+/// What a file that is neither regular nor a directory is, in words.
+#[cfg(unix)]
+fn special_kind(ft: &std::fs::FileType) -> &'static str {
+    use std::os::unix::fs::FileTypeExt;
+    if ft.is_fifo() {
+        "a FIFO"
+    } else if ft.is_char_device() {
+        "a character device"
+    } else if ft.is_block_device() {
+        "a block device"
+    } else if ft.is_socket() {
+        "a socket"
+    } else {
+        "not a regular file"
+    }
+}
+
+#[cfg(not(unix))]
+fn special_kind(_: &std::fs::FileType) -> &'static str {
+    "not a regular file"
+}
+
+/// Whether the file `f` still has a name (false: removed since it was opened).
+#[cfg(unix)]
+fn has_a_name(f: &File) -> std::io::Result<bool> {
+    Ok(std::os::unix::fs::MetadataExt::nlink(&f.metadata()?) > 0)
+}
+
+#[cfg(not(unix))]
+fn has_a_name(_: &File) -> std::io::Result<bool> {
+    Ok(true)
 }
 
 /// `.<name>.<12 hex digits>.tmp`: the temporary name of a save of `name` (the Python
@@ -531,7 +557,7 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
         let f = File::options().write(true).create_new(true).open(&tmp).map_err(|e| Error::io(path, e))?;
         f.lock().map_err(|e| Error::io(path, e))?;
         // Another save's clean-up may have removed it between its creation and the lock.
-        if std::os::unix::fs::MetadataExt::nlink(&f.metadata().map_err(|e| Error::io(path, e))?) > 0 {
+        if has_a_name(&f).map_err(|e| Error::io(path, e))? {
             break (tmp, f);
         }
     };
@@ -625,6 +651,7 @@ mod tests {
         std::fs::remove_dir_all(dir).unwrap();
     }
 
+    #[cfg(unix)]
     #[test]
     fn special_files_are_refused_and_symlinks_written_through() {
         use std::os::unix::fs::{symlink, FileTypeExt, PermissionsExt};

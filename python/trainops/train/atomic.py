@@ -88,7 +88,8 @@ def remove_leftovers(folder: str, name: str, legacy: Sequence[str] = ()) -> None
         if not (ours or e.name in legacy):
             continue
         try:
-            fd = os.open(e.path, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
+            fd = os.open(e.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) |
+                         getattr(os, "O_CLOEXEC", 0))
         except OSError:  # a symlink, gone meanwhile, ...
             continue
         try:
@@ -147,8 +148,8 @@ def write_files(files: Sequence[tuple[str, Iterable]], what: str,
                 for chunk in chunks:
                     _write_all(fd, chunk)
                 os.fsync(fd)
-                if mode is not None:  # the file it replaces keeps its permissions
-                    os.fchmod(fd, mode)
+                if mode is not None and hasattr(os, "fchmod"):  # the file it replaces
+                    os.fchmod(fd, mode)  # keeps its permissions
             except OSError as exc:
                 raise _oserror(exc, what, os.fspath(path)) from None
         for (target, _), (tmp, _), (path, _) in zip(targets, temps, files):
