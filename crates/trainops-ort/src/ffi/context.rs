@@ -54,6 +54,12 @@ pub fn numel(shape: &[i64]) -> Option<usize> {
     shape.iter().try_fold(1usize, |n, &d| usize::try_from(d).ok().and_then(|d| n.checked_mul(d)))
 }
 
+/// The name [`ShapeInfer::set_output`] gives unknown dimension `dim` of output `output` at
+/// its `call`-th call: unique per call, so per node.
+fn unknown_dim_name(op: &str, call: u64, output: usize, dim: usize) -> String {
+    format!("{op}_{call}_out{output}_dim{dim}")
+}
+
 /// The context of one kernel call.
 pub struct Context<'a> {
     api: Api,
@@ -480,9 +486,38 @@ impl ShapeInfer<'_> {
         (got == bytes).then_some(v)
     }
 
-    /// Gives output `output` element type `dtype` and, when known, dimensions `dims` (each
-    /// `None` for unknown); does nothing for an output the node may lack.
+    /// Gives output `output` element type `dtype` and dimensions `dims` (each `None` for
+    /// unknown); does nothing for an output the node may lack, or when `dims` is `None` (no
+    /// dimension known: the C API can only declare a shape, and a shape of no dimensions is
+    /// a scalar's, so the output's type and shape are left to the runtime: the type from
+    /// the op's signature, the shape unknown).
+    ///
+    /// An unknown dimension gets a name of its own, unique in the process (`{op}_{n}_out
+    /// {output}_dim{i}`, `n` one more at every call): ONNX Runtime's memory planner takes
+    /// two outputs whose dimensions have the same name for one size and may reuse one's
+    /// buffer for the other ("Shape mismatch attempting to re-use buffer"), so a name per op
+    /// would tie two nodes' different sizes together. The C API cannot leave a dimension
+    /// unnamed: an unnamed unknown is written as the value -1, which the planner also
+    /// compares as equal.
     pub fn set_output(&mut self, output: usize, dtype: DType, dims: Option<&[Option<i64>]>) -> Result<()> {
+        match dims {
+            Some(dims) => self.declare(output, dtype, dims),
+            None => Ok(()),
+        }
+    }
+
+    /// Gives output `output` element type `dtype` where nothing else can (an op whose output
+    /// type an attribute picks, PhiloxUniform's `dtype`) and no dimension is known. The C API
+    /// declares a type only with a shape, and a shape of no dimensions, which ONNX Runtime
+    /// reads as rank 0: its memory planner never reuses a buffer for a rank-0 output, but a
+    /// standard op reading the output infers from that rank. Use [`ShapeInfer::set_output`]
+    /// wherever the type comes from the signature.
+    pub fn set_output_type(&mut self, output: usize, dtype: DType) -> Result<()> {
+        self.declare(output, dtype, &[])
+    }
+
+    fn declare(&mut self, output: usize, dtype: DType, dims: &[Option<i64>]) -> Result<()> {
+        static CALLS: core::sync::atomic::AtomicU64 = core::sync::atomic::AtomicU64::new(0);
         if output >= self.outputs {
             return Ok(());
         }
@@ -491,25 +526,24 @@ impl ShapeInfer<'_> {
         // SAFETY: `info` is an out pointer; the info is released below, once.
         let s = unsafe { (raw.CreateTensorTypeAndShapeInfo)(&mut info) };
         self.api.check(self.op, "CreateTensorTypeAndShapeInfo", s)?;
-        let names: Vec<CString> = (0..dims.map_or(0, <[_]>::len))
-            .map(|i| CString::new(format!("{}_out{output}_dim{i}", self.op)).expect("no NUL"))
+        let call = CALLS.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        let names: Vec<CString> = (0..dims.len())
+            .map(|i| CString::new(unknown_dim_name(self.op, call, output, i)).expect("no NUL"))
             .collect();
         let result = (|| {
             // SAFETY: `info` was just created.
             let s = unsafe { (raw.SetTensorElementType)(info, dtype.to_sys()) };
             self.api.check(self.op, "SetTensorElementType", s)?;
-            if let Some(dims) = dims {
-                let values: Vec<i64> = dims.iter().map(|d| d.unwrap_or(-1)).collect();
-                // SAFETY: `values` holds `len` dimensions.
-                let s = unsafe { (raw.SetDimensions)(info, values.as_ptr(), values.len()) };
-                self.api.check(self.op, "SetDimensions", s)?;
-                let mut params: Vec<*const c_char> =
-                    dims.iter().zip(&names).map(|(d, n)| if d.is_some() { c"".as_ptr() } else { n.as_ptr() }).collect();
-                // SAFETY: one NUL-terminated name per dimension, alive during the call (the
-                // runtime copies them).
-                let s = unsafe { (raw.SetSymbolicDimensions)(info, params.as_mut_ptr(), params.len()) };
-                self.api.check(self.op, "SetSymbolicDimensions", s)?;
-            }
+            let values: Vec<i64> = dims.iter().map(|d| d.unwrap_or(-1)).collect();
+            // SAFETY: `values` holds `len` dimensions.
+            let s = unsafe { (raw.SetDimensions)(info, values.as_ptr(), values.len()) };
+            self.api.check(self.op, "SetDimensions", s)?;
+            let mut params: Vec<*const c_char> =
+                dims.iter().zip(&names).map(|(d, n)| if d.is_some() { c"".as_ptr() } else { n.as_ptr() }).collect();
+            // SAFETY: one NUL-terminated name per dimension, alive during the call (the
+            // runtime copies them).
+            let s = unsafe { (raw.SetSymbolicDimensions)(info, params.as_mut_ptr(), params.len()) };
+            self.api.check(self.op, "SetSymbolicDimensions", s)?;
             // SAFETY: valid context and info, only read by the runtime.
             let s = unsafe { (raw.ShapeInferContext_SetOutputTypeShape)(self.ctx, output, info) };
             self.api.check(self.op, "ShapeInferContext_SetOutputTypeShape", s)

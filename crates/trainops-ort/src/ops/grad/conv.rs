@@ -159,8 +159,8 @@ impl OpSpec for ConvWeightGrad {
         let c = x.get(1).copied().and_then(known).map(|c| c / group);
         let dims: Vec<Option<i64>> =
             [dy.get(1).copied().and_then(known), c].into_iter().chain(k.into_iter().map(Some)).collect();
-        // Known dimensions only (see ConvInputGrad's inference).
-        ctx.set_output(0, DType::Float, dims.iter().all(Option::is_some).then_some(&dims[..]))
+        // Unknown M or C get dimension names of this node's own (`set_output`).
+        ctx.set_output(0, DType::Float, Some(&dims))
     }
 }
 
@@ -200,10 +200,14 @@ impl OpSpec for ConvInputGrad {
     }
 
     fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
-        // The element type only: the dimensions are X_shape's values, which inference cannot
-        // see, and unknown dimensions would get names shared by every node of the op
-        // (`ShapeInfer::set_output`), which the memory planner takes as equal sizes.
-        ctx.set_output(0, DType::Float, None)
+        // dX has dY's rank and batch; the other sizes are X_shape's values, which inference
+        // cannot see: unknowns, named for this node alone (`ShapeInfer::set_output`).
+        let Some((_, dy)) = ctx.input(0) else { return Ok(()) };
+        if dy.len() < 3 {
+            return Ok(()); // unknown (or wrong) rank: the kernel says what it expects
+        }
+        let dims: Vec<Option<i64>> = (0..dy.len()).map(|i| (i == 0 && dy[0] >= 0).then_some(dy[0])).collect();
+        ctx.set_output(0, DType::Float, Some(&dims))
     }
 }
 

@@ -31,10 +31,17 @@ impl OpSpec for MaxPoolGrad {
         Ok(Box::new(MaxPoolGradKernel))
     }
 
-    // No `infer`: the output's sizes are a tensor's values, unknown at load, and unknown
-    // dimensions get names per op, not per node (ONNX Runtime would then share the buffers
-    // of two nodes' outputs); an info without dimensions would say "scalar". The type
-    // comes from the signature, the shape stays unknown.
+    fn infer(&self, ctx: &mut ShapeInfer<'_>) -> Result<()> {
+        // dX has dY's rank, N and C; its spatial sizes are the `shape` input's values,
+        // unknown at load: dimension names of this node's own (`ShapeInfer::set_output`), so
+        // that two nodes' different sizes are never taken for one.
+        let Some((_, dy)) = ctx.input(0) else { return Ok(()) };
+        if dy.len() < 3 {
+            return Ok(()); // unknown (or wrong) rank: the kernel says what it expects
+        }
+        let dims: Vec<Option<i64>> = (0..dy.len()).map(|i| (i < 2 && dy[i] >= 0).then_some(dy[i])).collect();
+        ctx.set_output(0, DType::Float, Some(&dims))
+    }
 }
 
 struct MaxPoolGradKernel;

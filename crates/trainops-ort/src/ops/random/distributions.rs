@@ -182,14 +182,22 @@ fn infer_dist(op: &'static str, ctx: &mut ShapeInfer<'_>) -> Result<()> {
         None => match ctx.input(1) {
             // The output's rank is the input's declared length, whatever the model says: a
             // vector of that many unknowns once aborted the process (a failed allocation)
-            // for a length of 2^40. Longer than MAX_INFERRED_RANK, the rank is left unknown.
+            // for a length of 2^40. Longer than MAX_INFERRED_RANK, or of unknown length, the
+            // rank is unknown.
             Some((_, shape)) if shape.len() == 1 && (0..=MAX_INFERRED_RANK).contains(&shape[0]) => {
                 Some(vec![None; shape[0] as usize])
             }
             _ => None,
         },
     };
-    ctx.set_output(0, dtype, dims.as_deref())?;
+    match dims {
+        Some(dims) => ctx.set_output(0, dtype, Some(&dims))?,
+        // Of unknown rank, a float output is left to the runtime (it types it like the
+        // first registration, float); another type only this inference can tell, and the C
+        // API declares it with no dimensions (see `ShapeInfer::set_output_type`).
+        None if dtype == DType::Float => {}
+        None => ctx.set_output_type(0, dtype)?,
+    }
     state::infer(op, ctx)
 }
 
