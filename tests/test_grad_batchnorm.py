@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from helpers.adam_pair import assert_running_stats_agree, assert_runs_agree, record
 from trainops.onnx_defs import IR_VERSION, TRAINOPS_DOMAIN
 
 U = 2.0 ** -24  # float32's unit roundoff
@@ -187,31 +188,36 @@ def _train(monkeypatch, name, batch, fused, steps=3, **kw):
     fam = family(name, batch)
     tr = Trainer(fam.model, "loss", optim.Adam(lr=1e-3), params=fam.params, threads=1, **kw)
     ops = [n.op_type for n in tr.training_model().graph.node]
-    stats = []
-    for _ in range(steps):
-        tr.step(fam.feeds)
-        stats.append(tr.running_stats())
+    run = record(tr, fam.feeds, steps)  # losses; parameters, moments, statistics per step
     bns = sum(n.op_type == "BatchNormalization" for n in fam.model.graph.node)
-    return tr, ops, stats, bns
+    return tr, ops, run, bns
 
 
 @pytest.mark.parametrize("name,batch", [("bncnn", 8), ("resnet", 2)])
 def test_trainer_fused_matches_standard_ops(monkeypatch, library_path, name, batch):
-    """Same weights within 2e-6 + 2e-5 |w| after 3 Adam steps (the fused kernel's f64
-    statistics round differently from the standard ops' float32 ones); the running
-    statistics of the first step identical (the forward has the same weights), then close."""
-    fused, ops, stats, bns = _train(monkeypatch, name, batch, True)
-    plain, plain_ops, plain_stats, _ = _train(monkeypatch, name, batch, False)
+    """The fused kernel's float64 statistics and its order of summation round differently
+    from the standard ops' float32 ones: weights, Adam's moments and losses within the
+    bound of helpers/adam_pair.py after every step (each gradient within gamma(n)
+    sum|terms| of the exact one, carried through Adam, which divides by each element's
+    gradient RMS: a fixed rtol on the weights is too tight where a gradient cancels and
+    too loose elsewhere). A gradient 1% off exceeds the bound in every tensor of the BN CNN
+    but conv1.bn.b (1.4%); in the residual CNN only from block2 on (six BatchNorms
+    compound the worst case). The running statistics of the first step identical (the
+    forward has the same weights), then within the difference the weights make to the
+    batch statistics plus their rounding."""
+    from trainops.bench.train_models import family
+
+    fused, ops, run, bns = _train(monkeypatch, name, batch, True)
+    plain, plain_ops, plain_run, _ = _train(monkeypatch, name, batch, False)
+    fam = family(name, batch)
     assert bns > 0 and ops.count("BatchNormTrainGrad") == bns
     assert "BatchNormTrainGrad" not in plain_ops
     assert len(ops) < len(plain_ops)
-    for k, v in plain_stats[0].items():
-        np.testing.assert_array_equal(stats[0][k], v, err_msg=k)
-    for k, v in plain_stats[-1].items():
-        np.testing.assert_allclose(stats[-1][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
-    pf, pp = fused.parameters(), plain.parameters()
-    for k in pp:
-        np.testing.assert_allclose(pf[k], pp[k], rtol=2e-5, atol=2e-6, err_msg=k)
+    stats, plain_stats = run[1][1]["stats"], plain_run[1][1]["stats"]
+    for k, v in plain_stats.items():
+        np.testing.assert_array_equal(stats[k], v, err_msg=k)
+    assert_running_stats_agree(fam.model, fam.feeds, run[1], plain_run[1])
+    assert_runs_agree(fam.model, fam.feeds, fused.optimizer, run, plain_run)
 
 
 def test_portable_and_frozen_steps_have_no_fused_op(monkeypatch, library_path):

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from helpers.adam_pair import assert_runs_agree, record
 from trainops import optim
 from trainops.onnx_defs import IR_VERSION, ONNX_OPSET, TRAINOPS_DOMAIN
 from trainops.train import Trainer
@@ -296,15 +297,16 @@ def test_trainer_fused_matches_standard_ops(library_path, monkeypatch, which):
     # The rule keeps ConvTranspose for dX (measured faster, docs/ops/gradients-conv.md).
     assert "ConvWeightGrad" in ops and "ConvInputGrad" not in ops, ops
     assert _conv_grad_ops(plain) == []
-    for step in range(4):
-        la, lb = fused.step(feeds), plain.step(feeds)
-        assert np.isclose(la, lb, rtol=1e-5, atol=1e-6), (name, step, la, lb)
-    pa, pb = fused.parameters(), plain.parameters()
-    assert pa.keys() == pb.keys()
-    for k in pa:
-        # Adam moves each weight by about lr per step; float32 gradients summed in another
-        # order differ by a few ulps, which moves a weight by far less than lr.
-        np.testing.assert_allclose(pa[k], pb[k], rtol=1e-4, atol=2e-5, err_msg=f"{name}: {k}")
+    # ConvWeightGrad sums N x OH x OW products in another order than the standard form's
+    # Conv (MLAS, whose blocking depends on the CPU): each within gamma(n) sum|terms| of the
+    # exact gradient; Adam moves a weight by about lr (gradient difference / gradient RMS)
+    # per step. Losses, weights and moments within helpers/adam_pair.py's bound after
+    # every step. On the demo CNN a gradient 1% off in any tensor exceeds it; on the
+    # residual CNN only from block2 on: six BatchNorms compound the worst-case bound
+    # until the stem's exceeds its gradient (the BN CNN of test_grad_batchnorm.py and
+    # test_grad_activation.py covers the same kernels at 1%).
+    assert_runs_agree(model, feeds, fused.optimizer, record(fused, feeds, 4),
+                      record(plain, feeds, 4), what=f"{name}: ")
 
 
 def test_portable_has_no_fused_ops(library_path, monkeypatch):

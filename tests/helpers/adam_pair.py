@@ -44,7 +44,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from helpers.rounding import U, gamma, step_bounds
+from helpers.rounding import U, batch_stats, forward, gamma, step_bounds
 
 F32 = np.float32
 
@@ -54,7 +54,8 @@ def snapshot(tr) -> dict:
     params = tr.parameters()
     return {"x": {k: np.array(v, F32) for k, v in params.items()},
             "V": {k: np.array(st[f"trainops/V/{k}"], F32) for k in params},
-            "H": {k: np.array(st[f"trainops/H/{k}"], F32) for k in params}}
+            "H": {k: np.array(st[f"trainops/H/{k}"], F32) for k in params},
+            "stats": {k: np.array(v, F32) for k, v in tr.running_stats().items()}}
 
 
 def record(tr, feeds, steps: int):
@@ -121,3 +122,33 @@ def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what=""):
                 r = np.where(bx[k] > 0, np.abs(xa1 - xb1) / bx[k], 0)
             worst[k] = max(worst[k], float(r.max(initial=0)))
     return worst
+
+
+def assert_running_stats_agree(model, feeds, states_a, states_b, what=""):
+    """The BatchNorm running statistics of two :func:`record` runs (``states`` lists),
+    after every step: ``new = m old + (1 - m) batch_stat`` (the variance times n / (n - 1))
+    moves apart by m times the previous bound, plus (1 - m) times how far the two batch
+    statistics may be apart (the exact change between the runs' parameters, from the
+    float64 forward, plus each run's rounding flips: :func:`helpers.rounding.batch_stats`),
+    plus gamma_3 of each run's three roundings."""
+    bns = [n for n in model.graph.node if n.op_type == "BatchNormalization"]
+    bound = {}
+    for t in range(1, len(states_a)):
+        (va, wa), (vb, _) = (forward(model, s[t - 1]["x"], feeds) for s in (states_a, states_b))
+        for n in bns:
+            mom = F32(next((a.f for a in n.attribute if a.name == "momentum"), 0.9))
+            ma, vra, wmean, wvar, cnt = batch_stats(va[n.input[0]], wa[n.input[0]])
+            mb, vrb, _, _, _ = batch_stats(vb[n.input[0]], np.zeros_like(vb[n.input[0]]))
+            bessel = cnt / (cnt - 1)
+            for name, da, db, w, scale in ((n.input[3], ma, mb, wmean, 1.0),
+                                           (n.input[4], vra, vrb, wvar, bessel)):
+                olda, oldb = (s[t - 1]["stats"][name].astype(np.float64) for s in (states_a, states_b))
+                newa, newb = (s[t]["stats"][name].astype(np.float64) for s in (states_a, states_b))
+                rounding = gamma(3) * (float(mom) * (np.abs(olda) + np.abs(oldb))
+                                       + (1 - float(mom)) * scale * (np.abs(da) + np.abs(db)))
+                bound[name] = float(mom) * bound.get(name, 0.0) \
+                    + (1 - float(mom)) * scale * (np.abs(da - db) + w) * (1 + gamma(3)) + rounding
+                got = np.abs(newa - newb)
+                assert (got <= bound[name]).all(), (
+                    f"{what}step {t}, {name}: running statistics differ by {got.max():.3g}, "
+                    f"bound {bound[name][np.argmax(got - bound[name])]:.3g}")

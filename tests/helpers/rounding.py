@@ -590,3 +590,29 @@ def step_bounds(model, params: dict, feeds: dict, loss: str = "loss", other: dic
             grads[name] = ge
     return (float(vals[loss]), float(width[loss]),
             {p: grads[p][0] for p in params}, {p: grads[p][1] for p in params})
+
+
+def forward(model, params: dict, feeds: dict):
+    """The forward of :func:`step_bounds` alone: ``(values, widths)`` by tensor name, the
+    float64 values and the width by which two runs' float32 values may differ when only
+    their roundings flip (twice each op's own rounding bound, exact ops passing theirs)."""
+    vals, width, _ = _forward(model, params, feeds)
+    return vals, width
+
+
+def batch_stats(x, width):
+    """A BatchNormalization input's batch mean and biased variance per channel (float64),
+    and how far two runs' float32 values of each may differ by rounding alone: the input's
+    ``width`` carried through, plus twice the statistic's own rounding (the mean as a sum
+    in any order; the variance either two-pass or as E[x^2] - mean^2, whose error follows
+    the mean's to first order: hence the |mean| terms)."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    n = int(np.prod([x.shape[i] for i in axes]))
+    mean = x.mean(axis=axes)
+    m = x.mean(axis=axes, keepdims=True)
+    var = ((x - m) ** 2).mean(axis=axes)
+    wmean = width.mean(axis=axes) + 2 * gamma(n + 1) * np.abs(x).mean(axis=axes)
+    wvar = ((2 * (np.abs(x) + np.abs(m)) + width) * width).mean(axis=axes) \
+        + 2 * (np.abs(mean) + np.abs(x - m).mean(axis=axes)) * wmean \
+        + 2 * gamma(n + 4) * ((x ** 2).mean(axis=axes) + mean ** 2)
+    return mean, var, wmean, wvar, n
