@@ -346,7 +346,8 @@ def check_model(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) 
     if model.dtype != np.uint8 or model.ndim != 1:
         return [f"tensor {MODEL_KEY!r}: expected uint8 of one dimension, got {model.dtype} "
                 f"{list(model.shape)}"]
-    if hashlib.sha256(model.tobytes()).hexdigest() != metadata["model_sha256"]:
+    data = model.tobytes()  # one copy for the hash and the parse
+    if hashlib.sha256(data).hexdigest() != metadata["model_sha256"]:
         return [f"tensor {MODEL_KEY!r}: its sha256 is not model_sha256 "
                 f"{metadata['model_sha256']} (the file is corrupt)"]
     import onnx
@@ -354,7 +355,7 @@ def check_model(tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str]) 
 
     proto = onnx.ModelProto()
     try:
-        proto.ParseFromString(model.tobytes())
+        proto.ParseFromString(data)
     except DecodeError as exc:
         return [f"tensor {MODEL_KEY!r}: not a serialized ONNX model ({exc})"]
     if not proto.HasField("graph"):
