@@ -7,7 +7,8 @@
 //! (ONNX's GRU keeps none): `X W^T` for all steps in one GEMM, `H_{t-1} R^T` likewise (every
 //! `H_{t-1}` is known). Then one reverse loop carries `dH` back with one GEMM per step (two with
 //! `linear_before_reset` 0), and `dX`, `dW`, `dR` are again one GEMM each over all steps.
-//! GEMMs are the `gemm` crate's (its own threading off), cut into row or column blocks as
+//! GEMMs are the `gemm` crate's through `grad::gemm` (its own threading off), cut into row
+//! or column blocks as
 //! tasks of the caller's [`Parallelism`] where large.
 //!
 //! Formulas (gate order z, r, h as in ONNX; `Wb`, `Rb` the two halves of `B`):
@@ -25,6 +26,7 @@ pub mod reference;
 
 use ndarray::{s, ArrayView2, ArrayViewMut2, Axis};
 
+use super::gemm::matmul_view;
 use crate::parallel::{for_each_item, Parallelism};
 use crate::KernelError;
 
@@ -278,49 +280,13 @@ fn gemm(
     if row_tasks > 1 {
         let rows = m.div_ceil(row_tasks);
         let items: Vec<_> = a.axis_chunks_iter(Axis(0), rows).zip(c.axis_chunks_iter_mut(Axis(0), rows)).collect();
-        for_each_item(par, items, |(a, c)| sgemm(a, b, beta, c));
+        for_each_item(par, items, |(a, c)| matmul_view(a, b, beta, c));
     } else if col_tasks > 1 {
         let cols = n.div_ceil(col_tasks);
         let items: Vec<_> = b.axis_chunks_iter(Axis(1), cols).zip(c.axis_chunks_iter_mut(Axis(1), cols)).collect();
-        for_each_item(par, items, |(b, c)| sgemm(a, b, beta, c));
+        for_each_item(par, items, |(b, c)| matmul_view(a, b, beta, c));
     } else {
-        sgemm(a, b, beta, c);
-    }
-}
-
-/// `C = A B + beta C` on one thread: the `gemm` crate's kernel, any strides.
-fn sgemm(a: ArrayView2<'_, f32>, b: ArrayView2<'_, f32>, beta: f32, mut c: ArrayViewMut2<'_, f32>) {
-    let ((m, k), (kb, n)) = (a.dim(), b.dim());
-    assert!(kb == k && c.dim() == (m, n), "gemm shapes {:?} x {:?} -> {:?}", a.dim(), b.dim(), c.dim());
-    let (sa, sb, sc) = (a.strides(), b.strides(), c.strides());
-    let (sa, sb, sc) = ([sa[0], sa[1]], [sb[0], sb[1]], [sc[0], sc[1]]);
-    let dst = c.as_mut_ptr();
-    // SAFETY: the three views are valid for their shapes and strides (ndarray's invariant),
-    // the shapes agree (asserted), C is borrowed mutably so it overlaps neither A nor B, and
-    // `gemm` touches only the elements those shapes and strides address. It computes
-    // dst = alpha dst + beta A B, reading dst only when asked (beta 0 here: C never read).
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst,
-            sc[1],
-            sc[0],
-            beta != 0.0,
-            a.as_ptr(),
-            sa[1],
-            sa[0],
-            b.as_ptr(),
-            sb[1],
-            sb[0],
-            beta,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
+        matmul_view(a, b, beta, c);
     }
 }
 
