@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from helpers.adam_pair import assert_runs_agree, record
 from trainops import optim
 from trainops.bench.train_models import family
 from trainops.onnx_defs import IR_VERSION, TRAINOPS_DOMAIN
@@ -279,8 +280,7 @@ def _train(fam, steps, monkeypatch, fused=True, portable=False):
         monkeypatch.setenv("TRAINOPS_FUSED_GRADS", "0")
     tr = Trainer(fam.model, "loss", optim.Adam(lr=1e-3), params=fam.params, threads=1,
                  portable=portable)
-    losses = [tr.step(fam.feeds) for _ in range(steps)]
-    return tr, losses
+    return tr, record(tr, fam.feeds, steps)  # losses; parameters and moments per step
 
 
 def _trainops_ops(tr):
@@ -291,17 +291,21 @@ def _trainops_ops(tr):
                                                ("mlp", 4, {"LayerNormGrad", "SoftmaxCrossEntropyLossGrad"})])
 def test_trainer_fused_matches_standard_ops(library_path, monkeypatch, name, batch, expect):
     fam = family(name, batch)
-    fused, lf = _train(fam, 4, monkeypatch, fused=True)
-    plain, lp = _train(fam, 4, monkeypatch, fused=False)
+    fused, rf = _train(fam, 4, monkeypatch, fused=True)
+    plain, rp = _train(fam, 4, monkeypatch, fused=False)
     assert expect <= _trainops_ops(fused)
     assert not _trainops_ops(plain) & FUSED_OPS
-    # Rounding differs (f64 row sums, one kernel) but not the math: the same losses and,
-    # after 4 Adam steps of lr 1e-3, the same weights to well under one step's move.
-    np.testing.assert_allclose(lf, lp, rtol=1e-5)
-    pf, pp = fused.parameters(), plain.parameters()
+    # Rounding differs (f64 row sums, one kernel) but not the math: losses, weights and
+    # Adam's moments within helpers/adam_pair.py's bound after every step (each gradient
+    # within gamma(n) sum|terms| of the exact one; Adam divides by each element's gradient
+    # RMS, so an element whose gradient is rounding noise, as the attention's key bias, may
+    # move by up to lr a step either way). A gradient 1% off exceeds the bound in every
+    # tensor of the mlp; in the transformer only from layer1's out_proj on (the worst
+    # case compounds through four LayerNorms and two attentions).
+    assert_runs_agree(fam.model, fam.feeds, fused.optimizer, rf, rp, what=f"{name}: ")
+    pf = fused.parameters()
     moved = 0
     for k in pf:
-        np.testing.assert_allclose(pf[k], pp[k], rtol=0, atol=2e-5, err_msg=k)
         moved += int((pf[k] != fam.weights[k]).any())
     assert moved == len(pf)  # every weight trained
 
@@ -350,17 +354,16 @@ def test_trainer_fused_on_other_axes_without_dbias(library_path, monkeypatch):
         else:
             monkeypatch.setenv("TRAINOPS_FUSED_GRADS", "0")
         tr = Trainer(m, "loss", optim.Adam(lr=1e-2), params=["g", "W"], threads=1)
-        losses = [tr.step(feeds) for _ in range(3)]
-        runs[fused] = (tr, losses)
-    (tf, lf), (tp, lp) = runs[True], runs[False]
+        runs[fused] = (tr, record(tr, feeds, 3))  # losses; parameters and moments per step
+    (tf, rf), (tp, rp) = runs[True], runs[False]
     nodes = [n for n in tf.training_model().graph.node if n.domain == TRAINOPS_DOMAIN]
     assert {n.op_type for n in nodes} >= FUSED_OPS
     ln = next(n for n in nodes if n.op_type == "LayerNormGrad")
     assert len(ln.output) == 2 and all(ln.output)  # dX (always) and dScale; no dBias
     assert not _trainops_ops(tp) & FUSED_OPS
-    np.testing.assert_allclose(lf, lp, rtol=1e-5)
+    # losses, weights and moments within helpers/adam_pair.py's bound after every step
+    assert_runs_agree(m, feeds, tf.optimizer, rf, rp)
     for k in ("g", "W"):
-        np.testing.assert_allclose(tf.parameters()[k], tp.parameters()[k], rtol=0, atol=1e-5, err_msg=k)
         assert (tf.parameters()[k] != w[k]).any(), k
 
 
@@ -386,10 +389,9 @@ def test_trainer_fused_log_softmax(library_path, monkeypatch):
         else:
             monkeypatch.setenv("TRAINOPS_FUSED_GRADS", "0")
         tr = Trainer(m, "loss", optim.Adam(lr=1e-2), params=["W"], threads=1)
-        out[fused] = (tr, [tr.step(feeds) for _ in range(3)])
+        out[fused] = (tr, record(tr, feeds, 3))  # losses; parameters and moments per step
     assert "LogSoftmaxGrad" in _trainops_ops(out[True][0])
     assert "LogSoftmaxGrad" not in _trainops_ops(out[False][0])
-    np.testing.assert_allclose(out[True][1], out[False][1], rtol=1e-5)
-    wf, wp = out[True][0].parameters()["W"], out[False][0].parameters()["W"]
-    np.testing.assert_allclose(wf, wp, rtol=0, atol=1e-5)
-    assert (wf != w0).any()
+    # losses, weights and moments within helpers/adam_pair.py's bound after every step
+    assert_runs_agree(m, feeds, out[True][0].optimizer, out[True][1], out[False][1])
+    assert (out[True][0].parameters()["W"] != w0).any()

@@ -144,31 +144,39 @@ def _conv_back(n, v, e, cache, g, E):
     return out
 
 
+def _T(t):
+    return np.swapaxes(t, -1, -2)
+
+
 def _matmul_fwd(x, ex, w, ew):
+    """y = x @ w (numpy's batched matmul): each output sums K products."""
     y = x @ w
     ey = ex @ np.abs(w) + np.abs(x) @ ew + gamma(x.shape[-1]) * ((np.abs(x) + ex) @ (np.abs(w) + ew))
     return y, ey
 
 
 def _matmul_back(x, ex, w, ew, g, E):
-    """Gradients of y = x @ w (2-D) and their bounds."""
+    """Gradients of y = x @ w and their bounds; an operand broadcast over batch
+    dimensions sums its gradient over them too (one sum of all the terms, any order)."""
     A = np.abs(g) + E
     ax, aw = np.abs(x) + ex, np.abs(w) + ew
-    gx = g @ w.T
-    Ex = E @ aw.T + np.abs(g) @ ew.T + gamma(w.shape[1]) * (A @ aw.T)
-    gw = x.T @ g
-    Ew = ax.T @ E + ex.T @ np.abs(g) + gamma(x.shape[0]) * (ax.T @ A)
-    return (gx, Ex), (gw, Ew)
+    out = []
+    for val, grad, err, mag, inner in (
+            (x, g @ _T(w), E @ _T(aw) + np.abs(g) @ _T(ew), A @ _T(aw), w.shape[-1]),
+            (w, _T(x) @ g, _T(ax) @ E + _T(ex) @ np.abs(g), _T(ax) @ A, x.shape[-2])):
+        grad, cnt = _sum_to(grad, val.shape)
+        err, _ = _sum_to(err + gamma(inner * cnt) * mag, val.shape)
+        out.append((grad, err))
+    return out
 
 
 def _matmul(n, v, e, a):
-    assert v[0].ndim == 2 and v[1].ndim == 2, "2-D MatMul only"
     y, ey = _matmul_fwd(v[0], e[0], v[1], e[1])
     return y, ey, None
 
 
 def _matmul_back_rule(n, v, e, cache, g, E):
-    return list(_matmul_back(v[0], e[0], v[1], e[1], g, E))
+    return _matmul_back(v[0], e[0], v[1], e[1], g, E)
 
 
 def _gemm(n, v, e, a):
@@ -354,35 +362,37 @@ def _batchnorm_back(n, v, e, cache, g, E):
 
 
 def _layernorm(n, v, e, a):
+    """Normalised over the axes from ``axis`` on; Scale and Bias have those axes' shape."""
     x, ex = v[0], e[0]
     axis = a.get("axis", -1) % x.ndim
-    assert axis == x.ndim - 1 and a.get("stash_type", 1) == 1, a
+    assert a.get("stash_type", 1) == 1, a
+    axes = tuple(range(axis, x.ndim))
     eps = float(np.float32(a.get("epsilon", 1e-5)))
-    mean, rstd, rho, xhat, exhat, cnt = _normalize(x, ex, (axis,), eps)
+    mean, rstd, rho, xhat, exhat, cnt = _normalize(x, ex, axes, eps)
     scale = v[1]
     bias = v[2] if len(v) > 2 else np.zeros_like(scale)
     y = scale * xhat + bias
     ey = np.abs(scale) * exhat + gamma(4) * (np.abs(scale) * rstd * (np.abs(x) + np.abs(mean) + ex) + np.abs(bias))
-    return y, ey, (xhat, exhat, rstd, rho, scale, cnt)
+    return y, ey, (xhat, exhat, rstd, rho, scale, cnt, axes)
 
 
 def _layernorm_back(n, v, e, cache, g, E):
-    xhat, exhat, rstd, rho, scale, cnt = cache
-    rows = int(np.prod(g.shape[:-1]))
+    xhat, exhat, rstd, rho, scale, cnt, axes = cache
+    lead = tuple(range(axes[0]))
+    rows = int(np.prod(g.shape[:axes[0]]))
     A = np.abs(g) + E
     ax = np.abs(xhat) + exhat
-    lead = tuple(range(g.ndim - 1))
     gb, Eb = g.sum(axis=lead), E.sum(axis=lead) + gamma(rows) * A.sum(axis=lead)
     gs = (g * xhat).sum(axis=lead)
     Es = (E * ax + np.abs(g) * exhat).sum(axis=lead) + gamma(rows + 1) * (A * ax).sum(axis=lead)
     gh = g * scale
     Eh = E * np.abs(scale) + U * A * np.abs(scale)
     Ah = np.abs(gh) + Eh
-    m1 = gh.mean(axis=-1, keepdims=True)
-    m2 = (gh * xhat).mean(axis=-1, keepdims=True)
-    Em1 = Eh.mean(axis=-1, keepdims=True) + gamma(cnt + 1) * Ah.mean(axis=-1, keepdims=True)
-    Em2 = (Eh * ax + np.abs(gh) * exhat).mean(axis=-1, keepdims=True) \
-        + gamma(cnt + 2) * (Ah * ax).mean(axis=-1, keepdims=True)
+    m1 = gh.mean(axis=axes, keepdims=True)
+    m2 = (gh * xhat).mean(axis=axes, keepdims=True)
+    Em1 = Eh.mean(axis=axes, keepdims=True) + gamma(cnt + 1) * Ah.mean(axis=axes, keepdims=True)
+    Em2 = (Eh * ax + np.abs(gh) * exhat).mean(axis=axes, keepdims=True) \
+        + gamma(cnt + 2) * (Ah * ax).mean(axis=axes, keepdims=True)
     inner = gh - m1 - xhat * m2
     Ein = Eh + Em1 + ax * Em2 + exhat * np.abs(m2) \
         + gamma(3) * (Ah + np.abs(m1) + Em1 + ax * (np.abs(m2) + Em2))
@@ -441,10 +451,20 @@ def _gelu_back(n, v, e, approximate, g, E):
     return [(g * d, np.abs(d) * E + A * Ed + U * A * (np.abs(d) + Ed))]
 
 
+def _loss_weights(labels, a):
+    """Per-sample weights (0 where the label is ignore_index) and d loss / d sample loss."""
+    w = np.ones(labels.shape)
+    if "ignore_index" in a:
+        w[labels == a["ignore_index"]] = 0
+    reduction = _s(a.get("reduction", "mean"))
+    assert reduction in ("mean", "sum"), reduction
+    return w, (w / w.sum() if reduction == "mean" else w), np.where(w > 0, labels, 0)
+
+
 def _sce(n, v, e, a):
-    assert len(v) == 2 and _s(a.get("reduction", "mean")) == "mean" and "ignore_index" not in a, a
+    assert len(v) == 2, "no class weights"
     z, ez = v[0], e[0]
-    labels = v[1].astype(np.int64)
+    w, dw, labels = _loss_weights(v[1].astype(np.int64), a)
     nb, c = z.shape
     m = z.max(axis=1, keepdims=True)
     ex_ = np.exp(z - m)
@@ -452,16 +472,16 @@ def _sce(n, v, e, a):
     lse = (m + np.log(ex_.sum(axis=1, keepdims=True)))[:, 0]
     zt = z[np.arange(nb), labels]
     li = lse - zt
-    loss = li.mean()
+    loss = (dw * li).sum()
     # lse is 1-Lipschitz in the max norm; computing it: c exps, a sum of c, a log, adds
     elem = (c + 3 * ELEMENTARY + 4) * U * (1 + np.abs(lse) + np.abs(m[:, 0]))
     eli = ez.max(axis=1) + elem + ez[np.arange(nb), labels] + U * np.abs(li)
-    eloss = eli.mean() + gamma(nb + 1) * (np.abs(li) + eli).mean()
-    return np.float64(loss), np.float64(eloss), (p, labels, ez)
+    eloss = (dw * eli).sum() + gamma(nb + 2) * (dw * (np.abs(li) + eli)).sum()
+    return np.float64(loss), np.float64(eloss), (p, labels, dw, ez)
 
 
 def _sce_back(n, v, e, cache, g, E):
-    p, labels, ez = cache
+    p, labels, dw, ez = cache
     nb, c = p.shape
     assert np.all(E == 0), "the loss is the output: its gradient is 1, exact"
     y = np.zeros_like(p)
@@ -469,9 +489,152 @@ def _sce_back(n, v, e, cache, g, E):
     # softmax of logits off by ez: each p_i moves by at most p_i (ez_i + max ez) (first
     # order, doubled); computing it: c exps, a sum of c, a division
     ep = p * 2 * (ez + ez.max(axis=1, keepdims=True)) + (c + 2 * ELEMENTARY + 4) * U * p
-    gz = g * (p - y) / nb
-    Ez = np.abs(g) * (ep + 2 * U * (np.abs(p - y) + ep)) / nb
+    gz = g * (p - y) * dw[:, None]
+    Ez = np.abs(g) * (ep + 3 * U * (np.abs(p - y) + ep)) * dw[:, None]
     return [(gz, Ez), None]
+
+
+def _softmax_parts(x, axis):
+    m = x.max(axis=axis, keepdims=True)
+    ex_ = np.exp(x - m)
+    return ex_ / ex_.sum(axis=axis, keepdims=True)
+
+
+def _softmax(n, v, e, a):
+    x, ex = v[0], e[0]
+    axis = a.get("axis", -1) % x.ndim
+    y = _softmax_parts(x, axis)
+    c = x.shape[axis]
+    ey = y * 2 * (ex + ex.max(axis=axis, keepdims=True)) + (c + 2 * ELEMENTARY + 4) * U * y
+    return y, ey, (y, axis)
+
+
+def _softmax_back(n, v, e, cache, g, E):
+    """dx = y (gy - sum(gy y)), from the forward's y (both runs read the same one)."""
+    y, axis = cache
+    c = y.shape[axis]
+    A = np.abs(g) + E
+    s = (g * y).sum(axis=axis, keepdims=True)
+    Es = (E * y).sum(axis=axis, keepdims=True) + gamma(c + 1) * (A * y).sum(axis=axis, keepdims=True)
+    inner = g - s
+    Ein = E + Es + U * (A + np.abs(s) + Es)
+    return [(y * inner, y * Ein + U * y * (np.abs(inner) + Ein))]
+
+
+def _log_softmax(n, v, e, a):
+    x, ex = v[0], e[0]
+    axis = a.get("axis", -1) % x.ndim
+    m = x.max(axis=axis, keepdims=True)
+    lse = m + np.log(np.exp(x - m).sum(axis=axis, keepdims=True))
+    c = x.shape[axis]
+    ey = ex + ex.max(axis=axis, keepdims=True) + (c + 3 * ELEMENTARY + 4) * U * (np.abs(x) + np.abs(lse) + 1)
+    return x - lse, ey, (np.exp(x - lse), axis)
+
+
+def _log_softmax_back(n, v, e, cache, g, E):
+    """dx = gy - softmax sum(gy); the softmax recomputed (exp of the output)."""
+    p, axis = cache
+    c = p.shape[axis]
+    A = np.abs(g) + E
+    s = g.sum(axis=axis, keepdims=True)
+    Es = E.sum(axis=axis, keepdims=True) + gamma(c) * A.sum(axis=axis, keepdims=True)
+    ep = (ELEMENTARY + 2) * U * p
+    gx = g - p * s
+    Ex = E + p * Es + ep * (np.abs(s) + Es) + gamma(2) * (A + (p + ep) * (np.abs(s) + Es))
+    return [(gx, Ex)]
+
+
+def _nll(n, v, e, a):
+    assert len(v) == 2, "no class weights"
+    lp, elp = v[0], e[0]
+    w, dw, labels = _loss_weights(v[1].astype(np.int64), a)
+    rows = np.arange(lp.shape[0])
+    loss = -(dw * lp[rows, labels]).sum()
+    eloss = (dw * elp[rows, labels]).sum() + gamma(lp.shape[0] + 2) * (dw * np.abs(lp[rows, labels])).sum()
+    return np.float64(loss), np.float64(eloss), (lp.shape, labels, dw)
+
+
+def _nll_back(n, v, e, cache, g, E):
+    shape, labels, dw = cache
+    gl = np.zeros(shape)
+    gl[np.arange(shape[0]), labels] = -g * dw
+    return [(gl, 2 * U * np.abs(gl)), None]
+
+
+def _mul(n, v, e, a):
+    y = v[0] * v[1]
+    return y, np.abs(v[1]) * e[0] + np.abs(v[0]) * e[1] + e[0] * e[1] + U * np.abs(y), None
+
+
+def _mul_back(n, v, e, cache, g, E):
+    A = np.abs(g) + E
+    out = []
+    for x, other, eother in ((v[0], v[1], e[1]), (v[1], v[0], e[0])):
+        gx, cnt = _sum_to(g * other, x.shape)
+        terms = E * np.abs(other) + A * eother + U * A * (np.abs(other) + eother)
+        Ex, _ = _sum_to(terms + (gamma(cnt) * A * (np.abs(other) + eother) if cnt > 1 else 0), x.shape)
+        out.append((gx, Ex))
+    return out
+
+
+def _reshape(n, v, e, a):
+    shape = [int(d) for d in v[1]]
+    shape = [v[0].shape[i] if d == 0 and not a.get("allowzero", 0) else d for i, d in enumerate(shape)]
+    return v[0].reshape(shape), e[0].reshape(shape), v[0].shape
+
+
+def _reshape_rule_back(n, v, e, shape, g, E):
+    return [(g.reshape(shape), E.reshape(shape)), None]
+
+
+def _transpose(n, v, e, a):
+    perm = list(a.get("perm", range(v[0].ndim)[::-1]))
+    return v[0].transpose(perm), e[0].transpose(perm), np.argsort(perm)
+
+
+def _transpose_back(n, v, e, inverse, g, E):
+    return [(g.transpose(inverse), E.transpose(inverse))]
+
+
+def _split(n, v, e, a):
+    axis = a.get("axis", 0) % v[0].ndim
+    sizes = [int(d) for d in v[1]] if len(v) > 1 else a.get("split")
+    if sizes is None:
+        sizes = [v[0].shape[axis] // len(n.output)] * len(n.output)
+    cuts = np.cumsum(sizes)[:-1]
+    return np.split(v[0], cuts, axis=axis), np.split(e[0], cuts, axis=axis), (axis, sizes)
+
+
+def _split_back(n, v, e, cache, gs):
+    """``gs``: (gradient, bound) per output, None where an output has none."""
+    axis, sizes = cache
+    parts = []
+    for ge, size in zip(gs, sizes):
+        shape = list(v[0].shape)
+        shape[axis] = size
+        parts.append(ge if ge is not None else (np.zeros(shape), np.zeros(shape)))
+    out = [(np.concatenate([p[0] for p in parts], axis=axis),
+            np.concatenate([p[1] for p in parts], axis=axis))]
+    return out + [None] * (len(v) - 1)
+
+
+def _reduce_mean(n, v, e, a):
+    x = v[0]
+    axes = [int(d) for d in v[1]] if len(v) > 1 else a.get("axes", list(range(x.ndim)))
+    axes = tuple(d % x.ndim for d in axes)
+    keep = bool(a.get("keepdims", 1))
+    cnt = int(np.prod([x.shape[d] for d in axes]))
+    y = x.mean(axis=axes, keepdims=keep)
+    ey = e[0].mean(axis=axes, keepdims=keep) + gamma(cnt + 1) * (np.abs(x) + e[0]).mean(axis=axes, keepdims=keep)
+    return y, ey, (x.shape, axes, keep, cnt)
+
+
+def _reduce_mean_back(n, v, e, cache, g, E):
+    shape, axes, keep, cnt = cache
+    if not keep:
+        g, E = np.expand_dims(g, axes), np.expand_dims(E, axes)
+    out = [(np.broadcast_to(g / cnt, shape), np.broadcast_to((E + U * (np.abs(g) + E)) / cnt, shape))]
+    return out + [None] * (len(v) - 1)
 
 
 def _flatten(n, v, e, a):
@@ -517,13 +680,23 @@ OPS = {
     "LayerNormalization": (_layernorm, _layernorm_back),
     "Gelu": (_gelu, _gelu_back),
     "SoftmaxCrossEntropyLoss": (_sce, _sce_back),
+    "Softmax": (_softmax, _softmax_back),
+    "LogSoftmax": (_log_softmax, _log_softmax_back),
+    "NegativeLogLikelihoodLoss": (_nll, _nll_back),
+    "Mul": (_mul, _mul_back),
+    "Reshape": (_reshape, _reshape_rule_back),
+    "Transpose": (_transpose, _transpose_back),
+    "Split": (_split, _split_back),
+    "ReduceMean": (_reduce_mean, _reduce_mean_back),
     "Flatten": (_flatten, _reshape_back),
     "GlobalAveragePool": (_gap, _gap_back),
     "Identity": (_identity, _identity_back),
 }
 
 
-EXACT_OPS = {"Relu", "LeakyRelu", "MaxPool", "Flatten", "Identity"}  # no rounding of their own
+EXACT_OPS = {"Relu", "LeakyRelu", "MaxPool", "Flatten", "Identity", "Reshape", "Transpose",
+             "Split"}  # no rounding of their own
+MULTI_OUTPUT = {"Split"}
 DECISION_OPS = {"Relu", "LeakyRelu", "MaxPool"}
 
 
@@ -543,15 +716,17 @@ def _forward(model, params, feeds, other_values=None):
             raise NotImplementedError(f"rounding.step_bounds: no rule for {n.op_type}")
         ins = [i for i in n.input if i]
         v = [vals[i] for i in ins]
-        e = [width[i] if n.op_type in DECISION_OPS else np.zeros_like(vals[i]) for i in ins]
+        e = [width[i] if n.op_type in EXACT_OPS else np.zeros_like(vals[i]) for i in ins]
         y, ey, cache = OPS[n.op_type][0](n, v, e, _attrs(n))
-        out = n.output[0]
-        vals[out] = y
-        if n.op_type in EXACT_OPS:
-            width[out] = ey
-        else:
-            diff = 0 if other_values is None else np.abs(y - other_values[out])
-            width[out] = 2 * ey + diff
+        outs = list(n.output) if n.op_type in MULTI_OUTPUT else [n.output[0]]
+        ys, eys = (y, ey) if n.op_type in MULTI_OUTPUT else ([y], [ey])
+        for out, y, ey in zip(outs, ys, eys):
+            vals[out] = y
+            if n.op_type in EXACT_OPS:
+                width[out] = ey
+            else:
+                diff = 0 if other_values is None else np.abs(y - other_values[out])
+                width[out] = 2 * ey + diff
         tape.append((n, ins, v, [np.zeros_like(x) for x in v], cache))
     return vals, width, tape
 
@@ -578,10 +753,15 @@ def step_bounds(model, params: dict, feeds: dict, loss: str = "loss", other: dic
     vals, width, tape = _forward(model, params, feeds, other_values)
     grads = {loss: (np.float64(1.0), np.float64(0.0))}
     for n, ins, v, e, cache in reversed(tape):
-        if n.output[0] not in grads:
+        if n.op_type in MULTI_OUTPUT:
+            if not any(o in grads for o in n.output):
+                continue
+            back = OPS[n.op_type][1](n, v, e, cache, [grads.pop(o, None) for o in n.output])
+        elif n.output[0] in grads:
+            back = OPS[n.op_type][1](n, v, e, cache, *grads.pop(n.output[0]))
+        else:
             continue
-        gy, Ey = grads.pop(n.output[0])
-        for name, ge in zip(ins, OPS[n.op_type][1](n, v, e, cache, gy, Ey)):
+        for name, ge in zip(ins, back):
             if ge is None:
                 continue
             if name in grads:  # a tensor read twice: the two gradients add, once rounded
