@@ -58,12 +58,18 @@ def snapshot(tr) -> dict:
             "stats": {k: np.array(v, F32) for k, v in tr.running_stats().items()}}
 
 
+def _feeds_at(feeds, t):
+    """The feeds of step t (1-based): one dict for every step, or a list of them."""
+    return feeds[t - 1] if isinstance(feeds, (list, tuple)) else feeds
+
+
 def record(tr, feeds, steps: int):
-    """``steps`` calls of ``tr.step(feeds)``: ``(losses, states)`` with ``states[0]`` the
-    state before the first step and ``states[t]`` after step t."""
+    """``steps`` calls of ``tr.step`` on ``feeds`` (a dict, or a list of one per step):
+    ``(losses, states)`` with ``states[0]`` the state before the first step and
+    ``states[t]`` after step t."""
     states, losses = [snapshot(tr)], []
-    for _ in range(steps):
-        losses.append(tr.step(feeds))
+    for t in range(1, steps + 1):
+        losses.append(tr.step(_feeds_at(feeds, t)))
         states.append(snapshot(tr))
     return losses, states
 
@@ -77,9 +83,9 @@ def _adam_constants(opt):
 
 def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what=""):
     """Check two :func:`record` results (``(losses, states)``) of the same model, feeds
-    and Adam optimizer ``opt`` against the bounds of this module's argument, after every
-    step; returns the worst ratio of observed difference to bound per parameter (for
-    reporting margins)."""
+    (as :func:`record` takes them) and Adam optimizer ``opt`` against the bounds of this
+    module's argument, after every step; returns the worst ratio of observed difference
+    to bound per parameter (for reporting margins)."""
     (la, sa), (lb, sb) = run_a, run_b
     alpha, beta, c1, c2, eps = _adam_constants(opt)
     lr = opt.lr if lr is None else lr
@@ -89,8 +95,8 @@ def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what=""):
     worst = {k: 0.0 for k in names}
     for t in range(1, len(la) + 1):
         xa, xb = sa[t - 1]["x"], sb[t - 1]["x"]
-        L64a, Lwa, ga, Ea = step_bounds(model, xa, feeds, other=xb)
-        L64b, Lwb, gb, Eb = step_bounds(model, xb, feeds, other=xa)
+        L64a, Lwa, ga, Ea = step_bounds(model, xa, _feeds_at(feeds, t), other=xb)
+        L64b, Lwb, gb, Eb = step_bounds(model, xb, _feeds_at(feeds, t), other=xa)
         first = t == 1 and all(np.array_equal(xa[k], xb[k]) for k in names)
         # loss: the exact change plus the width of each run's loss (twice its rounding)
         lbound = abs(L64a - L64b) + Lwa + Lwb
@@ -134,7 +140,8 @@ def assert_running_stats_agree(model, feeds, states_a, states_b, what=""):
     bns = [n for n in model.graph.node if n.op_type == "BatchNormalization"]
     bound = {}
     for t in range(1, len(states_a)):
-        (va, wa), (vb, _) = (forward(model, s[t - 1]["x"], feeds) for s in (states_a, states_b))
+        (va, wa), (vb, _) = (forward(model, s[t - 1]["x"], _feeds_at(feeds, t))
+                             for s in (states_a, states_b))
         for n in bns:
             mom = F32(next((a.f for a in n.attribute if a.name == "momentum"), 0.9))
             ma, vra, wmean, wvar, cnt = batch_stats(va[n.input[0]], wa[n.input[0]])
