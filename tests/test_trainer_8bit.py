@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from helpers.checks import same_bits
+from helpers.rounding import U, gamma
 from test_trainer import data, mlp_model
 from trainops import Trainer, optim
 
@@ -70,7 +71,13 @@ def test_first_step_follows_float32_state(library_path, make):
     a.step(feeds)
     b.step(feeds)
     for p, v in a.parameters().items():
-        np.testing.assert_allclose(b.parameters()[p], v, rtol=1e-6, atol=1e-8, err_msg=p)
+        # Same gradients (the same backward graph); each kernel rounds its own update, at
+        # most lr in size on a first step from zero moments (|V / sqrt(H)| = 1 after the
+        # bias correction), within 8 roundings (the moments, sqrt, +eps, /, *), and the
+        # new weight twice (the weight decay's product, the subtraction).
+        lr = a.optimizer.lr
+        np.testing.assert_allclose(b.parameters()[p], v, rtol=4 * U, atol=2 * gamma(8) * lr,
+                                   err_msg=p)
     first = "V" if isinstance(a.optimizer, optim.Adam) and a.optimizer.op_type == "Adam" else "M"
     sa, sb = a.optimizer_state(), b.optimizer_state()
     p = "conv2.w"
