@@ -1,7 +1,7 @@
 """Two Trainers with ONNX Adam stepped on the same model and data, whose backwards differ
 only in how they round (the fused com.trainops gradient kernels against the standard ONNX
-ops, TRAINOPS_FUSED_GRADS=1 against 0): how far apart may their parameters, moments and
-losses be after each step, on any machine?
+ops, TRAINOPS_FUSED_GRADS=1 against 0; the default CPU step against portable=True): how
+far apart may their parameters, moments and losses be after each step, on any machine?
 
 The argument, step by step (every quantity per parameter element):
 
@@ -9,14 +9,14 @@ The argument, step by step (every quantity per parameter element):
    any summation order, is from the exact gradient at the forward's values (``E``, from
    ``gamma(n) * sum|terms|`` of every sum on the way). At the first step both runs start
    from the same parameters and run the same forward nodes, so their gradients differ by
-   at most ``D = E_a + E_b``. From the second step on their parameters differ (by the
-   bound of step 3), so their forwards differ too: by the exact change, which the float64
-   reference gives (``|g64(x_a) - g64(x_b)|``), and by the forward's roundings landing
-   the other way on inputs a few ulps apart. Those are roundings of the same magnitudes as
-   the backward's own (and far smaller than the forward's worst-case bound, which assumes
-   every rounding of every layer aligned); they are counted as one more ``E_a + E_b``:
-   ``D = 2 (E_a + E_b) + |g64(x_a) - g64(x_b)|``. This last part is a model, not a
-   theorem; the first step is a theorem.
+   at most ``D = E_a + E_b`` (a theorem, given the allowance for onnxruntime's Exp / Erf
+   / Tanh). From the second step on their parameters differ (by the bound of step 3), so
+   their forwards differ too: by the exact change, which the float64 reference gives
+   (``|g64(x_a) - g64(x_b)|``), and by the forward's roundings landing the other way on
+   inputs a few ulps apart. Those are roundings of the same magnitudes as the backward's
+   own (and far below the forward's worst-case bound, which assumes every rounding of
+   every layer aligned); they are counted as one more ``E_a + E_b``:
+   ``D = 2 (E_a + E_b) + |g64(x_a) - g64(x_b)|``. This part is a model, not a theorem.
 2. Moments. ``V = alpha V + (1 - alpha) g`` moves by ``(1 - alpha) D`` plus alpha times the
    previous bound and each run's three roundings. ``sqrt(H)`` is a 2-norm of (sqrt(beta)
    sqrt(H_prev), sqrt(1 - beta) g), so it moves by at most sqrt(beta) times the previous
@@ -25,19 +25,24 @@ The argument, step by step (every quantity per parameter element):
    ``r (dV / (S_a + eps) + |V_b| dS / ((S_a + eps)(S_b + eps)))`` with the runs' own S, V
    (never more than both updates' sizes together), plus gamma_4 of each update's size; the
    subtraction from the parameter adds one rounding of each result.
-
 4. Losses. Each step's loss is the forward's: the exact change between the two parameter
-   sets plus, per run, twice the rounding bound of the loss's own computation (the same
-   model as in 1).
+   sets plus, per run, twice the rounding bound of the loss's own computation (the model
+   of 1).
 
 Adam normalises the gradient: an element whose gradient is small (a sum that cancels) has
 a large ``D / S``, and its parameters may legitimately move apart by up to ``2 r`` per
 step; an element with a well-conditioned gradient moves by about ``r * D / S``. A fixed
 tolerance on the parameters is therefore wrong in both directions at once.
 
-:func:`record` steps a Trainer and keeps what the check needs (parameters, moments, loss
-after each step); :func:`assert_runs_agree` does the check at every step, so a difference
-the bound does not allow is reported at the step where it appears.
+Able to fail: the moments are checked too, so a gradient off by a uniform factor (which
+Adam's update hides) shows in ``V``. How small an error the bound still catches depends
+on depth: the worst case compounds layer by layer (every rounding aligned), so in a
+two-block CNN or MLP a gradient 1% off exceeds it in every tensor, while in the residual
+CNN or the two-layer transformer it does only for the last blocks.
+
+:func:`record` steps a Trainer and keeps what the check needs (parameters, moments, running
+statistics, loss after each step); :func:`assert_runs_agree` does the check at every step,
+so a difference the bound does not allow is reported at the step where it appears.
 """
 
 from __future__ import annotations
