@@ -23,7 +23,7 @@ The argument, step by step (every quantity per parameter element):
    bound plus sqrt(1 - beta) D (Minkowski), plus a relative gamma_2 of rounding each.
 3. Parameters. The update ``r V / (sqrt(H) + eps)`` of run a minus run b is at most
    ``r (dV / (S_a + eps) + |V_b| dS / ((S_a + eps)(S_b + eps)))`` with the runs' own S, V
-   (never more than both updates' sizes together), plus gamma_4 of each update's size; the
+   (never more than both updates' sizes together), plus gamma_6 of each update's size; the
    subtraction from the parameter adds one rounding of each result.
 4. Losses. Each step's loss is the forward's: the exact change between the two parameter
    sets plus, per run, twice the rounding bound of the loss's own computation (the model
@@ -107,7 +107,8 @@ def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what=""):
         lbound = abs(L64a - L64b) + Lwa + Lwb
         assert abs(la[t - 1] - lb[t - 1]) <= lbound, \
             f"{what}step {t}: losses {la[t - 1]} and {lb[t - 1]} differ by more than {lbound:.3g}"
-        rate = float(F32(lr * np.sqrt(1 - beta ** t) / (1 - alpha ** t)))
+        # the kernel's r_adjusted: R (float32) times the bias correction in float64, rounded
+        rate = float(F32(float(F32(lr)) * np.sqrt(1 - beta ** t) / (1 - alpha ** t)))
         for k in names:
             D = (Ea[k] + Eb[k]) * (1 if first else 2) + np.abs(ga[k] - gb[k])
             Va, Vb = (s[t]["V"][k].astype(np.float64) for s in (sa, sb))
@@ -120,7 +121,9 @@ def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what=""):
             du = np.minimum(rate * (bv[k] / (Sa + eps) + np.abs(Vb) * bs[k] / ((Sa + eps) * (Sb + eps))),
                             ua + ub)
             xa1, xb1 = (s[t]["x"][k].astype(np.float64) for s in (sa, sb))
-            bx[k] = bx[k] + du + gamma(4) * (ua + ub) + U * (np.abs(xa1) + np.abs(xb1))
+            # each update rounds four times (sqrt, + eps, /, *) from the stored moments, and
+            # r_adjusted is rounded from R and the bias correction: gamma_6 of its size
+            bx[k] = bx[k] + du + gamma(6) * (ua + ub) + U * (np.abs(xa1) + np.abs(xb1))
             for label, got, bound in (("V", np.abs(Va - Vb), bv[k]),
                                       ("sqrt(H)", np.abs(Sa - Sb), bs[k]),
                                       ("x", np.abs(xa1 - xb1), bx[k])):
