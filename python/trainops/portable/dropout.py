@@ -45,9 +45,12 @@ def advanced_state(e: Emitter, state: str, words: str, out: str) -> None:
         parts.append(e.op("Unsqueeze", e.op("Mod", total, base), e.ints([0])))
         carry = e.op("Div", total, base)
     parts.append(e.op("Slice", flat, e.ints([4]), e.ints([6])))
-    new = e.op("Cast", e.op("Concat", *parts, axis=0), to=UINT32)
-    e.nodes.append(helper.make_node("Reshape", [new, e.op("Shape", state)], [out],
-                                    name=e.fresh("Reshape")))
+    # The last node is the Cast, not a Reshape: when the new state reached the step's
+    # closing Reshape into the state's bound buffer (train/barrier.py) through a Reshape of
+    # its own, onnxruntime 1.32 wrote it into that buffer before the rest of the step had
+    # run, so a step failing later left the state advanced.
+    new = e.op("Reshape", e.op("Concat", *parts, axis=0), e.op("Shape", state))
+    e.nodes.append(helper.make_node("Cast", [new], [out], to=UINT32, name=e.fresh("Cast")))
 
 
 def philox_dropout(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:

@@ -13,11 +13,14 @@
   buffers and the count (:mod:`.accumulate_runtime`).
 
 So no optimizer work happens on the other calls, the parameters and the optimizer state
-change only on the k-th, and ``T`` counts updates. The update model is all or nothing by
-construction (every node it has feeds the optimizer); the micro-batch model is not yet
-ordered as :mod:`.barrier` orders the one-model step (a failing node may leave a buffer
-added to). For a loss that is a mean over the
-batch, k micro-batches of B equal one batch of kB (up to float32 summation order).
+change only on the k-th, and ``T`` counts updates. Both models are all or nothing: the
+update model by construction (every node it has feeds the optimizer), the micro-batch
+model by :mod:`.barrier`'s ordering, as the one-model step (the count, the buffers'
+``Add``, the Philox states and BatchNorm's running statistics, which every micro-batch
+updates as PyTorch's forward does, are written after every other node has run); the
+runtime undoes the k-th micro-batch's writes when the update after it fails. For a loss
+that is a mean over the batch, k micro-batches of B equal one batch of kB (up to float32
+summation order).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from ..onnx_defs import TRAINOPS_DOMAIN
 from .backward import Backward
+from .barrier import defer_writes, order_updates
 from .spec import PREFIX as _P
 from .spec import StateEntry, StepGraph, StepOptions
 from .tail import assemble, update_tail
@@ -54,15 +58,24 @@ def build_accumulating(model: onnx.ModelProto, options: StepOptions, bw: Backwar
     if mixed:
         loss_out = f"{_P}/loss_float32"
         nodes.append(helper.make_node("Cast", [loss], [loss_out], to=TensorProto.FLOAT))
+    # The writers: count += 1 (reading the count through the barrier's "+ 0"), then each
+    # buffer += its gradient (reading the gradient through the barrier's Reshape), so that
+    # a micro-batch whose run fails changes no buffer, no count and no other state.
+    nodes.append(helper.make_node("Constant", [], [f"{COUNT}/one"], name=f"{COUNT}/one",
+                                  value=numpy_helper.from_array(np.array([1], np.int64))))
+    writers = [helper.make_node("Add", [COUNT, f"{COUNT}/one"], [count.output], name=COUNT)]
+    held = []
     for e, grad in zip(accs, bw.grads):
         if mixed:
             nodes.append(helper.make_node("Cast", [grad], [f"{e.input}/grad"],
                                           to=TensorProto.FLOAT, name=f"{e.input}/cast"))
             grad = f"{e.input}/grad"
-        nodes.append(helper.make_node("Add", [e.input, grad], [e.output], name=f"{e.input}/add"))
-    nodes += [helper.make_node("Constant", [], [f"{COUNT}/one"], name=f"{COUNT}/one",
-                               value=numpy_helper.from_array(np.array([1], np.int64))),
-              helper.make_node("Add", [COUNT, f"{COUNT}/one"], [count.output], name=COUNT)]
+        writers.append(helper.make_node("Add", [e.input, grad], [e.output],
+                                        name=f"{e.input}/add"))
+        held.append((grad, e.initial.shape))
+    deferred = defer_writes(g, nodes, bw.rng + bw.bn)
+    nodes = order_updates(nodes, writers, [loss_out] + [d[0] for d in deferred], COUNT,
+                          deferred, bw.opset, held)
     # The update model, on the mean of the buffers.
     means = [f"{e.input}/mean" for e in accs]
     apply_nodes = []
@@ -83,7 +96,8 @@ def build_accumulating(model: onnx.ModelProto, options: StepOptions, bw: Backwar
         loss_vi.type.CopyFrom(helper.make_tensor_type_proto(
             TensorProto.FLOAT if mixed else bw.loss_type, None))
     domains = {TRAINOPS_DOMAIN: 1} if bw.rng else {}
-    micro = assemble(g, nodes, bw.rng + accs + [count], reads, [loss_vi], [], model, domains)
+    micro = assemble(g, nodes, bw.rng + accs + [count] + bw.bn, reads, [loss_vi], [], model,
+                     domains)
     ag = helper.make_graph([], "trainops_apply", [], [])
     acc_in = [helper.make_tensor_value_info(e.input, t, list(e.initial.shape))
               for e, t in zip(accs, grad_types)]
@@ -92,6 +106,7 @@ def build_accumulating(model: onnx.ModelProto, options: StepOptions, bw: Backwar
     return StepGraph(
         model=micro, options=options, data_inputs=bw.data_inputs, loss_output=loss_out,
         lr_input=f"{_P}/lr", lr_dtype=np.float64 if tail.lr_type == TensorProto.DOUBLE
-        else np.float32, step_input=f"{_P}/T", states=tail.states + bw.rng + accs + [count],
+        else np.float32, step_input=f"{_P}/T",
+        states=tail.states + bw.rng + accs + [count] + bw.bn,
         extra_outputs=[o.name for o in tail.outputs], finite_output=tail.finite,
         norm_output=tail.norm, apply_model=apply)

@@ -51,6 +51,10 @@ class AccumulatingRuntime:
                 if e.output in outs:
                     bind.bind_ortvalue_output(e.output, self.values[e.input])
         self._accum = [self.arrays[e.input] for e in graph.of_kind("grad_accum")]
+        # What the micro-batch model writes in place (buffers, count, Philox states,
+        # running statistics): the k-th call keeps a copy until its update has run.
+        outs = {o.name for o in self.session.get_outputs()}
+        self._micro_writes = [e.input for e in graph.states if e.output in outs]
         self.updated = False
         self._bind_outputs(self.session, self.binding, [graph.loss_output])
         self._bind_outputs(self.apply_session, self.apply_binding, graph.extra_outputs)
@@ -83,20 +87,32 @@ class AccumulatingRuntime:
         """One micro-batch: ``feeds`` (every data input); after the ``accumulate``-th since
         the last update, the update with learning rate ``lr`` and update count ``t`` (then
         ``updated`` is True and the buffers are zero again). Returns the micro-batch's
-        loss."""
+        loss.
+
+        All or nothing: when it raises, every state has its bits from before the call. The
+        micro-batch model is ordered so (:mod:`.accumulate`); on the k-th call the states
+        it writes are copied first and put back if the update fails."""
         g, bind = self.graph, self.binding
         for name in g.data_inputs:
             bind.bind_cpu_input(name, np.ascontiguousarray(feeds[name]))
+        self.updated = False
+        final = self.pending + 1 >= g.options.accumulate
+        before = {n: self.arrays[n].copy() for n in self._micro_writes} if final else None
         self.session.run_with_iobinding(bind)
         loss = float(self.arrays[g.loss_output].reshape(-1)[0])
-        self.updated = self.pending >= g.options.accumulate
-        if self.updated:
+        if final:
             ab = self.apply_binding
             ab.bind_cpu_input(g.lr_input, np.array([lr], g.lr_dtype))
             ab.bind_cpu_input(g.step_input, np.array([t], np.int64))
-            self.apply_session.run_with_iobinding(ab)
+            try:
+                self.apply_session.run_with_iobinding(ab)
+            except BaseException:
+                for n, v in before.items():  # the k-th micro-batch was never added
+                    np.copyto(self.arrays[n], v)
+                raise
             for a in self._accum:  # the buffers and the count start again from zero
                 a.fill(0)
+            self.updated = True
         return loss
 
     @property

@@ -13,7 +13,11 @@ updated, ``T`` not). So:
    ``T + 0`` is ``T`` exactly, so the update's arithmetic is unchanged;
 3. each Philox op writes its new state to a fresh tensor (``<state output>/pending``); the
    aliased state output is a ``Reshape`` of it that depends on the optimizer's output, so
-   the state buffer changes only once every other node has run.
+   the state buffer changes only once every other node has run (BatchNormalization's
+   running statistics likewise: :func:`defer_writes`);
+4. a writer that reads no ``T`` (the accumulation ``Add`` of a micro-batch,
+   :mod:`.accumulate`) reads its ``held`` inputs through a ``Reshape`` to their own static
+   shape whose shape is ``shape + 0``, the same barrier 0: it too waits for every node.
 """
 
 from __future__ import annotations
@@ -27,12 +31,30 @@ from ..autodiff.graph import node_inputs as _all_inputs
 from ..graph_deps import zero_of as _zero_of
 from .spec import PREFIX as _P
 
-__all__ = ["order_updates", "pending_name"]
+__all__ = ["defer_writes", "order_updates", "pending_name"]
 
 
 def pending_name(state_output: str) -> str:
     """The fresh tensor a Philox op writes its new state to (not aliased)."""
     return f"{state_output}/pending"
+
+
+def defer_writes(graph: onnx.GraphProto, nodes: Sequence[onnx.NodeProto],
+                 written) -> list[tuple[str, str, Sequence[int]]]:
+    """Make the forward pass's own state writes (``written``: the Philox states' and the
+    BatchNormalization running statistics' :class:`~.spec.StateEntry`) go to fresh tensors
+    (:func:`pending_name`), in ``nodes`` and ``graph``'s value infos, in place: the
+    ``rng`` argument of :func:`order_updates` (pending, state output, shape), which writes
+    each state once every other node has run."""
+    pending = {e.output: pending_name(e.output) for e in written}
+    for n in nodes:
+        for i, o in enumerate(n.output):
+            if o in pending:
+                n.output[i] = pending[o]
+    for v in graph.value_info:
+        if v.name in pending:
+            v.name = pending[v.name]
+    return [(pending[e.output], e.output, e.initial.shape) for e in written]
 
 
 def _ancestors(nodes: Sequence[onnx.NodeProto], names) -> set[int]:
@@ -52,7 +74,8 @@ def _ancestors(nodes: Sequence[onnx.NodeProto], names) -> set[int]:
 def order_updates(nodes: list[onnx.NodeProto], writers: list[onnx.NodeProto],
                   required: Sequence[str], t_name: str,
                   rng: Sequence[tuple[str, str, Sequence[int]]],
-                  opset: int) -> list[onnx.NodeProto]:
+                  opset: int, held: Sequence[tuple[str, Sequence[int]]] = ()
+                  ) -> list[onnx.NodeProto]:
     """``nodes`` (the forward, backward and Philox nodes, each Philox op writing
     :func:`pending_name` of its state output) and the state ``writers`` (the optimizer
     node(s) first, each reading ``t_name``) as one node list where every write comes last:
@@ -62,7 +85,9 @@ def order_updates(nodes: list[onnx.NodeProto], writers: list[onnx.NodeProto],
     - the writers read ``T`` through a ``T + 0`` that depends on every kept node not all of
       the ``T``-reading writers already depend on;
     - ``rng``: (pending, state output, shape) of each Philox state: the state output is
-      written from the pending tensor once the first writer has run."""
+      written from the pending tensor once the first writer has run;
+    - ``held``: (tensor, static shape) of writer inputs read through the barrier too (for
+      writers that read no ``T``): a ``Reshape`` to the same shape, so no value changes."""
     writer_inputs = [x for w in writers for x in _all_inputs(w) if x != t_name]
     kept = _ancestors(nodes, list(required) + writer_inputs)
     nodes = [n for k, n in enumerate(nodes) if k in kept]
@@ -81,10 +106,18 @@ def order_updates(nodes: list[onnx.NodeProto], writers: list[onnx.NodeProto],
         zero, t_after = f"{_P}/barrier/zero", f"{_P}/barrier/T"
         out += _zero_of(sinks, zero, opset)
         out.append(helper.make_node("Add", [t_name, zero], [t_after], name=f"{_P}/barrier"))
+        late = {t_name: t_after}
+        for x, shape in held:
+            s = f"{x}/held/shape"
+            out += [helper.make_node("Constant", [], [s + "/static"], value=helper.make_tensor(
+                        s + "/static", TensorProto.INT64, [len(shape)], list(shape))),
+                    helper.make_node("Add", [s + "/static", zero], [s]),
+                    helper.make_node("Reshape", [x, s], [f"{x}/held"], name=f"{x}/held")]
+            late[x] = f"{x}/held"
         for w in writers:
             for i, x in enumerate(w.input):
-                if x == t_name:
-                    w.input[i] = t_after
+                if x in late:
+                    w.input[i] = late[x]
     out += writers
     if rng:
         after = f"{_P}/after_update/zero"

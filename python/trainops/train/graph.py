@@ -18,7 +18,7 @@ from onnx import TensorProto, helper
 from ..onnx_defs import TRAINOPS_DOMAIN
 from .accumulate import build_accumulating
 from .backward import forward_backward, resolve_params
-from .barrier import order_updates, pending_name
+from .barrier import defer_writes, order_updates
 from .spec import PREFIX as _P
 from .spec import StepGraph, StepOptions
 from .tail import assemble, optimizer_domain, update_tail
@@ -50,18 +50,10 @@ def build_step_graph(model: onnx.ModelProto, options: StepOptions) -> StepGraph:
     tail = update_tail(options, bw.grads, bw.values, bw.ptypes, bw.copies)
     # All or nothing (.barrier): the Philox ops write fresh tensors, every in-place write
     # runs after every other node, nodes nothing needs are dropped.
-    written = bw.rng + bw.bn  # states the forward pass writes: Philox's, BN's statistics
-    pending = {e.output: pending_name(e.output) for e in written}
-    for n in nodes:
-        for i, o in enumerate(n.output):
-            if o in pending:
-                n.output[i] = pending[o]
-    for v in g.value_info:
-        if v.name in pending:
-            v.name = pending[v.name]
-    nodes = order_updates(nodes + tail.nodes, tail.writers, [loss_out] + list(pending.values()),
-                          f"{_P}/T", [(pending[e.output], e.output, e.initial.shape)
-                                      for e in written], bw.opset)
+    # States the forward pass writes (Philox's, BatchNorm's statistics) go to fresh tensors.
+    deferred = defer_writes(g, nodes, bw.rng + bw.bn)
+    nodes = order_updates(nodes + tail.nodes, tail.writers,
+                          [loss_out] + [d[0] for d in deferred], f"{_P}/T", deferred, bw.opset)
     vi = {v.name: v for v in bw.inferred.value_info}
     loss_vi = vi[loss_out] if loss_out in vi else helper.make_empty_tensor_value_info(loss_out)
     if not loss_vi.type.HasField("tensor_type"):
