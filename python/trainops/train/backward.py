@@ -72,9 +72,15 @@ def data_inputs(model: onnx.ModelProto) -> list[str]:
 def training_source(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with every Dropout of its main graph in training mode (as PyTorch's
     ``model.train()``: ``training_mode`` a constant true) and with a mask output, which
-    its gradient uses. Node positions are kept (they give the Philox node keys)."""
+    its gradient uses, and the labels of every SoftmaxCrossEntropyLoss /
+    NegativeLogLikelihoodLoss checked in the graph (:func:`trainops.losses.guard_labels`:
+    the same refusal on every placement). Node positions are kept (they give the Philox
+    node keys)."""
+    from ..losses import guard_labels
+
     m = onnx.ModelProto()
     m.CopyFrom(model)
+    guard_labels(m.graph)
     drops = [n for n in m.graph.node if n.op_type == "Dropout" and n.domain in ("", "ai.onnx")]
     if not drops:
         return m

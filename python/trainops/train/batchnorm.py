@@ -6,8 +6,10 @@
   input the model's running-statistic initializer, updated in place each step). ONNX's
   running variance is ``momentum * var + (1 - momentum) * biased_batch_var``; PyTorch uses
   the UNBIASED batch variance (``n / (n - 1)`` times it, ``n`` the elements per channel):
-  the update here is PyTorch's. With ``batchnorm="frozen"`` every BatchNormalization is
-  the inference form (running statistics, fixed: fine-tuning).
+  the update here is PyTorch's. One value per channel (``n = 1``: a batch of one) is
+  refused at run time as PyTorch refuses it (its unbiased variance is NaN): a check in the
+  graph fails the step, which then changes nothing. With ``batchnorm="frozen"`` every
+  BatchNormalization is the inference form (running statistics, fixed: fine-tuning).
 - :func:`unshare_running_stats`: exporters deduplicate identical initializers, so fresh
   BatchNorm layers of one width share one running mean; each node gets its own copy.
 - :func:`inference_batchnorm`: back to the inference form (:meth:`Trainer.export`).
@@ -22,6 +24,7 @@ from onnx import helper, numpy_helper
 
 from ..autodiff import GradientError
 from ..autodiff.graph import attr, describe
+from ..losses import guard
 from .spec import PREFIX as _P
 from .spec import StateEntry
 
@@ -139,25 +142,43 @@ def training_batchnorm(model: onnx.ModelProto, mode: str, opset: int,
                                            value=numpy_helper.from_array(np.asarray(v), name)))
             return name
 
-        # The node gets a zero running variance, its variance output then is
-        # (1 - momentum) * biased_batch_var, and the update below reads the old variance
-        # itself. Why: onnxruntime may compute the variance output in place over input 4's
-        # buffer (even over an initializer's, across runs), and may place the update's
-        # intermediates in the state's bound buffer. The zero is var - var, computed each
-        # run (0 whether it reads the old value or the update's first intermediate); its
-        # node comes after the BatchNormalization in the list, so that no node moves (the
-        # Philox keys are node positions): the builders sort the graph.
+        # The node gets a zero running mean and variance, its outputs then are
+        # (1 - momentum) * batch_mean and (1 - momentum) * biased_batch_var, and the
+        # updates below read the old statistics themselves. Why: onnxruntime computes the
+        # running-statistic outputs in place over inputs 3 and 4's buffers (even over an
+        # initializer's, across runs), which are the states' bound buffers: a step failing
+        # after the node would leave them changed (the mean, before it went this way too),
+        # and onnxruntime may place the update's intermediates there. Each zero is x - x,
+        # computed each run (0 whether it reads the old value or an intermediate); its node
+        # comes after the BatchNormalization in the list, so that no node moves (the Philox
+        # keys are node positions): the builders sort the graph.
+        g.node.append(helper.make_node("Sub", [mean, mean], [f"{p}/zero_mean"],
+                                       name=f"{p}/zero_mean"))
         g.node.append(helper.make_node("Sub", [var, var], [f"{p}/zero"], name=f"{p}/zero"))
+        n.input[3] = f"{p}/zero_mean"
         n.input[4] = f"{p}/zero"
         del n.output[:]
-        n.output.extend([old_outs[0], f"{_P}/new/{mean}", f"{p}/batch_var"])
+        n.output.extend([old_outs[0], f"{p}/batch_mean", f"{p}/batch_var"])
         _set_training_mode(n, True)
         # new = momentum * var + (1 - momentum) * n / (n - 1) * batch_var: PyTorch's update
-        # with the unbiased batch variance (n: elements per channel).
+        # with the unbiased batch variance (n: elements per channel). One value per channel
+        # (n = 1: a batch of one [1, C] or [1, C, 1, 1]) would make it NaN: refused, as
+        # PyTorch does, by a check the update waits for (losses.guard), so a refused step
+        # changes nothing.
+        who = describe(n) if n.name else f"BatchNormalization node #{k} (unnamed)"
+        what = (f"{who} (input {ins[0]!r}): expected more than 1 value per channel "
+                "when training (N * d1 * ... > 1, as PyTorch: the unbiased variance of one "
+                "value is NaN and would become the running variance); batch more samples, "
+                "or pass batchnorm='frozen' to normalise with the running statistics")
+        checks, ok = guard(f"{p}/one_value", what, f"{p}/check")
         extra = [
             helper.make_node("Size", [ins[0]], [f"{p}/size"]),
             helper.make_node("Div", [f"{p}/size", const(f"{p}/channels",
-                                                       np.int64(value.size))], [f"{p}/n"]),
+                                                       np.int64(value.size))], [f"{p}/count"]),
+            helper.make_node("Less", [f"{p}/count", const(f"{p}/two", np.int64(2))],
+                             [f"{p}/one_value"]),
+            *checks,
+            helper.make_node("Add", [f"{p}/count", ok], [f"{p}/n"]),
             helper.make_node("Cast", [f"{p}/n"], [f"{p}/n/float"],
                              to=helper.np_dtype_to_tensor_dtype(dt)),
             helper.make_node("Sub", [f"{p}/n/float", const(f"{p}/one", dt.type(1))],
@@ -166,10 +187,17 @@ def training_batchnorm(model: onnx.ModelProto, mode: str, opset: int,
             helper.make_node("Mul", [f"{p}/batch_var", f"{p}/bessel"], [f"{p}/added"]),
             helper.make_node("Mul", [var, const(f"{p}/momentum", dt.type(momentum))],
                              [f"{p}/kept"]),
-            helper.make_node("Add", [f"{p}/kept", f"{p}/added"], [f"{_P}/new/{var}"]),
+            helper.make_node("Add", [f"{p}/kept", f"{p}/added"], [f"{_P}/new/{var}"],
+                             name=f"{p}/Add/new_var"),
+            # new mean = momentum * mean + (1 - momentum) * batch_mean (ONNX's and PyTorch's)
+            helper.make_node("Mul", [mean, const(f"{p}/momentum_mean", dt.type(momentum))],
+                             [f"{p}/kept_mean"]),
+            helper.make_node("Add", [f"{p}/kept_mean", f"{p}/batch_mean"], [f"{_P}/new/{mean}"],
+                             name=f"{p}/Add/new_mean"),
         ]
-        for e in extra:
-            e.name = f"{p}/{e.op_type}/{e.output[0].rsplit('/', 1)[-1]}"
+        for e in extra:  # names unique per node: p and the output's own last part
+            if not e.name:
+                e.name = f"{p}/{e.op_type}/{e.output[0].rsplit('/', 1)[-1]}"
         g.node.extend(extra)
         for old, new in ((old_outs[1], f"{_P}/new/{mean}"), (old_outs[2], f"{_P}/new/{var}")):
             if old in read:  # another node reads the node's own outputs: keep them

@@ -26,7 +26,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-__all__ = ["NO_CUSTOM_OPS", "Placement", "TrainingModel", "portable_graph", "resolve"]
+__all__ = ["NO_CUSTOM_OPS", "Placement", "TrainingModel", "check_portable", "portable_graph",
+           "resolve"]
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -48,6 +49,10 @@ NO_CUSTOM_OPS = frozenset({
 })
 
 DEVICES = ("cpu", "cuda", "auto")
+
+# The random ops of a model (RandomUniform/RandomNormal made reproducible) that the portable
+# rewrite keeps as they are (trainops.portable.rewrite): they run on the CPU beside the EP.
+KEPT_RANDOM_OPS = frozenset({"Philox", "PhiloxUniform", "PhiloxNormal"})
 
 
 def _is_ep_device(p) -> bool:
@@ -87,6 +92,15 @@ class Placement:
     def is_cpu(self) -> bool:
         """True for the default: the CPU execution provider alone, trainops' CPU kernels."""
         return self.names == (CPU,) and not self.portable and self.ep_devices is None
+
+    @property
+    def fuses_grads(self) -> bool:
+        """True when the backward may use trainops' CPU gradient kernels (``com.trainops``
+        ``*Grad``): every execution provider asked for is the CPU's, named or as its
+        ``OrtEpDevice``, and the graph is not rewritten to standard ops. The kernels are
+        CPU kernels: on any other EP they would run on the CPU with copies each way, and
+        the portable graph takes no custom op."""
+        return self.host_only and not self.portable
 
     @property
     def host_only(self) -> bool:
@@ -250,11 +264,39 @@ class TrainingModel:
         return f"TrainingModel({len(self._model.graph.node)} nodes; call it for the ModelProto)"
 
 
+def check_portable(optimizer, names: Sequence[str] = ()) -> None:
+    """ValueError when the portable graph cannot hold ``optimizer``: its state in int8 or
+    bfloat16 (``Adam8bit``, ``AdamWBf16State``, ...) has no standard-op form, so the step
+    would keep trainops' op, which the EPs the portable graph is for cannot run. ``names``:
+    the execution providers, for the message."""
+    dtype = getattr(optimizer, "state_dtype", "float32")
+    if dtype == "float32":
+        return
+    why = f" (portable=None picks it for {', '.join(names)})" if names else ""
+    raise ValueError(
+        f"portable=True{why} with state_dtype={dtype!r}: the {dtype} optimizer state "
+        f"({optimizer.op_type}) has no standard-ONNX-op form, so the portable graph cannot "
+        "hold it; use state_dtype='float32', or portable=False on an EP that takes "
+        "trainops' custom-op library")
+
+
 def portable_graph(graph, key_seed: int):
     """``graph`` with its model rewritten to standard ONNX ops (inputs, outputs and state
-    names unchanged, so the runtime binds it as before)."""
+    names unchanged, so the runtime binds it as before). ValueError naming them when nodes
+    of trainops' domains would be left (an optimizer without a standard-op form)."""
     import dataclasses
 
+    from ..onnx_defs import TRAINING_DOMAIN, TRAINOPS_DOMAIN
     from ..portable import rewrite
 
-    return dataclasses.replace(graph, model=rewrite(graph.model, dropout_seed=key_seed))
+    check_portable(graph.options.optimizer)
+    model = rewrite(graph.model, dropout_seed=key_seed)
+    left = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node
+                   if n.domain in (TRAINING_DOMAIN, TRAINOPS_DOMAIN)
+                   and n.op_type not in KEPT_RANDOM_OPS})
+    if left:
+        raise ValueError(f"portable=True: {', '.join(left)} has no standard-ONNX-op form "
+                         "(trainops.portable.EXPANSIONS), so the portable graph cannot hold "
+                         "it; use portable=False on an EP that takes trainops' custom-op "
+                         "library")
+    return dataclasses.replace(graph, model=model)

@@ -40,7 +40,7 @@ from .accumulate_runtime import AccumulatingRuntime
 from .backward import data_inputs
 from .buffers import Buffers, host_buffers
 from .graph import build_step_graph
-from .placement import TrainingModel, portable_graph
+from .placement import NO_CUSTOM_OPS, TrainingModel, check_portable, portable_graph
 from .placement import resolve as resolve_placement
 from .prepare import choose_params, prepare
 from .results import TrainerResults
@@ -74,7 +74,9 @@ class Trainer(TrainerResults):
     - ``loss``: the name of a scalar float tensor of the model, or a
       :mod:`trainops.losses` loss (``losses.cross_entropy("logits")``): its nodes and its
       data input (``labels`` / ``target``) are added to the training graph, not to
-      :meth:`export`'s model;
+      :meth:`export`'s model. Class labels (of that loss or of the model's own
+      SoftmaxCrossEntropyLoss / NegativeLogLikelihoodLoss) are checked on every placement:
+      :mod:`trainops.losses`;
     - ``params``: the initializers to train (default: the float initializers that are
       weights of an op, :mod:`trainops.train.params`; the choice is ``param_names``,
       logged once);
@@ -122,7 +124,8 @@ class Trainer(TrainerResults):
     - ``accumulate``: ``k`` >= 1: :meth:`step` adds each micro-batch's gradients into
       accumulation buffers (``grad_accum`` state) and updates on every k-th call, with
       their mean (:mod:`trainops.train.accumulate`): k micro-batches of B train as one
-      batch of kB with a mean loss. ``T`` counts updates;
+      batch of kB with a mean loss. ``T`` counts updates. A micro-batch that fails is not
+      counted (every state keeps its bits, the buffers and the count too);
     - ``schedule``: a learning-rate schedule (:mod:`trainops.optim.schedules`, or any
       callable ``step -> lr``): each update uses ``schedule(T - 1)`` (``T - 1`` updates
       made so far); a schedule without ``lr`` takes the optimizer's;
@@ -139,7 +142,10 @@ class Trainer(TrainerResults):
     - ``portable``: rewrite the step's trainops nodes as standard ONNX ops
       (:func:`trainops.portable.rewrite`) for EPs that take no custom-op library; ``None``:
       True for the EPs in :data:`trainops.train.placement.NO_CUSTOM_OPS` (DirectML, WebGPU,
-      CoreML, OpenVINO, QNN, ...), else False. Not with ``comm``.
+      CoreML, OpenVINO, QNN, ...), else False. Not with ``comm``, nor with an optimizer's
+      ``state_dtype="int8"`` or ``"bfloat16"`` (no standard-op form: ValueError). The CPU
+      gradient kernels are used wherever every EP is the CPU's (by name or as its
+      ``OrtEpDevice``) and the graph is not portable.
 
     Every other graph input is data, fed to :meth:`step`. ``training_model`` is the model the
     session runs: read its attributes directly (``trainer.training_model.graph``) or call it
@@ -177,6 +183,9 @@ class Trainer(TrainerResults):
             _seed_bits(seed)  # TypeError / ValueError for a seed that is not a 64-bit int
         self.shard_optimizer = bool(shard_optimizer)
         self.placement = resolve_placement(providers, portable, device)
+        if self.placement.portable:  # before any graph is built: the reason, said plainly
+            check_portable(self.optimizer, [] if portable else
+                           [n for n in self.placement.names if n in NO_CUSTOM_OPS])
         self._dist = None
         if comm is not None and not self.placement.is_cpu:
             raise NotImplementedError("comm= trains on the CPU only for now: leave providers, "
@@ -215,10 +224,15 @@ class Trainer(TrainerResults):
             key_seed = rank_seed(self.seed, self._dist.rank)
         chosen, self.coverage = choose_params(self._train_model, self.loss_name, params,
                                               batchnorm)
+        # The CPU gradient kernels wherever every EP is the CPU's (named, or its OrtEpDevice)
+        # and the graph is not rewritten to standard ops.
         options = StepOptions(self.loss_name, self.optimizer, chosen, self.policy, key_seed,
                               self.clip_grad_norm, self.accumulate, batchnorm,
-                              fused=self.placement.is_cpu and fused_grads_enabled())
+                              fused=self.placement.fuses_grads and fused_grads_enabled())
         self.input_names = data_inputs(self._train_model)
+        # The labels of a cross_entropy / nll loss, checked before each run (the graph
+        # checks them too, on every placement: losses.label_check).
+        self._check_labels = _losses.label_check(self._train_model)
         self.step_graph: StepGraph | None = None
         if self._dist is None:
             # _step_graph: a step graph read back (from_artifacts), not built again.
@@ -346,9 +360,15 @@ class Trainer(TrainerResults):
         micro-batch's loss. With ``schedule`` the update's learning rate is
         ``schedule(T - 1)``.
 
-        All or nothing (without ``comm`` and ``accumulate``): if the step fails (an error
-        from any node), no state has changed (weights, optimizer state, ``T``, loss scale,
-        Philox states).
+        All or nothing (without ``comm``): if the step fails (an error from any node), no
+        state has changed (weights, optimizer state, ``T``, loss scale, Philox states,
+        BatchNorm's running statistics; with ``accumulate``, the accumulation buffers and
+        the micro-batch count too: the failed micro-batch was never added).
+
+        Refused with a ValueError, nothing changed: labels of a ``cross_entropy`` / ``nll``
+        loss outside ``[0, C)`` (other than its ``ignore_index``) or not shaped as the
+        logits without their class axis; a BatchNormalization in training mode given one
+        value per channel (PyTorch refuses it too: its unbiased variance would be NaN).
 
         With ``comm``: ``feeds`` is this rank's shard of the batch; every rank must call
         ``step`` the same number of times; the gradients are averaged over the ranks
@@ -356,9 +376,21 @@ class Trainer(TrainerResults):
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise ValueError(f"step: feeds lack model inputs {missing}")
+        if self._check_labels is not None:
+            self._check_labels(feeds)
         if self.schedule is not None:
             self.lr = _schedules.lr_at(self.schedule, self.T)
-        loss = self.runtime.run(feeds, self.lr, self.T)
+        try:
+            loss = self.runtime.run(feeds, self.lr, self.T)
+        except Exception as e:
+            what = _losses.failed_check(e)  # a check of the graph refused this step's data
+            if what is None:
+                raise
+            fed = [f"{n!r} fed: shape {list(np.shape(feeds[n]))}, values from "
+                   f"{np.min(feeds[n])} to {np.max(feeds[n])}" for n in self.input_names
+                   if f"labels {n!r}:" in what and np.size(feeds[n])]
+            said = f" ({'; '.join(fed)})" if fed else ""
+            raise ValueError(f"Trainer.step: {what}{said}; the step changed nothing") from e
         if not getattr(self.runtime, "updated", True):
             return loss  # a micro-batch added to the accumulation buffers: no update
         self._updated = True  # an update ran (or was skipped): last_grad_norm is its
