@@ -273,9 +273,6 @@ def test_params_must_be_a_list_of_names_not_a_string():
     assert check_param_names(n for n in ["w2"]) == ["w2"]
 
 
-@pytest.mark.xfail(strict=True, reason="Trainer's params= reaches check_param_names only once "
-                                        "train/prepare.py's choose_params calls it (another "
-                                        "owner); strict: remove this mark when it does")
 def test_trainer_refuses_params_as_a_bare_string():
     with pytest.raises(TypeError, match=r"^Trainer: params 'w1': expected a list"):
         Trainer(mlp(), "loss", threads=1, seed=0, params="w1")

@@ -481,3 +481,30 @@ def test_cpu_ep_device_trainer_equals_the_default_trainer(library_path, monkeypa
     for f in feeds:
         assert np.float32(dev.step(f)).tobytes() == np.float32(default.step(f)).tobytes()
     assert_same_trainers(dev, default)
+
+
+# --- a model path that is no model, and the last step an int64 T can count ---
+
+@pytest.mark.parametrize("content", [b"not a model\n", bytes(range(256)) * 4])
+def test_a_path_that_is_no_model_is_one_error_naming_it(library_path, tmp_path, content):
+    path = tmp_path / "model.onnx"
+    path.write_bytes(content)
+    with pytest.raises(ValueError, match=rf"^'{re.escape(str(path))}' is not an ONNX model"):
+        Trainer(str(path), "loss", threads=1, seed=0)
+
+
+def test_a_step_at_int64s_last_t_is_refused_and_changes_nothing(library_path):
+    """T is fed as an int64: at T = 2^63 - 1 one more step could not be counted (the Rust
+    trainer refuses the same step), so the step is refused before anything runs."""
+    tr = Trainer(regression(), "loss", threads=1, seed=0)
+    tr.step(batch(0))
+    tr.T = 2**63 - 1
+    before = snapshot(tr)
+    with pytest.raises(ValueError, match=r"^Trainer\.step: T = 9223372036854775807 cannot "
+                                         r"advance past int64; the step changed nothing$"):
+        tr.step(batch(1))
+    assert_unchanged(tr, before)
+    assert tr.T == 2**63 - 1
+    tr.T = 2**63 - 2  # the step before it still runs and counts
+    tr.step(batch(1))
+    assert tr.T == 2**63 - 1

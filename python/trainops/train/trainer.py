@@ -34,12 +34,15 @@ import onnx
 
 from .. import losses as _losses
 from .. import optim as _optim
+from ..autodiff.importing import load as _load_model
 from ..random import _seed_bits
 from . import update_options as _schedules
 from .accumulate_runtime import AccumulatingRuntime
 from .backward import data_inputs
 from .buffers import Buffers, host_buffers
+from .checkpoint import INT64_MAX
 from .graph import build_step_graph
+from .params import check_param_names
 from .placement import NO_CUSTOM_OPS, TrainingModel, check_portable, portable_graph
 from .placement import resolve as resolve_placement
 from .prepare import choose_params, prepare
@@ -164,7 +167,8 @@ class Trainer(TrainerResults):
             raise ValueError(f"batchnorm {batchnorm!r}: expected 'train' or 'frozen'")
         self.batchnorm = batchnorm
         if isinstance(model, (str, os.PathLike)):
-            model = onnx.load(os.fspath(model))
+            model = _load_model(model)  # a file that is no ONNX model: ValueError naming it
+        params = check_param_names(params)
         # The bytes a checkpoint stores, and their hash that identifies the model. The
         # model is kept as given (a reference, not a copy: a copy of the weights less);
         # _model_bytes serializes it again when a checkpoint needs it.
@@ -376,6 +380,9 @@ class Trainer(TrainerResults):
         missing = [n for n in self.input_names if n not in feeds]
         if missing:
             raise ValueError(f"step: feeds lack model inputs {missing}")
+        if self.T >= INT64_MAX:  # T is an int64 input: one more step could not be counted
+            raise ValueError(f"Trainer.step: T = {self.T} cannot advance past int64; the step "
+                             "changed nothing")
         if self._check_labels is not None:
             self._check_labels(feeds)
         if self.schedule is not None:
