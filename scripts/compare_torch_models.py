@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Train models exported from PyTorch with trainops and with PyTorch itself, and compare the
-losses step by step (issue 23; not CI: torch is not installed there).
+losses step by step (not CI: torch is not installed there).
 
 Models: a batch-first GRU and an LSTM classifier, a Conv-BatchNorm CNN exported with
 ``training=TrainingMode.TRAINING`` (BatchNorm trains on batch statistics and updates its

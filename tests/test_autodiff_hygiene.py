@@ -1,4 +1,4 @@
-"""trainops.autodiff with no silently wrong gradient (issue 19): gradients through ``If``
+"""trainops.autodiff with no silently wrong gradient: gradients through ``If``
 (outer-scope captures included) against central finite differences and a numpy Adam
 reference, ``Loop``/``Scan`` refused, and graph hygiene before differentiation: nodes out
 of order, cycles, undefined tensors, integer ``x``/``y`` and casts to integers."""

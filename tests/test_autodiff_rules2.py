@@ -1,4 +1,4 @@
-"""Gradient rules added for issue 23 (the rules_*.py modules of trainops.autodiff) against
+"""Gradient rules for the ops exporters and the ONNX zoo use (the rules_*.py modules of trainops.autodiff) against
 central finite differences of the forward graph run in plain onnxruntime (float64 where
 onnxruntime has the kernels, else float32), and against analytic float64 numpy where the
 derivative is a convention (ties, kinks). Each op runs at opset 13 and at the newest opset

@@ -1,4 +1,4 @@
-"""``expand_gradients`` on models as exporters and the ONNX zoo write them (issue 23): old
+"""``expand_gradients`` on models as exporters and the ONNX zoo write them: old
 opsets (upgraded where a rule refuses them), initializers listed as inputs (kept: the
 model's interface), nodes in any order, external data passed by path, the classic
 exporter's Squeeze/Gather shape chains. Gradients are checked against float64 numpy

@@ -1,4 +1,4 @@
-"""com.trainops::ReluGrad, LeakyReluGrad and GeluGrad (issue 24): the ops against numpy in
+"""com.trainops::ReluGrad, LeakyReluGrad and GeluGrad (the fused CPU backward kernels): the ops against numpy in
 float64 and against finite differences of the forward activation, their errors, and the
 Trainer that emits them (fused) against the same Trainer under ``TRAINOPS_FUSED_GRADS=0``.
 

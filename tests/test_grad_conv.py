@@ -1,4 +1,4 @@
-"""com.trainops::ConvWeightGrad / ConvInputGrad (issue 24): the convolution's gradients,
+"""com.trainops::ConvWeightGrad / ConvInputGrad (fused CPU backward kernels): the convolution's gradients,
 against a numpy float64 adjoint and finite differences of a numpy float64 convolution; the
 Trainer with them against the same Trainer on standard ops (TRAINOPS_FUSED_GRADS=0); bad
 inputs. Spec: docs/ops/gradients-conv.md."""

@@ -1,5 +1,5 @@
 """``com.trainops::LayerNormGrad``, ``SoftmaxGrad``, ``LogSoftmaxGrad`` and
-``SoftmaxCrossEntropyLossGrad`` (issue 24): the
+``SoftmaxCrossEntropyLossGrad`` (fused CPU backward kernels): the
 ops against numpy float64 (the backward written out) and against central finite
 differences of the forward in float64; the Trainer with the fused kernels against the same
 Trainer under ``TRAINOPS_FUSED_GRADS=0`` on the bench's transformer and MLP; the ops present

@@ -1,4 +1,4 @@
-"""com.trainops::MaxPoolGrad (issue 24): the scatter-add of dY at ONNX MaxPool's Indices,
+"""com.trainops::MaxPoolGrad (a fused CPU backward kernel): the scatter-add of dY at ONNX MaxPool's Indices,
 against numpy (``np.add.at`` at the Indices onnxruntime's MaxPool returns) and finite
 differences of the forward MaxPool, its errors, and the max_pool rule that emits it.
 The result is exact: every element is a float32 sum in output order, as ``np.add.at``."""

@@ -1,4 +1,4 @@
-"""Models as exported (issue 23), piece by piece: the importer (initializers listed as
+"""Models as exported, piece by piece: the importer (initializers listed as
 inputs, node order, external data, opset upgrade, shape folding), the default parameters,
 trainops.losses, the coverage check and its command, BatchNorm state in checkpoints."""
 

@@ -1,7 +1,7 @@
 """The source tree's layout rules, checked on every CI run (no library needed).
 
 - Rust: no file of ``crates/*/src`` depends on a file that depends back on it, directly or
-  through others (issue 18). Files are nodes of a graph; ``A -> B`` when ``A`` names an
+  through others. Files are nodes of a graph; ``A -> B`` when ``A`` names an
   item that lives in ``B`` through a ``use`` declaration or a path in code that starts with
   ``crate::``, ``super::``, ``self::`` or the name of a child module ``A`` declares
   (``mod x86;`` ... ``x86::kernel(..)``), resolved through the module tree (``foo.rs`` and

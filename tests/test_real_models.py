@@ -1,4 +1,4 @@
-"""Training the models people bring, as exported (issue 23): the light ONNX zoo models as
+"""Training the models people bring, as exported: the light ONNX zoo models as
 the onnx wheel ships them, and models built the way torch's exporters write them, each
 against an independent numpy float64 reference of the same ONNX Adam steps."""
 

@@ -1,4 +1,4 @@
-"""Clear errors at setup time (issue 19, item 6): a ``PhiloxUniform``/``PhiloxNormal`` node
+"""Clear errors at setup time: a ``PhiloxUniform``/``PhiloxNormal`` node
 whose ``dtype`` attribute is not a float type fails at session creation naming the op, the
 attribute, the value and the allowed values; ``trainops.configure`` checks ``device_id``, is
 idempotent, and accepts a library the user registered as an EP library themselves.

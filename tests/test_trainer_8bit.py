@@ -179,7 +179,7 @@ def test_adamw_default_eps_no_longer_diverges(library_path, monkeypatch):
     assert np.isfinite(losses).all() and np.mean(losses[-20:]) < 0.5
     monkeypatch.setattr(tail, "SMALL_TENSOR", 0)  # every tensor in 8 bits: as before
     # ... and the standard-op backward the divergence was found with (the fused gradient
-    # kernels of issue 24 round differently, and the NaN depends on the exact bits).
+    # kernels (ConvWeightGrad, ...) round differently, and the NaN depends on the exact bits).
     monkeypatch.setenv("TRAINOPS_FUSED_GRADS", "0")
     losses = _train_cnn(optim.AdamW(lr=0.01, state_dtype="int8"))[3]
     assert not np.isfinite(losses).all()

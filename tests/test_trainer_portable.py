@@ -1,6 +1,6 @@
 """``Trainer(..., portable=True)``: the step graph rewritten to standard ONNX ops
 (:func:`trainops.portable.rewrite`) trains multi-layer models to the fused kernels' bits,
-step after step (issue 25: the demo CNN with only default-domain ops, the same weights).
+step after step (the demo CNN with only default-domain ops, the same weights).
 
 The fused optimizer node reads every gradient before it writes any state; its expansion
 must keep that order, or ONNX Runtime may overwrite a parameter bound in place (input and
@@ -27,7 +27,7 @@ STEPS = 12
 @pytest.fixture(autouse=True)
 def _standard_op_backward(monkeypatch):
     """The portable form rewrites the optimizer and random ops bit for bit; the CPU Trainer's
-    fused gradient kernels (issue 24: ConvWeightGrad, ...) sum in another order than the
+    fused gradient kernels (ConvWeightGrad, ...) sum in another order than the
     standard ops the portable graph keeps, so the bitwise comparisons are with the CPU
     Trainer's standard-op backward (tests/test_grad_*.py compare the two backwards)."""
     monkeypatch.setenv("TRAINOPS_FUSED_GRADS", "0")
@@ -114,7 +114,7 @@ def test_portable_mixed_float16_matches_the_fused_trainer_bitwise(library_path, 
 
 
 def test_demo_cnn_trains_portably_with_default_domain_ops_only(library_path, standard_grads):
-    """Issue 25's "done when": the demo CNN, Adam, 40 steps; loss falls, weights equal."""
+    """The portable graph's promise: the demo CNN, Adam, 40 steps; loss falls, weights equal."""
     x, t = digits(40 * 32, seed=9)
     feeds = [{"x": x[k * 32:(k + 1) * 32], "t": t[k * 32:(k + 1) * 32]} for k in range(40)]
     runs = []

@@ -1,5 +1,5 @@
 """``portable=True`` against the DEFAULT CPU Trainer, whose backward uses trainops' gradient
-kernels (issue 24): the portable graph keeps the standard-op backward, so the two agree to
+kernels: the portable graph keeps the standard-op backward, so the two agree to
 rounding, not bit for bit (tests/test_trainer_portable.py compares the optimizers bit for bit
 against the CPU Trainer's standard-op backward). This bounds the difference a user sees on
 the demo CNN, and checks that the portable model really has only standard ops while the

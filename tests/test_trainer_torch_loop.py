@@ -1,4 +1,4 @@
-"""The done-when check of issue 22: a PyTorch training loop with AdamW, gradient
+"""The Trainer against a PyTorch loop: a PyTorch training loop with AdamW, gradient
 accumulation, clip_grad_norm_ and a cosine schedule with warmup, and the same loop with
 the Trainer (README, "From a PyTorch loop"), against a numpy float64 re-implementation of
 PyTorch's math (the loop below, written from torch's documented formulas). No torch
