@@ -316,7 +316,7 @@ impl Manifest {
                 continue;
             }
             let (have, want) = (config.get(k).unwrap_or(&Value::Null), self.options.get(k).unwrap_or(&Value::Null));
-            if !crate::schema::json_equal(have, want) {
+            if !json_equal(have, want) {
                 problems.push(format!(
                     "config {k:?}: the checkpoint has {}, the manifest's options.{k} {}",
                     show(have),
@@ -326,7 +326,7 @@ impl Manifest {
         }
         let key_seed = self.options.get("key_seed").unwrap_or(&Value::Null);
         if let Ok(s) = seed.parse::<u64>() {
-            if !crate::schema::json_equal(key_seed, &Value::from(s)) {
+            if !json_equal(key_seed, &Value::from(s)) {
                 problems.push(format!("seed {seed}: the manifest's options.key_seed is {key_seed}"));
             }
         }
@@ -339,6 +339,29 @@ impl Manifest {
     }
 }
 
+/// JSON equality: numbers by value (`1 == 1.0`, an integer beyond 2^53 against a float
+/// exactly), `true` never equal to `1`, objects by keys.
+fn json_equal(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            let int = |n: &serde_json::Number| n.as_i64().map(i128::from).or_else(|| n.as_u64().map(i128::from));
+            // A float with no fraction and |f| < 2^100 converts to i128 exactly.
+            let same = |i: i128, f: f64| f.fract() == 0.0 && f.abs() < 1e30 && f as i128 == i;
+            match (int(x), int(y)) {
+                (Some(i), Some(j)) => i == j,
+                (Some(i), None) => y.as_f64().is_some_and(|f| same(i, f)),
+                (None, Some(j)) => x.as_f64().is_some_and(|f| same(j, f)),
+                (None, None) => x.as_f64() == y.as_f64(),
+            }
+        }
+        (Value::Array(x), Value::Array(y)) => x.len() == y.len() && x.iter().zip(y).all(|(a, b)| json_equal(a, b)),
+        (Value::Object(x), Value::Object(y)) => {
+            x.len() == y.len() && x.iter().all(|(k, v)| y.get(k).is_some_and(|w| json_equal(v, w)))
+        }
+        _ => a == b,
+    }
+}
+
 fn quoted(name: &str) -> String {
     show(&Value::String(name.to_string()))
 }
@@ -346,6 +369,7 @@ fn quoted(name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     const EXAMPLE: &str = r#"{
       "format": "trainops-artifacts", "format_version": 1, "producer": "trainops 0.1.0",
@@ -465,6 +489,19 @@ mod tests {
             "data_inputs: the input \"y\" of training.onnx is not bound (neither a data input, a state, the learning rate nor the step)",
             "states[1].output: \"trainops/new/V/W\" is not an output of training.onnx",
         ]);
+    }
+
+    #[test]
+    fn json_numbers_compare_by_value() {
+        assert!(json_equal(&json!(1), &json!(1.0)));
+        assert!(json_equal(&json!({"a": [7]}), &json!({"a": [7.0]})));
+        assert!(!json_equal(&json!(true), &json!(1)));
+        assert!(!json_equal(&json!(0.5), &json!(0)));
+        let big: Value = serde_json::from_str("18446744073709551616").unwrap(); // 2^64 as f64
+        assert!(!json_equal(&big, &json!(u64::MAX)));
+        // 2^53 + 1: no float is it
+        assert!(json_equal(&json!(9007199254740993u64), &json!(9007199254740993u64)));
+        assert!(!json_equal(&json!(9007199254740993u64), &json!(9007199254740992.0)));
     }
 
     #[test]
