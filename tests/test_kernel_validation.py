@@ -130,8 +130,8 @@ def test_conv_weight_grad_refuses_overflowing_attributes(library_path, tmp_path,
     rng = np.random.default_rng(0)
     feeds = {"X": rng.standard_normal((2, 3, 5, 5)).astype(np.float32),
              "dY": rng.standard_normal((2, 4, 3, 3)).astype(np.float32)}
-    got = _run_in_child(library_path, tmp_path, _weight_grad_model(kernel, [2, 3, 5, 5], [2, 4, 3, 3], **attrs),
-                        feeds)
+    model = _weight_grad_model(kernel, [2, 3, 5, 5], [2, 4, 3, 3], **attrs)
+    got = _run_in_child(library_path, tmp_path, model, feeds)
     assert got.get("error") == "InvalidArgument", got
     assert f"ConvWeightGrad: attribute '{name}': {words}" in got["message"], got["message"]
     assert "internal error" not in got["message"]
@@ -146,7 +146,8 @@ def test_conv_input_grad_refuses_overflowing_pads(library_path, tmp_path):
              "X_shape": np.array([2, 3, 5, 5], np.int64)}
     got = _run_in_child(library_path, tmp_path, model, feeds)
     assert got.get("error") == "InvalidArgument", got
-    assert f"ConvInputGrad: attribute 'pads': dimension 0: the input (5) padded by {BIG} + {BIG}" in got["message"]
+    want = f"ConvInputGrad: attribute 'pads': dimension 0: the input (5) padded by {BIG} + {BIG}"
+    assert want in got["message"], got["message"]
 
 
 @pytest.mark.parametrize("strides, pads, dilations", [
@@ -234,7 +235,8 @@ def test_maxpool_grad_from_input_takes_floor_or_ceil_mode_outputs(make_session, 
     gy = rng.standard_normal(gy_shape).astype(np.float32)
     if not ok:
         kind, msg = _error(lambda: sess.run(None, {"dY": gy, "X": x}))
-        assert kind == "InvalidArgument" and "MaxPoolGradFromInput: input 0 (dY): expected spatial sizes" in msg
+        assert kind == "InvalidArgument"
+        assert "MaxPoolGradFromInput: input 0 (dY): expected spatial sizes" in msg, msg
         return
     (gx,) = sess.run(None, {"dY": gy, "X": x})
     want = _ref_pool_grad(gy, x, [2, 2], [2, 2], [0, 0])
@@ -248,7 +250,8 @@ def test_maxpool_windows_of_2_to_the_40_steps_are_found_in_closed_form(library_p
     model = _pool_model([k], [1, 1, 1], [1, 1, 4], strides=[2 * k], pads=[k - 2, k - 2])
     x = np.array([[[1.0, 5.0, 9.0, 4.0]]], np.float32)
     # A minute, not the hours the step-by-step search took.
-    got = _run_in_child(library_path, tmp_path, model, {"dY": np.array([[[2.0]]], np.float32), "X": x}, timeout=60)
+    feeds = {"dY": np.array([[[2.0]]], np.float32), "X": x}
+    got = _run_in_child(library_path, tmp_path, model, feeds, timeout=60)
     assert "ok" in got, got
     gx = np.array(got["ok"][0], np.float32)
     assert same_bits(gx, _ref_pool_grad(np.array([[[2.0]]]), x, [k], [2 * k], [k - 2]).astype(np.float32))
@@ -287,10 +290,32 @@ def test_gru_hidden_size_whose_tensors_overflow_is_named(library_path, tmp_path,
     feeds = {"X": np.ones((2, 1, 3), np.float32), "W": np.ones((1, 3, 3), np.float32),
              "R": np.ones((1, 3, 1), np.float32), "Y": np.ones((2, 1, 1, 1), np.float32)}
     feeds = {k: feeds[k] for k in ins}
-    model = _model([node], [_vi(k, F, list(v.shape)) for k, v in feeds.items()], [_vi(o, F, None) for o in outs])
+    model = _model([node], [_vi(k, F, list(v.shape)) for k, v in feeds.items()],
+                   [_vi(o, F, None) for o in outs])
     got = _run_in_child(library_path, tmp_path, model, feeds)
     assert got.get("error") == "InvalidArgument", got
-    assert f"{op}: attribute 'hidden_size': expected a size whose tensors fit in 64 bits, got {h}" in got["message"]
+    want = f"{op}: attribute 'hidden_size': expected a size whose tensors fit in 64 bits, got {h}"
+    assert want in got["message"], got["message"]
+
+
+# -- axes ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("op, axis", [("SoftmaxGrad", -2 ** 63), ("LogSoftmaxGrad", 2 ** 63 - 1),
+                                      ("LayerNormGrad", -2 ** 63)])
+def test_axes_of_any_int64_are_named(make_session, op, axis):
+    """-2^63 once overflowed working out the rank it asks for (an "internal error")."""
+    if op == "LayerNormGrad":
+        names = ["dY", "X", "Scale", "Mean", "InvStdDev"]
+        outs = ["dX"]
+    else:
+        names, outs = ["dY", "Y"], ["dX"]
+    node = helper.make_node(op, names, outs, domain=TRAINOPS_DOMAIN, axis=axis)
+    sess = make_session(_model([node], [_vi(n, F, None) for n in names], [_vi("dX", F, None)]))
+    feeds = {n: np.ones((2, 3), np.float32) for n in names}
+    kind, msg = _error(lambda: sess.run(None, feeds))
+    assert kind == "InvalidArgument"
+    assert f"{op}: input 1 ({names[1]}): expected a tensor of rank > " in msg, msg
+    assert f"(attribute axis = {axis}), got rank 2" in msg, msg
 
 
 # -- optimizers: one validation for every op ----------------------------------------------
@@ -338,7 +363,8 @@ TORCH = " (as torch.optim.AdamW)"
     (dict(weight_decay=-0.5), "weight_decay", "expected a value >= 0" + TORCH + ", got -0.5"),
     (dict(maximize=2), "maximize", "expected 0 or 1, got 2"),
 ])
-def test_every_adamw_variant_refuses_what_torch_refuses_naming_itself(make_session, op, attrs, name, expected):
+def test_every_adamw_variant_refuses_what_torch_refuses_naming_itself(make_session, op, attrs, name,
+                                                                       expected):
     """AdamW8bit checked none of its attributes (beta1 = 1 turned every weight NaN after
     one step) and AdamWBf16State's errors named AdamW: one table and one check for all."""
     kind, msg = _error(lambda: make_session(_optimizer_model(op, attrs)))
@@ -349,7 +375,8 @@ def test_every_adamw_variant_refuses_what_torch_refuses_naming_itself(make_sessi
 @pytest.mark.parametrize("op, why", [("AdamW8bit", "8-bit"), ("AdamWBf16State", "bfloat16")])
 def test_amsgrad_is_refused_by_the_variants_without_it(make_session, op, why):
     _, msg = _error(lambda: make_session(_optimizer_model(op, {"amsgrad": 1})))
-    assert f"{op}: attribute 'amsgrad': amsgrad is not supported with {why} state (use com.trainops::AdamW)" in msg
+    want = f"{op}: attribute 'amsgrad': amsgrad is not supported with {why} state (use com.trainops::AdamW)"
+    assert want in msg, msg
 
 
 @pytest.mark.parametrize("op", ["Adam", "Adam8bit", "AdamBf16State", "MixedPrecisionAdam"])
@@ -358,7 +385,8 @@ def test_amsgrad_is_refused_by_the_variants_without_it(make_session, op, why):
     (dict(beta=1.5), "beta", "expected a value in [0, 1), got 1.5"),
     (dict(epsilon=float("inf")), "epsilon", "expected a finite value >= 0, got inf"),
     (dict(norm_coefficient=-0.1), "norm_coefficient", "expected a finite value >= 0, got -0.1"),
-    (dict(norm_coefficient_post=float("nan")), "norm_coefficient_post", "expected a finite value >= 0, got NaN"),
+    (dict(norm_coefficient_post=float("nan")), "norm_coefficient_post",
+     "expected a finite value >= 0, got NaN"),
 ])
 def test_every_adam_variant_refuses_what_breaks_its_math(make_session, op, attrs, name, expected):
     _, msg = _error(lambda: make_session(_optimizer_model(op, attrs)))
@@ -394,7 +422,8 @@ def test_unknown_dimensions_are_named_per_node(make_session):
     sizes for one); the results are the scatter of dY at Indices."""
     nodes = [helper.make_node("MaxPoolGrad", [f"dY{k}", f"I{k}", f"S{k}"], [f"dX{k}"], domain=TRAINOPS_DOMAIN)
              for k in range(2)]
-    inputs = [_vi(f"dY{k}", F, [1, 2, 2, 2]) for k in range(2)] + [_vi(f"I{k}", I64, [1, 2, 2, 2]) for k in range(2)]
+    inputs = [_vi(f"dY{k}", F, [1, 2, 2, 2]) for k in range(2)]
+    inputs += [_vi(f"I{k}", I64, [1, 2, 2, 2]) for k in range(2)]
     inputs += [_vi(f"S{k}", I64, [4]) for k in range(2)]
     sess = make_session(_model(nodes, inputs, [_vi(f"dX{k}", F, None) for k in range(2)]))
     shapes = [o.shape for o in sess.get_outputs()]
@@ -405,7 +434,8 @@ def test_unknown_dimensions_are_named_per_node(make_session):
     feeds, want = {}, []
     for k, (h, w) in enumerate([(4, 4), (6, 5)]):
         gy = rng.standard_normal((1, 2, 2, 2)).astype(np.float32)
-        idx = np.stack([p * h * w + rng.choice(h * w, 4, replace=False) for p in range(2)]).reshape(1, 2, 2, 2)
+        picks = [p * h * w + rng.choice(h * w, 4, replace=False) for p in range(2)]
+        idx = np.stack(picks).reshape(1, 2, 2, 2)
         gx = np.zeros(2 * h * w)
         np.add.at(gx, idx.ravel(), gy.ravel().astype(np.float64))
         feeds.update({f"dY{k}": gy, f"I{k}": idx.astype(np.int64), f"S{k}": np.array([1, 2, h, w], np.int64)})

@@ -53,6 +53,8 @@ pub(crate) fn axis_of(op: &'static str, axis: i64, rank: usize, index: usize, na
     let r = i64::try_from(rank).unwrap_or(i64::MAX);
     let a = if axis < 0 { axis + r } else { axis };
     if !(0..r).contains(&a) {
+        // In i128: -axis - 1 of axis = -2^63 does not fit in i64.
+        let axis = i128::from(axis);
         let want = format!("a tensor of rank > {} (attribute axis = {axis})", if axis < 0 { -axis - 1 } else { axis });
         return Err(Error::input(op, index, name, want, format!("rank {rank}")));
     }
@@ -90,4 +92,21 @@ pub(crate) fn kernel_error(op: &'static str, e: trainops_kernels::KernelError) -
 pub(crate) fn shape_i64(op: &'static str, index: usize, name: &str, dims: &[usize]) -> Result<Vec<i64>> {
     trainops_kernels::shape::to_i64(name, dims)
         .map_err(|e| Error::input(op, index, name, "sizes an ONNX shape can hold", e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::axis_of;
+
+    #[test]
+    fn axes_of_any_int64_are_checked() {
+        assert_eq!(axis_of("SoftmaxGrad", -1, 3, 1, "Y").unwrap(), 2);
+        let msg = axis_of("SoftmaxGrad", i64::MIN, 3, 1, "Y").unwrap_err().to_string();
+        assert_eq!(
+            msg,
+            "SoftmaxGrad: input 1 (Y): expected a tensor of rank > 9223372036854775807 (attribute axis = \
+             -9223372036854775808), got rank 3"
+        );
+        assert!(axis_of("LayerNormGrad", i64::MAX, 3, 1, "X").is_err());
+    }
 }
