@@ -11,7 +11,10 @@
   backward (any summation order) is from its float64 value, for tests that compare two
   float32 paths whose rounding differs by kernel or CPU;
 - :mod:`helpers.adam_pair`: those bounds carried through ONNX Adam, for two Trainers
-  stepped on the same data (fused against standard-op gradients, portable against not).
+  stepped on the same data (fused against standard-op gradients, portable against not,
+  float16 against float32, ranks against one process);
+- :mod:`helpers.momentum_pair`: the same through ONNX Momentum (accumulated micro-batches
+  against one batch, ranks against one process).
 
 ``tests/`` is on ``sys.path`` when pytest runs (rootdir-relative imports), so a test
 imports ``from helpers.checks import same_bits``.

@@ -17,6 +17,12 @@ The argument, step by step (every quantity per parameter element):
    own (and far below the forward's worst-case bound, which assumes every rounding of
    every layer aligned); they are counted as one more ``E_a + E_b``:
    ``D = 2 (E_a + E_b) + |g64(x_a) - g64(x_b)|``. This part is a model, not a theorem.
+   Where the two runs' forwards differ anyway (float16 against float32, GRUTrain against
+   onnxruntime's GRU, ranks against one process), the caller gives step 1 itself
+   (``grads=``): each run's whole step, forward errors carried, bounded against the
+   float64 step at its own parameters (:func:`carried_difference`,
+   :func:`helpers.rounding.mean_of_parts`), so that ``D = E_a + E_b + |g64(x_a) -
+   g64(x_b)|`` at every step: a theorem where the forward's worst case stays of use.
 2. Moments. ``V = alpha V + (1 - alpha) g`` moves by ``(1 - alpha) D`` plus alpha times the
    previous bound and each run's three roundings. ``sqrt(H)`` is a 2-norm of (sqrt(beta)
    sqrt(H_prev), sqrt(1 - beta) g), so it moves by at most sqrt(beta) times the previous
@@ -57,10 +63,11 @@ F32 = np.float32
 def snapshot(tr) -> dict:
     st = tr.optimizer_state()
     params = tr.parameters()
-    return {"x": {k: np.array(v, F32) for k, v in params.items()},
-            "V": {k: np.array(st[f"trainops/V/{k}"], F32) for k in params},
-            "H": {k: np.array(st[f"trainops/H/{k}"], F32) for k in params},
-            "stats": {k: np.array(v, F32) for k, v in tr.running_stats().items()}}
+    out = {"x": {k: np.array(v, F32) for k, v in params.items()},
+           "stats": {k: np.array(v, F32) for k, v in tr.running_stats().items()}}
+    for name in tr.optimizer.state:  # V and H (Adam), V (Momentum)
+        out[name] = {k: np.array(st[f"trainops/{name}/{k}"], F32) for k in params}
+    return out
 
 
 def _feeds_at(feeds, t):
@@ -86,31 +93,66 @@ def _adam_constants(opt):
             float(F32(opt.epsilon)))
 
 
-def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what=""):
+def grad_difference(model, feeds, t, xa, xb):
+    """Steps 1 and 4 of the argument for step ``t`` (1-based) of two runs at parameters
+    ``xa`` and ``xb``: ``(loss_bound, D)``, the bound on the two losses' difference and,
+    per parameter, on the two gradients' (the theorem at a first step from equal
+    parameters, the model of step 1 after it)."""
+    L64a, Lwa, ga, Ea = step_bounds(model, xa, _feeds_at(feeds, t), other=xb)
+    L64b, Lwb, gb, Eb = step_bounds(model, xb, _feeds_at(feeds, t), other=xa)
+    first = t == 1 and all(np.array_equal(xa[k], xb[k]) for k in xa)
+    # loss: the exact change plus the width of each run's loss (twice its rounding)
+    return abs(L64a - L64b) + Lwa + Lwb, \
+        {k: (Ea[k] + Eb[k]) * (1 if first else 2) + np.abs(ga[k] - gb[k]) for k in xa}
+
+
+def carried_difference(model, feeds, mode=True):
+    """A ``grads`` for :func:`assert_runs_agree` when the two runs' forwards differ too
+    (another kernel for a forward op: GRUTrain against onnxruntime's GRU): each run's
+    whole step within :func:`helpers.rounding.step_bounds`' bound with the forward's
+    errors carried (``forward_errors=mode``) of the float64 step at its own parameters,
+    so ``D = E_a + E_b + |g64(x_a) - g64(x_b)|`` and the losses within ``e_a + e_b`` plus
+    the exact change, at every step: a theorem, no model (for shallow forwards, whose
+    worst case does not compound out of use); first order in the roundings with
+    ``mode="linear"`` (a long, wide GRU)."""
+    def grads(t, xa, xb):
+        La, eLa, ga, Ea = step_bounds(model, xa, _feeds_at(feeds, t), forward_errors=mode)
+        Lb, eLb, gb, Eb = step_bounds(model, xb, _feeds_at(feeds, t), forward_errors=mode)
+        return abs(La - Lb) + eLa + eLb, {k: Ea[k] + Eb[k] + np.abs(ga[k] - gb[k]) for k in ga}
+    return grads
+
+
+def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what="", grads=None):
     """Check two :func:`record` results (``(losses, states)``) of the same model, feeds
     (as :func:`record` takes them) and Adam optimizer ``opt`` against the bounds of this
     module's argument, after every step; returns the worst ratio of observed difference
-    to bound per parameter (for reporting margins)."""
+    to bound over the steps, per parameter and quantity (``worst[k]["x"]``, ``"V"``,
+    ``"sqrt(H)"``) and for the loss (``worst["loss"]``), for reporting margins.
+
+    ``grads(t, xa, xb)``: another step 1 (and 4) for runs whose gradients differ in
+    other ways (a float16 run against a float32 one): ``(loss_bound or None, D)`` as
+    :func:`grad_difference` returns them; ``model`` and ``feeds`` are then unused."""
     (la, sa), (lb, sb) = run_a, run_b
     alpha, beta, c1, c2, eps = _adam_constants(opt)
     lr = opt.lr if lr is None else lr
     names = list(sa[0]["x"])
     zero = {k: np.zeros(sa[0]["x"][k].shape) for k in names}
     bx, bv, bs = dict(zero), dict(zero), dict(zero)
-    worst = {k: 0.0 for k in names}
+    worst = {k: {"x": 0.0, "V": 0.0, "sqrt(H)": 0.0} for k in names}
+    worst["loss"] = 0.0
+    if grads is None:
+        def grads(t, xa, xb):
+            return grad_difference(model, feeds, t, xa, xb)
     for t in range(1, len(la) + 1):
-        xa, xb = sa[t - 1]["x"], sb[t - 1]["x"]
-        L64a, Lwa, ga, Ea = step_bounds(model, xa, _feeds_at(feeds, t), other=xb)
-        L64b, Lwb, gb, Eb = step_bounds(model, xb, _feeds_at(feeds, t), other=xa)
-        first = t == 1 and all(np.array_equal(xa[k], xb[k]) for k in names)
-        # loss: the exact change plus the width of each run's loss (twice its rounding)
-        lbound = abs(L64a - L64b) + Lwa + Lwb
-        assert abs(la[t - 1] - lb[t - 1]) <= lbound, \
+        lbound, Ds = grads(t, sa[t - 1]["x"], sb[t - 1]["x"])
+        assert lbound is None or abs(la[t - 1] - lb[t - 1]) <= lbound, \
             f"{what}step {t}: losses {la[t - 1]} and {lb[t - 1]} differ by more than {lbound:.3g}"
+        if lbound:
+            worst["loss"] = max(worst["loss"], abs(la[t - 1] - lb[t - 1]) / lbound)
         # the kernel's r_adjusted: R (float32) times the bias correction in float64, rounded
         rate = float(F32(float(F32(lr)) * np.sqrt(1 - beta ** t) / (1 - alpha ** t)))
         for k in names:
-            D = (Ea[k] + Eb[k]) * (1 if first else 2) + np.abs(ga[k] - gb[k])
+            D = Ds[k]
             Va, Vb = (s[t]["V"][k].astype(np.float64) for s in (sa, sb))
             Vpa, Vpb = (s[t - 1]["V"][k].astype(np.float64) for s in (sa, sb))
             Sa, Sb = (np.sqrt(s[t]["H"][k].astype(np.float64)) for s in (sa, sb))
@@ -132,9 +174,9 @@ def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what=""):
                     f"{what}step {t}, {k}: {label} differs by {got[bad].max():.3g} where the "
                     f"bound allows {bound[bad][np.argmax(got[bad])]:.3g} ({int(bad.sum())} of "
                     f"{bad.size} elements over)")
-            with np.errstate(divide="ignore", invalid="ignore"):
-                r = np.where(bx[k] > 0, np.abs(xa1 - xb1) / bx[k], 0)
-            worst[k] = max(worst[k], float(r.max(initial=0)))
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    r = np.where(bound > 0, got / bound, 0)
+                worst[k][label] = max(worst[k][label], float(r.max(initial=0)))
     return worst
 
 

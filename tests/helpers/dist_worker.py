@@ -3,9 +3,10 @@ rank's shard of a fixed global batch and writes what it saw to <out>/<tag>_rank<
 
     mpirun -n N python dist_worker.py OUT SCENARIO [options]
 
-Scenarios: ``train`` (plain and sharded, each twice: per step the loss and the flat
-parameters), ``dropout`` (the MLP with a Dropout, seeded, plain and sharded, each twice: per
-step the loss, the flat parameters and this rank's Philox state; and the default seed), ``mismatch [seed]`` (rank 1 builds another model, or is given another seed), ``hang`` (rank 1 stops itself with SIGSTOP at step 2; the others must raise
+Scenarios: ``train`` (plain and sharded, each twice: per step the loss, the flat
+parameters and the flat optimizer state, gathered from the ranks where sharded),
+``dropout`` (the MLP with a Dropout, seeded, plain and sharded, each twice: per step the
+loss, the flat parameters and this rank's Philox state; and the default seed), ``mismatch [seed]`` (rank 1 builds another model, or is given another seed), ``hang`` (rank 1 stops itself with SIGSTOP at step 2; the others must raise
 CollectiveTimeout), ``kill`` (rank 1 is killed with SIGKILL at step 2).
 """
 
@@ -67,19 +68,35 @@ def dropout_model():
 DROP_INDEX = 3  # MatMul, Add, Relu, Dropout
 
 
+def flat_optimizer_state(tr, comm) -> dict:
+    """The optimizer state as one process holds it, each state (V, H) flat in parameter
+    order: a sharded trainer's slices gathered from every rank (its flat buffer is the
+    parameters in that order, padded at the end)."""
+    st, out = tr.optimizer_state(), {}
+    total = sum(v.size for v in tr.parameters().values())
+    for s in tr.optimizer.state:
+        if f"trainops/{s}/shard" in st:
+            out[s] = np.concatenate(comm.allgather(st[f"trainops/{s}/shard"]))[:total]
+        else:
+            out[s] = np.concatenate([st[f"trainops/{s}/{p}"].reshape(-1) for p in tr.param_names])
+    return out
+
+
 def train(comm, shard: bool, opt: str, steps: int = STEPS, hook=None, timeout=None,
           model=None, seed=None):
     n, r = comm.Get_size(), comm.Get_rank()
     tr = Trainer(model or mlp_model(sizes=SIZES), "loss", make_optimizer(opt), threads=1,
                  comm=comm, shard_optimizer=shard, collective_timeout=timeout, seed=seed)
-    losses, params, states = [], [], []
+    losses, params, states, opt_states = [], [], [], []
     for k, batch in enumerate(global_batches(n, steps)):
         if hook:
             hook(k)
         losses.append(tr.step({name: v[r * B:(r + 1) * B] for name, v in batch.items()}))
         params.append(np.concatenate([v.reshape(-1) for v in tr.parameters().values()]))
         states.append([tr._arrays[name].copy() for name, _, _ in tr._rng])
+        opt_states.append(flat_optimizer_state(tr, comm))
     tr.states = np.array(states, np.uint32)
+    tr.opt_states = {s: np.array([o[s] for o in opt_states]) for s in tr.optimizer.state}
     return tr, np.array(losses), np.array(params)
 
 
@@ -98,6 +115,8 @@ def main() -> int:
                 key = f"shard{int(shard)}_rep{rep}"
                 res[f"{key}_losses"] = losses
                 res[f"{key}_params"] = params
+                for name, v in tr.opt_states.items():  # per step, flat as params
+                    res[f"{key}_state_{name}"] = v
                 mem = tr.memory()
                 res[f"{key}_state_bytes"] = np.array(mem["optimizer_state"])
                 if not shard and rep == 0 and r == n - 1:

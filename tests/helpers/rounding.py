@@ -26,9 +26,19 @@ ulps here. Decisions: when the two runs' parameters differ (:mod:`helpers.adam_p
 Relu input or two max-pool candidates within the width by which the two forwards may
 differ could be decided differently; the bound there takes the whole routed gradient.
 
-The rules also propagate forward errors (``e``) for completeness, but :func:`step_bounds`
-only feeds them the decision widths: the forward's worst-case bound, which assumes every
-rounding of every layer aligned, is far too loose to be of use.
+The rules also propagate forward errors (``e``). By default :func:`step_bounds` only feeds
+them the decision widths: the forward's worst-case bound, which assumes every rounding of
+every layer aligned, is far too loose to be of use in deep models. Where the two runs'
+forwards differ (another forward kernel, another batch split) and the model is shallow,
+``step_bounds(forward_errors=True)`` carries them whole, forward and into the backward: a
+bound of the whole step against float64, for one run on its own, with no model.
+
+GRU (layout 0): a rule over bounded leaves (:class:`_Ex`), its Sigmoid / Tanh allowed
+``GRU_ACT`` ulps of 1 (measured: onnxruntime's GRU kernel and ops, GRUTrain); with
+``forward_errors="linear"`` its state errors pass from step to step through the signed
+Jacobians of the exact steps (first order) where the worst case compounds out of use.
+:func:`mean_of_parts` bounds the mean of k parts' gradients (micro-batches, ranks);
+:func:`clip_pair` carries a bound through torch's clip_grad_norm_ in two runs.
 """
 
 from __future__ import annotations
@@ -151,7 +161,8 @@ def _T(t):
 def _matmul_fwd(x, ex, w, ew):
     """y = x @ w (numpy's batched matmul): each output sums K products."""
     y = x @ w
-    ey = ex @ np.abs(w) + np.abs(x) @ ew + gamma(x.shape[-1]) * ((np.abs(x) + ex) @ (np.abs(w) + ew))
+    ey = ex @ np.abs(w) + np.abs(x) @ ew + ex @ ew \
+        + gamma(x.shape[-1]) * ((np.abs(x) + ex) @ (np.abs(w) + ew))
     return y, ey
 
 
@@ -186,10 +197,14 @@ def _gemm(n, v, e, a):
     ex = e[0].T if ta else e[0]
     w = v[1].T if tb else v[1]
     ew = e[1].T if tb else e[1]
-    y, ey = _matmul_fwd(x, ex, w, ew)
-    if len(v) > 2:
-        y = y + v[2]
-        ey = ey + e[2] + U * (np.abs(y) + ey + e[2])  # the bias add's rounding
+    if len(v) == 2:
+        y, ey = _matmul_fwd(x, ex, w, ew)
+        return y, ey, (ta, tb)
+    # The bias is one more term of each sum, which a kernel may add first (then every
+    # rounding of the sum applies to it too): gamma(K + 1) of all the terms.
+    y = x @ w + v[2]
+    ey = ex @ np.abs(w) + np.abs(x) @ ew + ex @ ew + e[2] + gamma(x.shape[-1] + 1) * (
+        (np.abs(x) + ex) @ (np.abs(w) + ew) + np.abs(v[2]) + e[2])
     return y, ey, (ta, tb)
 
 
@@ -563,7 +578,8 @@ def _nll_back(n, v, e, cache, g, E):
 
 def _mul(n, v, e, a):
     y = v[0] * v[1]
-    return y, np.abs(v[1]) * e[0] + np.abs(v[0]) * e[1] + e[0] * e[1] + U * np.abs(y), None
+    return y, np.abs(v[1]) * e[0] + np.abs(v[0]) * e[1] + e[0] * e[1] \
+        + U * (np.abs(v[0]) + e[0]) * (np.abs(v[1]) + e[1]), None
 
 
 def _mul_back(n, v, e, cache, g, E):
@@ -637,6 +653,43 @@ def _reduce_mean_back(n, v, e, cache, g, E):
     return out + [None] * (len(v) - 1)
 
 
+def _reduce_sum(n, v, e, a):
+    x = v[0]
+    axes = [int(d) for d in v[1]] if len(v) > 1 else a.get("axes")
+    if not axes:
+        assert not a.get("noop_with_empty_axes", 0), a
+        axes = list(range(x.ndim))
+    axes = tuple(d % x.ndim for d in axes)
+    keep = bool(a.get("keepdims", 1))
+    cnt = int(np.prod([x.shape[d] for d in axes]))
+    y = x.sum(axis=axes, keepdims=keep)
+    ey = e[0].sum(axis=axes, keepdims=keep) + gamma(cnt) * (np.abs(x) + e[0]).sum(axis=axes, keepdims=keep)
+    return y, ey, (x.shape, axes, keep)
+
+
+def _reduce_sum_back(n, v, e, cache, g, E):
+    shape, axes, keep = cache
+    if not keep:
+        g, E = np.expand_dims(g, axes), np.expand_dims(E, axes)
+    return [(np.broadcast_to(g, shape), np.broadcast_to(E, shape))] + [None] * (len(v) - 1)
+
+
+def _sum(n, v, e, a):
+    """Sum of k inputs (broadcast): k - 1 roundings of the k terms, in any order."""
+    y = sum(v)
+    mag = sum(np.abs(x) + ex for x, ex in zip(v, e))
+    return y, sum(e) + gamma(len(v) - 1) * mag, None
+
+
+def _sum_back(n, v, e, cache, g, E):
+    out = []
+    for x in v:
+        gx, cnt = _sum_to(g, x.shape)
+        Ex, _ = _sum_to(E + (gamma(cnt) * (np.abs(g) + E) if cnt > 1 else 0), x.shape)
+        out.append((gx, Ex))
+    return out
+
+
 def _flatten(n, v, e, a):
     axis = a.get("axis", 1)
     shape = (int(np.prod(v[0].shape[:axis])), -1)
@@ -668,6 +721,339 @@ def _identity_back(n, v, e, cache, g, E):
     return [(g, E)]
 
 
+# -- GRU: expressions over bounded leaves --------------------------------------------------
+
+# Absolute error allowed for each Sigmoid / Tanh a GRU evaluates, in units of U (the values
+# lie in (-1, 1)). Measured against float64 over [-100, 100] (1.17.3 and 1.32.0 alike):
+# onnxruntime's GRU kernel (its own rational tanh; sigmoid by MLAS) 10.1, its Tanh op 5.5,
+# its Sigmoid op 3.0, GRUTrain's exp-based forms 2.3; allowed: about 3 times the worst.
+GRU_ACT = 32
+
+
+class _Ex:
+    """A polynomial expression over bounded leaves, evaluated three ways at once: its
+    value ``v``, and, with every subtraction made an addition and every coefficient its
+    magnitude, at the leaves' magnitudes (``a0``) and at their magnitudes plus their
+    bounds (``a1``). Leaves off by at most their bounds move the value by at most
+    ``a1 - a0`` (every monomial of the difference holds an error factor), and any
+    floating-point evaluation in which each term passes at most ``depth`` roundings (any
+    order of the sums, any association of the products) is within ``gamma(depth) * a1``
+    of the exact value at those leaves. :meth:`close` makes the result a leaf bounded by
+    the sum of both: for the quantities every GRU implementation materialises by the
+    same formula (ONNX's equations and their derivatives, written out below)."""
+
+    __slots__ = ("v", "a0", "a1")
+
+    def __init__(self, v, a0, a1):
+        self.v, self.a0, self.a1 = v, a0, a1
+
+    @staticmethod
+    def leaf(v, e):
+        return _Ex(v, np.abs(v), np.abs(v) + e)
+
+    @property
+    def e(self):
+        return self.a1 - self.a0
+
+    @staticmethod
+    def of(x):
+        return x if isinstance(x, _Ex) else _Ex(x, np.abs(x), np.abs(x))
+
+    def __add__(self, o):
+        o = _Ex.of(o)
+        return _Ex(self.v + o.v, self.a0 + o.a0, self.a1 + o.a1)
+
+    __radd__ = __add__
+
+    def __sub__(self, o):
+        o = _Ex.of(o)
+        return _Ex(self.v - o.v, self.a0 + o.a0, self.a1 + o.a1)
+
+    def __rsub__(self, o):
+        return _Ex.of(o) - self
+
+    def __mul__(self, o):
+        o = _Ex.of(o)
+        return _Ex(self.v * o.v, self.a0 * o.a0, self.a1 * o.a1)
+
+    __rmul__ = __mul__
+
+    def __matmul__(self, o):
+        return _Ex(self.v @ o.v, self.a0 @ o.a0, self.a1 @ o.a1)
+
+    def __getitem__(self, k):
+        return _Ex(self.v[k], self.a0[k], self.a1[k])
+
+    @property
+    def T(self):
+        return _Ex(_T(self.v), _T(self.a0), _T(self.a1))
+
+    def sum(self, axis):
+        return _Ex(self.v.sum(axis), self.a0.sum(axis), self.a1.sum(axis))
+
+    def close(self, depth):
+        return _Ex.leaf(self.v, self.a1 - self.a0 + gamma(depth) * self.a1)
+
+    @staticmethod
+    def cat(parts, axis):
+        return _Ex(*(np.concatenate([getattr(p, k) for p in parts], axis=axis)
+                     for k in ("v", "a0", "a1")))
+
+
+def _sig64(x):
+    return 0.5 * (1 + np.tanh(0.5 * x))
+
+
+def _activation(x, f, slope):
+    """f of a leaf: its error moved by at most f's largest slope within the error (the
+    slope peaks at 0 and falls with |x| for both functions), plus GRU_ACT of rounding."""
+    return _Ex.leaf(f(x.v), slope(np.maximum(np.abs(x.v) - x.e, 0)) * x.e + GRU_ACT * U)
+
+
+def _sigmoid(x):
+    return _activation(x, _sig64, lambda t: _sig64(t) * (1 - _sig64(t)))
+
+
+def _tanh(x):
+    return _activation(x, np.tanh, lambda t: 1 - np.tanh(t) ** 2)
+
+
+def _gru_inputs(n, v, e, a):
+    names = list(n.input) + [""] * (6 - len(n.input))
+    assert not names[4], "GRU: no sequence_lens"
+    assert a.get("layout", 0) == 0 and "clip" not in a and "activations" not in a, a
+    it = iter(zip(v, e))
+    got = {k: next(it) if name else None for k, name in zip("XWRBsh", names)}
+    return got["X"], got["W"], got["R"], got["B"], got["h"]
+
+
+def _gru_step(x, w, r, bw, br, h, hid, lbr):
+    """One GRU step from the state leaf ``h``: the closed leaves z, r, ĥ, the h gate's
+    recurrent term (``h Rh^T + Rbh``, lbr 1, or ``r ⊙ h``, lbr 0), ``1 - z`` and the new
+    state. Depths: a pre-activation sums ``inp + hid`` products and the biases (any order,
+    one rounding per product), ``(1 - z) ĥ + z h`` rounds twice on each path."""
+    g = [slice(k * hid, (k + 1) * hid) for k in range(3)]
+    inp = x.v.shape[-1]
+    nb = 0 if bw is None else 2
+
+    def biased(s, k, both=True):
+        if bw is None:
+            return s
+        return s + bw[g[k]] + br[g[k]] if both else s + bw[g[k]]
+
+    z = _sigmoid(biased(x @ w[g[0]].T + h @ r[g[0]].T, 0).close(inp + hid + nb))
+    rg = _sigmoid(biased(x @ w[g[1]].T + h @ r[g[1]].T, 1).close(inp + hid + nb))
+    if lbr:
+        hr = (h @ r[g[2]].T + (0 if br is None else br[g[2]])).close(hid + nb // 2)
+        hh = _tanh(biased(x @ w[g[2]].T + rg * hr, 2, both=False).close(inp + 1 + nb // 2))
+    else:
+        hr = (rg * h).close(1)
+        hh = _tanh(biased(x @ w[g[2]].T + hr @ r[g[2]].T, 2).close(inp + hid + nb))
+    omz = (1 - z).close(1)
+    return z, rg, hh, hr, omz, (omz * hh + z * h).close(2)
+
+
+def _gru_jacobian(h, z, rg, hh, hr, r, hid, lbr):
+    """``d h_t / d h_{t-1}`` per batch row (``[batch, hid, hid]``, float64, from the exact
+    values): z's, r's and ĥ's dependence on the previous state through R."""
+    R = r.v
+    Rz, Rr, Rh = R[:hid], R[hid:2 * hid], R[2 * hid:]
+    zv, rv, hv, hp = z.v, rg.v, hh.v, h.v
+    az = (zv * (1 - zv))[:, :, None] * Rz[None]  # d z / d h
+    ar = (rv * (1 - rv))[:, :, None] * Rr[None]
+    if lbr:
+        dpre = rv[:, :, None] * Rh[None] + hr.v[:, :, None] * ar
+    else:
+        dpre = Rh[None] * rv[:, None, :] + np.einsum("ij,bj,bjk->bik", Rh, hp, ar)
+    J = ((hp - hv)[:, :, None] * az + ((1 - zv) * (1 - hv * hv))[:, :, None] * dpre)
+    J[:, np.arange(hid), np.arange(hid)] += zv
+    return J
+
+
+def _propagate(Js, inject, transpose=False):
+    """First-order error propagation through a recurrence ``e_k = J e_{k-1} + d_k`` (the
+    GRU's states, ``Js[k]`` mapping state k to k + 1, ``[batch, hid, hid]`` each) with the
+    SIGNED products of its Jacobians, the magnitudes taken last: ``|e_k| <= sum_m |J_{k-1}
+    ... J_m| d_m``, ``d_m`` (``inject[m]``, ``[batch, hid]``) bounding what enters at
+    state m. Far tighter than carrying ``|J|`` step by step, which multiplies the row sums
+    of |R| and misses the contraction. ``transpose``: the backward's recurrence, the
+    gradient of state k being ``J_k^T`` times that of state k + 1 plus what enters there:
+    ``|eps_k| <= sum_m |J_k^T ... J_{m-1}^T| d_m``, from the last state down."""
+    K = len(inject)
+    eye = np.broadcast_to(np.eye(inject[0].shape[-1]), Js[0].shape) if Js else None
+    out, prods = [None] * K, []
+    for k in (range(K - 1, -1, -1) if transpose else range(K)):
+        if prods:
+            J = np.swapaxes(Js[k], 1, 2) if transpose else Js[k - 1]
+            prods = [(J @ P, m) for P, m in prods]
+        prods.append((eye, k))
+        out[k] = sum(inject[m] if P is None else np.einsum("bij,bj->bi", np.abs(P), inject[m])
+                     for P, m in prods)
+    return out
+
+
+def _gru(n, v, e, a, mode="carry"):
+    """ONNX's GRU (layout 0, Sigmoid and Tanh), step by step (:func:`_gru_step`): every
+    pre-activation within gamma of its terms, each gate GRU_ACT more, the new state two
+    roundings. How a step's state error reaches the next (``mode``):
+
+    - ``"carry"``: whole, as a leaf (the worst case, every rounding aligned: a theorem;
+      it multiplies by the row sums of |R| each step, so it is of use for short, narrow
+      GRUs only);
+    - ``"linear"``: through the signed Jacobians of the exact steps (:func:`_propagate`):
+      first order in the roundings (the terms left out are products of two error bounds),
+      and as tight as the dynamics contract;
+    - ``"local"``: not at all (step_bounds' forward taken as exact: each step starts from
+      the exact state and only its own roundings count).
+
+    Returns ``([Y, Y_h], bounds, cache)``."""
+    (X, eX), (W, eW), (R, eR), B, h0 = _gru_inputs(n, v, e, a)
+    hid = int(a["hidden_size"])
+    lbr = bool(a.get("linear_before_reset", 0))
+    direction = _s(a.get("direction", "forward"))
+    nd = 2 if direction == "bidirectional" else 1
+    seq, batch, _ = X.shape
+    Y, eY = np.zeros((seq, nd, batch, hid)), np.zeros((seq, nd, batch, hid))
+    Yh, eYh = np.zeros((nd, batch, hid)), np.zeros((nd, batch, hid))
+    xs = [_Ex.leaf(X[t], eX[t]) for t in range(seq)]
+    dirs = []
+    for d in range(nd):
+        w, r = _Ex.leaf(W[d], eW[d]), _Ex.leaf(R[d], eR[d])
+        bw = br = None
+        if B is not None:
+            bw = _Ex.leaf(B[0][d, :3 * hid], B[1][d, :3 * hid])
+            br = _Ex.leaf(B[0][d, 3 * hid:], B[1][d, 3 * hid:])
+        hv = h0[0][d] if h0 is not None else np.zeros((batch, hid))
+        he = h0[1][d] if h0 is not None else np.zeros((batch, hid))
+        times = list(range(seq - 1, -1, -1) if (direction == "reverse" or d == 1) else range(seq))
+        steps, Js = [], []
+        if mode == "linear":
+            # the exact trajectory, each step's own error and Jacobian; then the states'
+            # first-order bounds, and the steps again from states off by those
+            h, local = _Ex.leaf(hv, 0 * hv), [he]
+            for t in times:
+                z, rg, hh, hr, omz, hn = _gru_step(xs[t], w, r, bw, br, h, hid, lbr)
+                Js.append(_gru_jacobian(h, z, rg, hh, hr, r, hid, lbr))
+                local.append(hn.e)
+                h = _Ex.leaf(hn.v, 0 * hn.v)
+            bounds = _propagate(Js, local)
+            # The terms first order leaves out: the state map's second derivatives are
+            # within about 2 rho^2 (rho: |R|'s largest row sum; |sigma''| <= 0.1,
+            # |tanh''| <= 0.77), so each step adds at most about 2 rho^2 e^2 beside the
+            # e it carries: kept below a fifth of the bound, or no bound is claimed.
+            rho = np.abs(R[d]).sum(axis=1).max()
+            worst = max(b.max() for b in bounds)
+            if 2 * rho ** 2 * worst > 0.2:
+                raise ValueError(f"GRU: a first-order bound of {worst:.3g} with |R| row sums "
+                                 f"up to {rho:.3g} is out of its regime")
+        h = _Ex.leaf(hv, he)
+        for i, t in enumerate(times):
+            z, rg, hh, hr, omz, hn = _gru_step(xs[t], w, r, bw, br, h, hid, lbr)
+            steps.append((t, h, z, rg, hh, hr, omz))
+            eh = {"carry": hn.e, "local": 0 * hn.e}[mode] if mode != "linear" else bounds[i + 1]
+            Y[t, d], eY[t, d] = hn.v, (hn.e if mode == "local" else eh)
+            h = _Ex.leaf(hn.v, eh)
+        Yh[d], eYh[d] = Y[times[-1], d], eY[times[-1], d]
+        dirs.append((w, r, steps, Js))
+    outs = [(Y, eY), (Yh, eYh)][:len(n.output)]
+    return [o[0] for o in outs], [o[1] for o in outs], \
+        (xs, dirs, hid, lbr, B is not None, h0 is not None, mode)
+
+
+def _gru_back_step(dh, hp, z, rg, hh, hr, omz, r, hid, lbr):
+    """One step of backpropagation through time, as GRUGrad and the standard-op Scan
+    compute it: ``dA_h = dH (1 - z)(1 - ĥ^2)``, ``dA_z = dH (h - ĥ) z (1 - z)``, ``dA_r``
+    and the gradient of the previous state through R, each a closed leaf. Returns
+    ``(dA, dA of R's and Rb's h gate, dH_prev)``."""
+    omh2 = (1 - hh * hh).close(2)
+    dhh = (hp - hh).close(1)
+    omr = (1 - rg).close(1)
+    da_h = (dh * omz * omh2).close(2)
+    da_z = (dh * dhh * z * omz).close(3)
+    if lbr:
+        da_r = (da_h * hr * rg * omr).close(3)
+        d_hr = (da_h * rg).close(1)
+        prev = (dh * z + _Ex.cat([da_z, da_r, d_hr], 1) @ r).close(3 * hid + 1)
+    else:
+        drh = (da_h @ r[2 * hid:]).close(hid)
+        da_r = (drh * hp * rg * omr).close(3)
+        d_hr = da_h
+        prev = (dh * z + drh * rg + _Ex.cat([da_z, da_r], 1) @ r[:2 * hid]).close(2 * hid + 2)
+    return _Ex.cat([da_z, da_r, da_h], 1), d_hr, prev
+
+
+def _gru_back(n, v, e, cache, gs):
+    """Backpropagation through time (:func:`_gru_back_step`) from the forward's bounded
+    leaves (either run's own gates, recomputed or saved, are such evaluations); dW, dR,
+    dB sum seq * batch terms and dX 3 H per direction, in any order. The carried gradient
+    of the state passes its error on as the forward's mode says: whole (``"carry"``,
+    ``"local"``) or through the transposed signed Jacobians (``"linear"``: what each step
+    adds, from the exact carried gradient, propagated first-order; then every step again
+    from gradients off by those bounds)."""
+    xs, dirs, hid, lbr, has_b, has_h0, mode = cache
+    gs = list(gs) + [None] * (2 - len(gs))
+    seq, batch = len(xs), xs[0].v.shape[0]
+
+    def zero(*shape):
+        return _Ex.leaf(np.zeros(shape), np.zeros(shape))
+
+    def with_dy(carry, t, d):
+        if gs[0] is None:
+            return carry
+        return (carry + _Ex.leaf(gs[0][0][t, d], gs[0][1][t, d])).close(1)
+
+    dX = [zero(*xs[0].v.shape) for _ in range(seq)]
+    dW, dR, dB, dh0 = [], [], [], []
+    for d, (w, r, steps, Js) in enumerate(dirs):
+        last = _Ex.leaf(gs[1][0][d], gs[1][1][d]) if gs[1] is not None else zero(batch, hid)
+        S = len(steps)
+        if mode == "linear":
+            # the exact gradients of the states, and the error each step's backward adds
+            # to them (from exact inputs); then the first-order bounds of those gradients
+            inject, exact, carry, lam = [None] * (S + 1), [None] * S, last, 0
+            for i in range(S - 1, -1, -1):
+                dh = with_dy(carry, steps[i][0], d)
+                inject[i + 1], exact[i] = dh.e + lam, dh.v
+                _, _, prev = _gru_back_step(_Ex.leaf(dh.v, 0 * dh.v), *steps[i][1:], r, hid, lbr)
+                carry, lam = _Ex.leaf(prev.v, 0 * prev.v), prev.e
+            inject[0] = lam
+            eps = _propagate(Js, inject, transpose=True)
+        carry = last
+        dw = zero(*w.v.shape)
+        dr_zr, dr_h = zero(2 * hid, hid), zero(hid, hid)
+        dbw, dbr_zr, dbr_h = zero(3 * hid), zero(2 * hid), zero(hid)
+        for i in range(S - 1, -1, -1):
+            t, hp, z, rg, hh, hr, omz = steps[i]
+            dh = with_dy(carry, t, d) if mode != "linear" else _Ex.leaf(exact[i], eps[i + 1])
+            da, d_hr, carry = _gru_back_step(dh, hp, z, rg, hh, hr, omz, r, hid, lbr)
+            dzr = da[:, :2 * hid]
+            dw = dw + da.T @ xs[t]
+            dr_zr = dr_zr + dzr.T @ hp
+            dr_h = dr_h + d_hr.T @ (hp if lbr else hr)
+            dbw = dbw + da.sum(0)
+            dbr_zr = dbr_zr + dzr.sum(0)
+            dbr_h = dbr_h + d_hr.sum(0)
+            dX[t] = dX[t] + da @ w
+        if mode == "linear":
+            carry = _Ex.leaf(carry.v, eps[0])
+        n_sum = seq * batch
+        dW.append(dw.close(n_sum))
+        dR.append(_Ex.cat([dr_zr, dr_h], 0).close(n_sum))
+        dB.append(_Ex.cat([dbw, dbr_zr, dbr_h], 0).close(n_sum))
+        dh0.append(carry)
+    dXc = [x.close(len(dirs) * 3 * hid) for x in dX]
+
+    def stack(parts):
+        return np.stack([p.v for p in parts]), np.stack([p.e for p in parts])
+
+    out = [stack(dXc), stack(dW), stack(dR)]
+    if has_b:
+        out.append(stack(dB))
+    if has_h0:
+        out.append(stack(dh0))
+    return out
+
+
 OPS = {
     "Conv": (_conv, _conv_back),
     "MatMul": (_matmul, _matmul_back_rule),
@@ -688,50 +1074,90 @@ OPS = {
     "Transpose": (_transpose, _transpose_back),
     "Split": (_split, _split_back),
     "ReduceMean": (_reduce_mean, _reduce_mean_back),
+    "ReduceSum": (_reduce_sum, _reduce_sum_back),
+    "Sum": (_sum, _sum_back),
     "Flatten": (_flatten, _reshape_back),
     "GlobalAveragePool": (_gap, _gap_back),
     "Identity": (_identity, _identity_back),
+    "GRU": (_gru, _gru_back),
 }
 
 
 EXACT_OPS = {"Relu", "LeakyRelu", "MaxPool", "Flatten", "Identity", "Reshape", "Transpose",
              "Split"}  # no rounding of their own
-MULTI_OUTPUT = {"Split"}
+MULTI_OUTPUT = {"Split", "GRU"}
+CARRY_RULES = {"GRU"}  # ops whose own steps pass errors on only in the carrying forward
 DECISION_OPS = {"Relu", "LeakyRelu", "MaxPool"}
 
 
-def _forward(model, params, feeds, other_values=None):
+def _fuse_matmul_add(nodes, outputs):
+    """The nodes with each MatMul whose one reader is an Add (its output no graph output)
+    merged with that Add into one Gemm-like node (x @ w + b, any ranks): a runtime may
+    fuse them (onnxruntime does), adding the bias inside the product's sum, and the
+    Gemm's bound (gamma(K + 1) of all the terms) holds for both forms."""
+    readers = {}
+    for n in nodes:
+        for i in n.input:
+            readers[i] = readers.get(i, 0) + 1
+    made = {n.output[0]: n for n in nodes if n.op_type == "MatMul"}
+    out, gone = [], set()
+    for n in nodes:
+        if n.op_type == "Add":
+            k = next((k for k, i in enumerate(n.input) if i in made and readers[i] == 1
+                      and i not in outputs), None)
+            if k is not None:
+                mm = made[n.input[k]]
+                gone.add(mm.output[0])
+                n = helper.make_node("Gemm", [mm.input[0], mm.input[1], n.input[1 - k]],
+                                     [n.output[0]], name=n.name)
+        out.append(n)
+    return [n for n in out if not (n.op_type == "MatMul" and n.output[0] in gone)]
+
+
+def _forward(model, params, feeds, other_values=None, carry=False):
     """The forward in float64 at ``params``; every op sees exact inputs (the two runs share
     them) except the decision ops, which see the width by which the two runs' values of
     their input may differ: twice the local rounding bound of the op that made it (a
-    rounding on either side) plus the exact difference ``other_values`` gives."""
+    rounding on either side) plus the exact difference ``other_values`` gives.
+
+    ``carry``: every op sees its inputs' bounds instead, the forward's own errors carried
+    through (how far ANY float32 evaluation of this forward is from the float64 one), and
+    the tape keeps them for the backward rules."""
     g = model.graph
     vals = {i.name: numpy_helper.to_array(i).astype(np.float64) for i in g.initializer}
     vals.update({k: np.asarray(x, np.float64) for k, x in params.items()})
     vals.update({k: np.asarray(x, np.float64) for k, x in feeds.items()})
     width = {k: np.zeros_like(x) for k, x in vals.items()}
+    nodes = _fuse_matmul_add(list(g.node), {o.name for o in g.output}) if carry else g.node
     tape = []
-    for n in g.node:
+    for n in nodes:
         if n.op_type not in OPS:
             raise NotImplementedError(f"rounding.step_bounds: no rule for {n.op_type}")
         ins = [i for i in n.input if i]
         v = [vals[i] for i in ins]
-        e = [width[i] if n.op_type in EXACT_OPS else np.zeros_like(vals[i]) for i in ins]
-        y, ey, cache = OPS[n.op_type][0](n, v, e, _attrs(n))
+        e = [width[i] if carry or n.op_type in EXACT_OPS else np.zeros_like(vals[i]) for i in ins]
+        if n.op_type in CARRY_RULES:
+            mode = "linear" if carry == "linear" else "carry" if carry else "local"
+            y, ey, cache = OPS[n.op_type][0](n, v, e, _attrs(n), mode=mode)
+        else:
+            y, ey, cache = OPS[n.op_type][0](n, v, e, _attrs(n))
         outs = list(n.output) if n.op_type in MULTI_OUTPUT else [n.output[0]]
         ys, eys = (y, ey) if n.op_type in MULTI_OUTPUT else ([y], [ey])
         for out, y, ey in zip(outs, ys, eys):
+            if not out:
+                continue
             vals[out] = y
-            if n.op_type in EXACT_OPS:
+            if carry or n.op_type in EXACT_OPS:
                 width[out] = ey
             else:
                 diff = 0 if other_values is None else np.abs(y - other_values[out])
                 width[out] = 2 * ey + diff
-        tape.append((n, ins, v, [np.zeros_like(x) for x in v], cache))
+        tape.append((n, ins, v, e if carry else [np.zeros_like(x) for x in v], cache))
     return vals, width, tape
 
 
-def step_bounds(model, params: dict, feeds: dict, loss: str = "loss", other: dict | None = None):
+def step_bounds(model, params: dict, feeds: dict, loss: str = "loss", other: dict | None = None,
+                forward_errors: bool | str = False):
     """One training step of ``model`` (BatchNormalization in training mode) in float64 at
     ``params`` (float32 values, exact) on ``feeds``, for two float32 runs whose backwards
     differ (kernels, summation orders) and whose forwards run the same nodes, the other
@@ -746,17 +1172,34 @@ def step_bounds(model, params: dict, feeds: dict, loss: str = "loss", other: dic
       whole routed gradient;
     - ``loss_width``: twice the rounding bound of the loss's own computation plus the
       exact change between the two parameter sets (the forwards' difference, modelled as
-      each op rounding its own terms the other way)."""
-    other_values = None
-    if other is not None:
-        other_values, _, _ = _forward(model, other, feeds)
-    vals, width, tape = _forward(model, params, feeds, other_values)
+      each op rounding its own terms the other way).
+
+    ``forward_errors``: for runs whose forwards differ too (another kernel for a forward
+    op, another batch split): the forward's own rounding bounds are carried through it
+    and into the backward (whose coefficients are the forward's values), so that
+    ``grad_bounds[p]`` bounds ANY float32 evaluation of the whole step (forward and
+    backward, any summation orders) against the float64 gradient, and ``loss_width`` the
+    loss's distance to the float64 loss: a theorem (given the allowances for the
+    elementary functions), for one run on its own; ``other`` is then unused. Worst-case
+    bounds compound layer by layer: for shallow models. ``forward_errors="linear"``: the
+    same, but a GRU's state errors pass from step to step (forward and backward) through
+    the signed Jacobians of its exact steps (first order in the roundings: the terms left
+    out are products of two error bounds), for GRUs whose worst case compounds out of use
+    over the sequence."""
+    if forward_errors:
+        vals, width, tape = _forward(model, params, feeds, carry=forward_errors)
+    else:
+        other_values = None
+        if other is not None:
+            other_values, _, _ = _forward(model, other, feeds)
+        vals, width, tape = _forward(model, params, feeds, other_values)
     grads = {loss: (np.float64(1.0), np.float64(0.0))}
     for n, ins, v, e, cache in reversed(tape):
         if n.op_type in MULTI_OUTPUT:
-            if not any(o in grads for o in n.output):
+            if not any(o in grads for o in n.output if o):
                 continue
-            back = OPS[n.op_type][1](n, v, e, cache, [grads.pop(o, None) for o in n.output])
+            back = OPS[n.op_type][1](n, v, e, cache, [grads.pop(o, None) if o else None
+                                                      for o in n.output])
         elif n.output[0] in grads:
             back = OPS[n.op_type][1](n, v, e, cache, *grads.pop(n.output[0]))
         else:
@@ -796,3 +1239,62 @@ def batch_stats(x, width):
         + 2 * (np.abs(mean) + np.abs(x - m).mean(axis=axes)) * wmean \
         + 2 * gamma(n + 4) * ((x ** 2).mean(axis=axes) + mean ** 2)
     return mean, var, wmean, wvar, n
+
+
+def mean_of_parts(model, params: dict, parts: list, loss: str = "loss"):
+    """The step of ``model`` at ``params`` taken on each of ``parts`` (feeds) alone and the
+    gradients averaged: what ``accumulate=k`` does with k micro-batches (a buffer summing
+    them, then ``/ k``) and data-parallel ranks do (an Allreduce's sum in any order, then
+    ``* (1 / n)``). Each part's step is bounded by :func:`step_bounds` with its forward's
+    errors carried (``forward_errors``: a theorem for one run), and the mean of k computed
+    gradients off by ``E_i`` is within ``(sum E_i + gamma(k) sum(|g_i| + E_i)) / k`` of
+    the mean of the exact ones (k - 1 additions in any order and one scaling).
+
+    Returns ``(loss, loss_bound, grads, grad_bounds)`` as :func:`step_bounds`, for the
+    mean of the parts' losses and gradients. With one batch of the parts' rows and a loss
+    that is a mean over rows, the exact mean is that batch's exact gradient."""
+    res = [step_bounds(model, params, f, loss, forward_errors=True) for f in parts]
+    k = len(res)
+    L = sum(r[0] for r in res) / k
+    eL = (sum(r[1] for r in res) + gamma(k) * sum(abs(r[0]) + r[1] for r in res)) / k
+    g = {p: sum(r[2][p] for r in res) / k for p in params}
+    E = {p: (sum(r[3][p] for r in res) + gamma(k) * sum(np.abs(r[2][p]) + r[3][p] for r in res)) / k
+         for p in params}
+    return L, eL, g, E
+
+
+def clip_pair(max_norm: float, ga: dict, Ea: dict, gb: dict, Eb: dict, D: dict):
+    """torch's clip_grad_norm_ (trainops/train/clip.py: a ReduceL2 per gradient, a ReduceL2
+    of those, ``coef = min(1 / (total + 1e-6) * max_norm, 1)``, ``g * coef``) applied by
+    two runs whose gradients are within ``Ea`` / ``Eb`` of the exact ``ga`` / ``gb`` and
+    within ``D`` of each other (per parameter).
+
+    Each run's total norm is within the 2-norm of its ``E`` of the exact norm (triangle
+    inequality) and off by its own rounding: sums of squares of n nonnegative terms are
+    within gamma(n), so the total within ``gamma(2 max n + P + 1)`` relative (P tensors);
+    each coefficient then lies in an interval (three roundings: the add, the reciprocal,
+    the product), and ``|c_a G_a - c_b G_b| <= |c_a - c_b| |G_a| + c_b |G_a - G_b|`` plus
+    each product's rounding. Returns ``(D_clipped, norm_bound, (lo_a, hi_a), (lo_b,
+    hi_b))``: the clipped gradients' bound, how far the two reported totals may be apart,
+    and each run's coefficient interval."""
+    names = list(ga)
+    rel = gamma(2 * max(np.size(ga[p]) for p in names) + len(names) + 1)
+    eps = np.float32(1e-6)
+
+    def total(g, E):
+        n64 = np.sqrt(sum(np.sum(np.square(g[p])) for p in names))
+        dev = np.sqrt(sum(np.sum(np.square(E[p])) for p in names))
+        return max(n64 - dev, 0.0) * (1 - rel), (n64 + dev) * (1 + rel)
+
+    def coef(lo_t, hi_t):
+        c = lambda t: max_norm / (t + float(eps))  # noqa: E731
+        return min(c(hi_t) * (1 - gamma(3)), 1.0), min(c(lo_t) * (1 + gamma(3)), 1.0)
+
+    ta, tb = total(ga, Ea), total(gb, Eb)
+    ca, cb = coef(*ta), coef(*tb)
+    dc = max(ca[1] - cb[0], cb[1] - ca[0], 0.0)
+    out = {}
+    for p in names:
+        Aa, Ab = np.abs(ga[p]) + Ea[p], np.abs(gb[p]) + Eb[p]
+        out[p] = dc * Aa + cb[1] * D[p] + U * (ca[1] * Aa + cb[1] * Ab)
+    return out, max(ta[1] - tb[0], tb[1] - ta[0]), ca, cb
