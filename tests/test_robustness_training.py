@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from helpers import adam_pair
 from helpers.checks import same_bits
 from trainops import Trainer, optim
 from trainops.onnx_defs import IR_VERSION, ONNX_OPSET
@@ -405,44 +406,107 @@ def test_nodes_neither_the_loss_nor_an_update_needs_are_pruned(library_path, pol
 
 # --- skipped steps do not count --------------------------------------------------------------
 
+# Unit roundoffs and the largest absolute error of one rounding in the subnormal range
+# (half the smallest subnormal) of float16 and float32.
+F16 = (2.0 ** -11, 2.0 ** -25)
+F32 = (2.0 ** -24, 2.0 ** -150)
+
+
+def linear_bounds(params, feeds, unit, cast=False, scale=1.0):
+    """linear_model's loss and gradients in float64 at ``params`` (``W``, ``b``) on
+    ``feeds``, each with a bound on how far ANY evaluation of the step in a floating type of
+    unit roundoff and subnormal error ``unit`` may be from it: every rounding adds ``u``
+    times the magnitude of what it rounds plus ``eta``; a sum or dot product of n terms, in
+    any order, blocked or fused, ``gamma(n) sum|terms|``. ``cast``: the step first rounds
+    the float32 data and weights to that type (mixed_float16's copies). ``scale``: the loss
+    scale the backward multiplies its seed by (divided out again, exactly: a power of 2).
+    Returns ``(loss, loss_bound, grads, grad_bounds)``."""
+    u, eta = unit
+
+    def gam(n):
+        return n * u / (1 - n * u) + n * eta
+
+    W, b = (np.asarray(params[k], np.float64) for k in ("W", "b"))
+    x, y = (np.asarray(feeds[k], np.float64) for k in ("x", "y"))
+    ex, ey, eW, eb = ((u * np.abs(v) + eta) if cast else np.zeros_like(v) for v in (x, y, W, b))
+    ax = np.abs(x) + ex
+    n, k = x.shape
+    # p = x W + b: k products and the bias in one sum (MatMul + Add, or a fused Gemm)
+    p = x @ W + b
+    ep = ex @ np.abs(W) + np.abs(x) @ eW + ex @ eW + eb \
+        + gam(k + 1) * (ax @ (np.abs(W) + eW) + np.abs(b) + eb)
+    d = p - y
+    ed = ep + ey + u * (np.abs(d) + ep + ey) + eta
+    loss = np.mean(d * d)
+    eloss = np.mean(2 * np.abs(d) * ed + ed * ed) + gam(n + 2) * np.mean((np.abs(d) + ed) ** 2)
+    # d loss / d p = scale * 2 d / n: three operations (the seed over n, times d, and the
+    # two equal halves of d * d's gradient added)
+    s = scale * 2 / n
+    gp = s * d
+    egp = s * ed + gam(3) * s * (np.abs(d) + ed)
+    agp = np.abs(gp) + egp
+    # dW = x^T dp and db = sum(dp): sums of n terms
+    gW = x.T @ gp
+    EW = ex.T @ np.abs(gp) + np.abs(x).T @ egp + ex.T @ egp + gam(n) * (ax.T @ agp)
+    gb = gp.sum(axis=0)
+    Eb = egp.sum(axis=0) + gam(n) * agp.sum(axis=0)
+    # no overflow (float16's largest finite value; the float32 run's are far below it):
+    # else the step is skipped, not rounded
+    assert max(agp.max(), (ax.T @ agp).max(), agp.sum()) < 65504, "the backward overflows"
+    return loss, eloss, {"W": gW / scale, "b": gb / scale}, {"W": EW / scale, "b": Eb / scale}
+
+
 def test_a_skipped_step_does_not_advance_t(library_path):
     """A mixed_float16 run whose first step overflows (x * 1e4: the float16 forward pass
     overflows), then three good steps, against a float32 run of the three good steps that
     never overflows. The skipped step changes no weight or moment and leaves T at 1, so the
     mixed run's updates use the bias corrections of T = 1, 2, 3, as the float32 run's do.
 
-    Tolerances: the first update of Adam is lr * g / (|g| + epsilon / sqrt(1 - beta)) per
-    element (sign-like), so the float16 rounding of g (relative 2^-11 per operation) moves
-    it by about 2^-11 * 3e-5 / |g| relative (1e-5 for |g| >= 0.01), plus the float32
-    rounding of the new weights (two ulps of the largest weight, absolute). The next updates
-    carry float16-rounded moments: each update (at most about lr = 0.05 per element) is
-    off by about five float16 roundings (5 * 2^-11 relative), so after three steps the
-    weights agree within 3 * lr * 5 * 2^-11 = 3.7e-4. Counting the skipped step (T = 2 on
-    the first update) would make the first update 0.744 times as large and the next ones
-    0.8-0.86 times: 7e-3 per step, far outside both."""
+    Tolerances (helpers/adam_pair.py's argument, its step 1 replaced): at every step each
+    run's gradient is within :func:`linear_bounds` of the float64 gradient at that run's own
+    weights: float16's unit roundoff (2^-11) for the mixed run (its data and weight copies
+    rounded to float16, the loss scale exact), float32's for the other, each rounding
+    scaled by the magnitudes of the terms it sums. The forward's errors are carried through
+    the backward, so ``D = E_mixed + E_float32 + |g64(x_mixed) - g64(x_float32)|`` bounds the
+    two gradients' difference at every step (a theorem here, not adam_pair's model), and
+    adam_pair carries it through Adam's moments and updates (sensitivity
+    ``eps / (|g| + eps)^2`` and all). The losses: the exact change plus both forwards'
+    bounds.
+
+    Able to fail: counting the skipped step (T = 2 on the first update) makes the first
+    update 0.744 times as large: 0.0128 off where the bound allows 0.0017 (three of W's four
+    elements; the fourth's gradient is 20% float16 rounding in the worst case). A
+    gradient 1% off is within float16's legitimate worst case here (a sum of 8 float16
+    terms may be 9 * 2^-11 = 0.44% of its magnitudes off, and these sums cancel by 3 to
+    50 times): the moments' bound is 1.4% to 36% of |V|, so a 1% error is not caught; a
+    wrong sign or a lost loss-scale division is."""
     mixed = trained(steps=0, policy="mixed_float16")
     plain = trained(steps=0)
-    w0 = mixed.parameters()
     before = snapshot(mixed)
     mixed.step({k: v * np.float32(1e4) for k, v in batch(0).items()})
     assert mixed.skipped == 1 and mixed.T == 1 and mixed.loss_scale == 2.0 ** 14
     for k, v in before["states"].items():
         if k not in ("trainops/loss_scale",):
             assert same_bits(mixed._states()[k], v), k
-    deltas = []
-    for s in range(3):
-        mixed.step(small(s))
-        plain.step(small(s))
+    feeds = [small(s) for s in range(3)]
+    trainers = {"mixed": mixed, "plain": plain}
+    runs = {name: ([], [adam_pair.snapshot(tr)]) for name, tr in trainers.items()}
+    for s, f in enumerate(feeds):
+        for name, tr in trainers.items():
+            runs[name][0].append(tr.step(f))
+            runs[name][1].append(adam_pair.snapshot(tr))
         assert mixed.T == plain.T == s + 2
-        deltas.append({k: (mixed.parameters()[k] - w0[k], plain.parameters()[k] - w0[k])
-                       for k in w0})
-    for k, (got, want) in deltas[0].items():
-        ulps = 2 * float(np.spacing(np.abs(w0[k]).max()))
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=ulps, err_msg=k)
-        assert np.all(np.abs(want) > 0.9 * 0.05)  # sign-like: about lr per element
-    for k, (got, want) in deltas[2].items():
-        np.testing.assert_allclose(got, want, rtol=0, atol=3 * 0.05 * 5 * 2.0 ** -11,
-                                   err_msg=k)
+        assert mixed.loss_scale == 2.0 ** 14
+    w0, first = runs["plain"][1][0]["x"], runs["plain"][1][1]["x"]
+    for k in w0:  # sign-like: about lr per element
+        assert np.all(np.abs(first[k] - w0[k]) > 0.9 * 0.05), k
+
+    def grads(t, xa, xb):
+        La, eLa, ga, Ea = linear_bounds(xa, feeds[t - 1], F16, cast=True, scale=mixed.loss_scale)
+        Lb, eLb, gb, Eb = linear_bounds(xb, feeds[t - 1], F32)
+        return abs(La - Lb) + eLa + eLb, {k: Ea[k] + Eb[k] + np.abs(ga[k] - gb[k]) for k in ga}
+    adam_pair.assert_runs_agree(None, None, mixed.optimizer, runs["mixed"], runs["plain"],
+                                grads=grads)
     assert mixed.skipped == 1
 
 
