@@ -22,6 +22,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from helpers import adam_pair
 from helpers.checks import same_bits
+from helpers.checks import assert_trainer_unchanged as assert_unchanged
+from helpers.checks import trainer_snapshot as snapshot
 from trainops import Trainer, optim
 from trainops.onnx_defs import IR_VERSION, ONNX_OPSET
 from trainops.train import checkpoint
@@ -64,21 +66,6 @@ def small(seed=0):
     """batch() times 0.1: its gradients times the initial loss scale 2^15 stay finite in
     float16 (batch()'s overflow: a mixed_float16 step on it is skipped)."""
     return {k: v * np.float32(0.1) for k, v in batch(seed).items()}
-
-
-def snapshot(tr) -> dict:
-    """Every state buffer (copies) and the counters of a one-process trainer."""
-    return {"states": {k: v.copy() for k, v in tr._states().items()},
-            "T": tr.T, "lr": tr.lr, "skipped": tr.skipped}
-
-
-def assert_unchanged(tr, before) -> None:
-    after = snapshot(tr)
-    assert sorted(after["states"]) == sorted(before["states"])
-    for k, v in before["states"].items():
-        assert same_bits(after["states"][k], v), k
-    assert (after["T"], after["lr"], after["skipped"]) == \
-        (before["T"], before["lr"], before["skipped"])
 
 
 def trained(steps=2, **kw) -> Trainer:

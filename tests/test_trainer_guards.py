@@ -28,6 +28,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers.checks import TOLERANCES, same_bits
+from helpers.checks import assert_trainer_unchanged as assert_unchanged
+from helpers.checks import trainer_snapshot as snapshot
 from trainops import Trainer, losses, optim
 from trainops.demos.train import cnn_model, digits
 from trainops.onnx_defs import IR_VERSION
@@ -85,21 +87,6 @@ def batch(seed, n=8, scale=1.0):
     rng = np.random.default_rng(seed)
     return {"x": (rng.standard_normal((n, 4)) * scale).astype(np.float32),
             "y": (rng.standard_normal((n, 3)) * scale).astype(np.float32)}
-
-
-def snapshot(tr) -> dict:
-    """Every state buffer (copies) and the counters."""
-    return {"states": {k: v.copy() for k, v in tr._states().items()},
-            "T": tr.T, "lr": tr.lr, "skipped": tr.skipped}
-
-
-def assert_unchanged(tr, before) -> None:
-    after = snapshot(tr)
-    assert sorted(after["states"]) == sorted(before["states"])
-    for k, v in before["states"].items():
-        assert same_bits(after["states"][k], v), k
-    assert (after["T"], after["lr"], after["skipped"]) == \
-        (before["T"], before["lr"], before["skipped"])
 
 
 def assert_same_trainers(a, b) -> None:

@@ -31,6 +31,24 @@ def same_bits(a, b) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
+def trainer_snapshot(tr) -> dict:
+    """Every state buffer of a one-process trainer (copies) and its counters ``T``, ``lr``
+    and ``skipped``: what a failed or refused step must leave as it was."""
+    return {"states": {k: v.copy() for k, v in tr._states().items()},
+            "T": tr.T, "lr": tr.lr, "skipped": tr.skipped}
+
+
+def assert_trainer_unchanged(tr, before) -> None:
+    """``tr`` holds the states and counters of ``before`` (a :func:`trainer_snapshot`),
+    bit for bit."""
+    after = trainer_snapshot(tr)
+    assert sorted(after["states"]) == sorted(before["states"])
+    for k, v in before["states"].items():
+        assert same_bits(after["states"][k], v), k
+    assert (after["T"], after["lr"], after["skipped"]) == \
+        (before["T"], before["lr"], before["skipped"])
+
+
 def assert_matches_reference(outs, r, t, xs, gs, vs, hs, dtype=None, **attrs):
     """Every output has the input dtype and X's shape, and matches the float64 reference."""
     dtype = np.dtype(dtype or xs[0].dtype)
