@@ -117,7 +117,7 @@ def _weight_grad_model(kernel, x_shape, dy_shape, **attrs):
 
 
 @pytest.mark.parametrize("attrs, name, words", [
-    # The two cases: an abort (memory sized by the pads) and an "internal error".
+    # Once an abort (memory sized by the pads) and an "internal error".
     (dict(pads=[BIG, 0, BIG, 0], kernel=[3, 3]), "pads",
      f"dimension 0: the input (5) padded by {BIG} + {BIG} exceeds 2^63 - 1"),
     (dict(dilations=[BIG, 1], kernel=[5, 3]), "dilations",
@@ -210,7 +210,7 @@ def _ref_pool_grad(gy, x, kernel, strides, pads):
 
 
 def test_maxpool_grad_from_input_refuses_more_windows_than_maxpool_gives(make_session):
-    # The case: a 4x4 input, kernel 2, stride 2 gives a 2x2 output; [1, 2, 3, 2]
+    # A 4x4 input, kernel 2, stride 2 gives a 2x2 output; [1, 2, 3, 2]
     # had its extra row of gradient dropped silently.
     sess = make_session(_pool_model([2, 2], [1, 2, 3, 2], [1, 2, 4, 4], strides=[2, 2]))
     gy, x = np.ones((1, 2, 3, 2), np.float32), np.arange(32, dtype=np.float32).reshape(1, 2, 4, 4)

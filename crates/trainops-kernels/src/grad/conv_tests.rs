@@ -230,7 +230,7 @@ fn bad_shapes_are_refused() {
 }
 
 /// Attributes whose arithmetic overflows are refused by name before anything is sized by
-/// them; the ones the issue found (pads and dilations of 2^62) among them.
+/// them: pads of 2^62 once aborted (a padded grid sized by them), dilations of 2^62 panicked.
 #[test]
 fn attribute_overflow_is_refused_by_name() {
     const BIG: usize = 1 << 62;

@@ -634,7 +634,7 @@ mod from_input_tests {
         );
     }
 
-    /// The pooled output's shape is MaxPool's: more windows than it can give (the issue's
+    /// The pooled output's shape is MaxPool's: more windows than it can give (a
     /// `[1, 2, 3, 2]` gradient for a 4x4 input, kernel 2, stride 2) are refused, naming the
     /// sizes it can give.
     #[test]

@@ -309,7 +309,7 @@ mod tests {
     }
 
     /// float32 AdamW's documented messages, and every AdamW variant's table is AdamW's
-    /// (the issue: AdamW8bit checked nothing, beta1 = 1 made every weight NaN).
+    /// (AdamW8bit once checked nothing: beta1 = 1 made every weight NaN).
     #[test]
     fn adamw_variants_share_torchs_ranges_and_messages() {
         for (op, spec) in
