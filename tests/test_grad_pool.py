@@ -160,15 +160,18 @@ def test_float64_dy_is_refused(make_session):
 
 # -- the rule ----------------------------------------------------------------------------
 
-def pool_net(with_indices: bool, seed=0):
-    """x[N,2,6,6] -> Conv 3x3 -> MaxPool 3x3/2 (overlapping; its Indices as a second
-    output when asked) -> Flatten -> MatMul -> loss."""
+def pool_net(with_indices: bool, seed=0, ceil_mode=0):
+    """x[N,2,4,4] -> Conv 3x3 -> MaxPool 3x3/2 (overlapping; its Indices as a second
+    output when asked; ``ceil_mode`` 1: 3x3 windows where the floor gives 2x2) -> Flatten
+    -> MatMul -> loss."""
     rng = np.random.default_rng(seed)
+    side = 3 if ceil_mode else 2  # (4 + 2 - 3) / 2 + 1, rounded up or down
     w = {"conv.w": (rng.standard_normal((4, 2, 3, 3)) * 0.3).astype(F32),
-         "fc.w": (rng.standard_normal((16, 5)) * 0.3).astype(F32)}
+         "fc.w": (rng.standard_normal((4 * side * side, 5)) * 0.3).astype(F32)}
     outs = ["p", "pi"] if with_indices else ["p"]
     nodes = [helper.make_node("Conv", ["x", "conv.w"], ["c"], pads=[1, 1, 1, 1]),
-             helper.make_node("MaxPool", ["c"], outs, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]),
+             helper.make_node("MaxPool", ["c"], outs, kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1],
+                              ceil_mode=ceil_mode),
              helper.make_node("Flatten", ["p"], ["f"]),
              helper.make_node("MatMul", ["f", "fc.w"], ["logits"]),
              helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "t"], ["loss"])]
@@ -185,9 +188,9 @@ def pool_net(with_indices: bool, seed=0):
     return m, list(w), feeds
 
 
-@pytest.mark.parametrize("with_indices", [False, True])
-def test_rule_fused_matches_standard_ops(library_path, monkeypatch, with_indices):
-    m, params, feeds = pool_net(with_indices)
+@pytest.mark.parametrize("with_indices,ceil_mode", [(False, 0), (True, 0), (False, 1)])
+def test_rule_fused_matches_standard_ops(library_path, monkeypatch, with_indices, ceil_mode):
+    m, params, feeds = pool_net(with_indices, ceil_mode=ceil_mode)
     runs = {}
     for fused in ("1", "0"):
         monkeypatch.setenv("TRAINOPS_FUSED_GRADS", fused)
@@ -207,6 +210,8 @@ def test_rule_fused_matches_standard_ops(library_path, monkeypatch, with_indices
         assert grad.input[1] == "pi" == pool[0].output[1]
     else:  # the forward MaxPool keeps one output (onnxruntime's fast path)
         assert len([o for o in pool[0].output if o]) == 1 and grad.input[1] == pool[0].input[0]
+        # MaxPool's rounding is passed on, so the op refuses a dY of the other one
+        assert helper.get_node_attr_value(grad, "ceil_mode") == ceil_mode
     # The max-pool gradients are exact; the convolution's weight gradient sums in another
     # order than the standard form (MLAS, whose blocking depends on the CPU): losses,
     # weights and moments within helpers/adam_pair.py's bound after every step.

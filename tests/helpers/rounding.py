@@ -94,11 +94,24 @@ def _col2im(cols, shape, k, s, p, d=(1, 1)):
     return out[:, :, p[0]:p[0] + h, p[1]:p[1] + w]
 
 
-def _geometry(a, k):
+def _geometry(a, k, shape=None):
+    """``(kernel, strides, pads, dilations)`` of a 2-D Conv or MaxPool. MaxPool's
+    ``ceil_mode`` 1 (``shape``: its input's) becomes extra end padding, so that the floor
+    of the padded size gives ONNX's ceil count (less a last window that would start in the
+    end padding, which onnxruntime drops)."""
     assert a.get("group", 1) == 1 and _s(a.get("auto_pad", "NOTSET")) == "NOTSET", a
-    assert not a.get("ceil_mode", 0), a
-    return (list(k), list(a.get("strides", [1, 1])), list(a.get("pads", [0, 0, 0, 0])),
-            list(a.get("dilations", [1, 1])))
+    k, s = list(k), list(a.get("strides", [1, 1]))
+    p, d = list(a.get("pads", [0, 0, 0, 0])), list(a.get("dilations", [1, 1]))
+    if a.get("ceil_mode", 0):
+        assert shape is not None, a
+        for i in range(2):
+            span = shape[2 + i] + p[i] + p[i + 2] - (d[i] * (k[i] - 1) + 1)
+            out = -(-span // s[i]) + 1
+            if (out - 1) * s[i] >= shape[2 + i] + p[i]:
+                out -= 1
+            p[i + 2] += max(0, (out - 1) * s[i] + d[i] * (k[i] - 1) + 1
+                            - (shape[2 + i] + p[i] + p[i + 2]))
+    return k, s, p, d
 
 
 # -- the operators: forward (value, error) and backward (gradient, error) ---------------------
@@ -275,7 +288,7 @@ def _leaky_relu_back(n, v, e, cache, g, E):
 
 def _maxpool(n, v, e, a):
     x, ex = v[0], e[0]
-    k, s, p, d = _geometry(a, a["kernel_shape"])
+    k, s, p, d = _geometry(a, a["kernel_shape"], x.shape)
     assert d == [1, 1], d
     cols = _im2col(x, k, s, p, fill=-np.inf)
     ecols = _im2col(ex, k, s, p)

@@ -754,8 +754,12 @@ def max_pool(c: Ctx):
             return [b.op("MaxPoolGrad", [c.gy, outs[1], b.shape_of(X)], domain=TRAINOPS_DOMAIN)]
         # Else the argmax found again in X: asking MaxPool for Indices would take the forward
         # off onnxruntime's fast pooling (2-3x slower with them).
+        # ceil_mode matters with explicit pads only (auto_pad's sizes are the floor of the
+        # pads _pads works out); given, the op refuses a dY of the other rounding too.
+        ceil = int(c.attr("ceil_mode", 0)) if c.attr("auto_pad", "NOTSET") == "NOTSET" else 0
         return [b.op("MaxPoolGradFromInput", [c.gy, X], domain=TRAINOPS_DOMAIN, kernel_shape=k,
-                     strides=strides, dilations=dil, pads=_pads(c, in_sp, k, strides, dil))]
+                     strides=strides, dilations=dil, pads=_pads(c, in_sp, k, strides, dil),
+                     ceil_mode=ceil)]
     overlap = any(s < (kk - 1) * d + 1 for s, kk, d in zip(strides, k, dil))
     if overlap and b.opset < 16:
         raise c.fail("overlapping pooling windows need opset >= 16 (ScatterElements "
