@@ -1,6 +1,6 @@
 //! Backward ("gradient") kernels of standard ONNX ops, which the autodiff rules emit as
-//! `com.trainops` ops on the CPU in place of chains of standard ops (issue 24); each on plain
-//! slices with a scalar reference.
+//! `com.trainops` ops on the CPU in place of chains of standard ops (fewer nodes, less
+//! memory); each on plain slices with a scalar reference.
 //!
 //! - [`activation`]: Relu, LeakyRelu and Gelu (both forms).
 //! - [`pool`]: MaxPool (a scatter-add at the forward's Indices, or the argmax found again).

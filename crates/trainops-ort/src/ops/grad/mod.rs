@@ -1,5 +1,5 @@
 //! Backward ("gradient") ops of `com.trainops` that the autodiff rules emit for the CPU
-//! placement in place of chains of standard ops (issue 24), and the input checks they share.
+//! placement in place of chains of standard ops, and the input checks they share.
 //! All float32; the arithmetic is `trainops_kernels::grad`.
 //!
 //! - [`activation`]: `ReluGrad(dY, X)`, `LeakyReluGrad(dY, X; alpha)`,
