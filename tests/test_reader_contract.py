@@ -459,7 +459,7 @@ def test_both_validators_find_the_same_problems(library_path, tmp_path):
 
 def test_what_the_readers_accept_is_what_the_package_has():
     from trainops import optim, schedules
-    from trainops.train import checkpoint
+    from trainops.train import checkpoint_file as checkpoint
 
     assert set(checkpoint.OPTIMIZER_TYPES) == {"Adam", "AdamW", "Adagrad", "Momentum"}
     for name in checkpoint.OPTIMIZER_TYPES:  # optim.from_dict builds each

@@ -77,6 +77,20 @@ def failed_check(error: BaseException) -> str | None:
     return found.group(1) if found else None
 
 
+def step_refusal(error: BaseException, feeds, input_names) -> ValueError | None:
+    """The ValueError :meth:`Trainer.step` raises when a :func:`guard` in the graph refused
+    this step's data (``error``: ONNX Runtime's), with the shape and range of the labels
+    fed; None when ``error`` is another failure."""
+    what = failed_check(error)
+    if what is None:
+        return None
+    fed = [f"{n!r} fed: shape {list(np.shape(feeds[n]))}, values from "
+           f"{np.min(feeds[n])} to {np.max(feeds[n])}" for n in input_names
+           if f"labels {n!r}:" in what and np.size(feeds[n])]
+    said = f" ({'; '.join(fed)})" if fed else ""
+    return ValueError(f"Trainer.step: {what}{said}; the step changed nothing")
+
+
 @dataclass(frozen=True)
 class Loss:
     """A loss to attach: ``kind`` (``"cross_entropy"``, ``"nll"``, ``"mse"``), the model

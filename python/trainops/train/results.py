@@ -27,6 +27,29 @@ class TrainerResults:
         value = self._arrays[name]
         return value if self._arrays.on_device(name) else value.copy()
 
+    @property
+    def transfers(self):
+        """The host<->device copies the step's runtime causes
+        (:class:`~trainops.train.buffers.Transfers`: ``last_step`` and ``total`` counts and
+        bytes; all zero on the CPU). None for the data-parallel and accumulating runtimes."""
+        return getattr(self.runtime, "transfers", None)
+
+    def memory(self) -> dict[str, int]:
+        """Bytes this process holds for training: ``parameters``, ``gradients`` (the
+        buffers ONNX Runtime writes them to; with ``comm``, plus this rank's reduced
+        slice under ``shard_optimizer``) and ``optimizer_state`` (1/N of the whole under
+        ``shard_optimizer``)."""
+        if self._dist is not None:
+            return self.runtime.memory()
+        params = sum(self._arrays.nbytes(p) for p in self.param_names)
+        state = sum(self._arrays.nbytes(n) for names in self.state_names.values()
+                    for n in names)
+        out = {"parameters": params, "gradients": params, "optimizer_state": state}
+        if self.accumulate > 1:
+            out["accumulation"] = sum(self._arrays.nbytes(e.input)
+                                      for e in self.step_graph.of_kind("grad_accum"))
+        return out
+
     def parameters(self) -> dict[str, np.ndarray]:
         """The current weights (copies), by initializer name."""
         return {p: self._copy(p) for p in self.param_names}

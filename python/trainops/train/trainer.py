@@ -30,8 +30,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-import onnx
-
 from .. import losses as _losses
 from .. import optim as _optim
 from ..autodiff.importing import load as _load_model
@@ -317,13 +315,6 @@ class Trainer(TrainerResults):
         """Every state's ``(dtype, shape)`` by its input name, with no copy."""
         return {n: self._arrays.spec(n) for n in self._state_names()}
 
-    @property
-    def transfers(self):
-        """The host<->device copies the step's runtime causes
-        (:class:`~trainops.train.buffers.Transfers`: ``last_step`` and ``total`` counts and
-        bytes; all zero on the CPU). None for the data-parallel and accumulating runtimes."""
-        return getattr(self.runtime, "transfers", None)
-
     # -- training ----------------------------------------------------------------------
     @property
     def learning_rate(self) -> float:
@@ -390,14 +381,10 @@ class Trainer(TrainerResults):
         try:
             loss = self.runtime.run(feeds, self.lr, self.T)
         except Exception as e:
-            what = _losses.failed_check(e)  # a check of the graph refused this step's data
-            if what is None:
+            refused = _losses.step_refusal(e, feeds, self.input_names)  # a check of the graph
+            if refused is None:
                 raise
-            fed = [f"{n!r} fed: shape {list(np.shape(feeds[n]))}, values from "
-                   f"{np.min(feeds[n])} to {np.max(feeds[n])}" for n in self.input_names
-                   if f"labels {n!r}:" in what and np.size(feeds[n])]
-            said = f" ({'; '.join(fed)})" if fed else ""
-            raise ValueError(f"Trainer.step: {what}{said}; the step changed nothing") from e
+            raise refused from e
         if not getattr(self.runtime, "updated", True):
             return loss  # a micro-batch added to the accumulation buffers: no update
         self._updated = True  # an update ran (or was skipped): last_grad_norm is its
@@ -406,19 +393,3 @@ class Trainer(TrainerResults):
         else:
             self.T += 1
         return loss
-
-    def memory(self) -> dict[str, int]:
-        """Bytes this process holds for training: ``parameters``, ``gradients`` (the
-        buffers ONNX Runtime writes them to; with ``comm``, plus this rank's reduced
-        slice under ``shard_optimizer``) and ``optimizer_state`` (1/N of the whole under
-        ``shard_optimizer``)."""
-        if self._dist is not None:
-            return self.runtime.memory()
-        params = sum(self._arrays.nbytes(p) for p in self.param_names)
-        state = sum(self._arrays.nbytes(n) for names in self.state_names.values()
-                    for n in names)
-        out = {"parameters": params, "gradients": params, "optimizer_state": state}
-        if self.accumulate > 1:
-            out["accumulation"] = sum(self._arrays.nbytes(e.input)
-                                      for e in self.step_graph.of_kind("grad_accum"))
-        return out
