@@ -60,6 +60,21 @@ from helpers.rounding import U, batch_stats, forward, gamma, step_bounds
 F32 = np.float32
 
 
+def within(worst: dict, where: str, checks) -> None:
+    """Asserts each ``(label, difference, bound)`` of ``checks`` holds elementwise (the
+    message names ``where``, the worst element and how many are over) and keeps in
+    ``worst[label]`` the largest ratio of difference to bound seen so far."""
+    for label, got, bound in checks:
+        bad = got > bound
+        assert not bad.any(), (
+            f"{where}: {label} differs by {got[bad].max():.3g} where the bound allows "
+            f"{bound[bad][np.argmax(got[bad])]:.3g} ({int(bad.sum())} of {bad.size} elements "
+            "over)")
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = np.where(bound > 0, got / bound, 0)
+        worst[label] = max(worst[label], float(r.max(initial=0)))
+
+
 def snapshot(tr) -> dict:
     st = tr.optimizer_state()
     params = tr.parameters()
@@ -166,17 +181,9 @@ def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what="", grads=N
             # each update rounds four times (sqrt, + eps, /, *) from the stored moments, and
             # r_adjusted is rounded from R and the bias correction: gamma_6 of its size
             bx[k] = bx[k] + du + gamma(6) * (ua + ub) + U * (np.abs(xa1) + np.abs(xb1))
-            for label, got, bound in (("V", np.abs(Va - Vb), bv[k]),
-                                      ("sqrt(H)", np.abs(Sa - Sb), bs[k]),
-                                      ("x", np.abs(xa1 - xb1), bx[k])):
-                bad = got > bound
-                assert not bad.any(), (
-                    f"{what}step {t}, {k}: {label} differs by {got[bad].max():.3g} where the "
-                    f"bound allows {bound[bad][np.argmax(got[bad])]:.3g} ({int(bad.sum())} of "
-                    f"{bad.size} elements over)")
-                with np.errstate(divide="ignore", invalid="ignore"):
-                    r = np.where(bound > 0, got / bound, 0)
-                worst[k][label] = max(worst[k][label], float(r.max(initial=0)))
+            within(worst[k], f"{what}step {t}, {k}", (("V", np.abs(Va - Vb), bv[k]),
+                                                      ("sqrt(H)", np.abs(Sa - Sb), bs[k]),
+                                                      ("x", np.abs(xa1 - xb1), bx[k])))
     return worst
 
 

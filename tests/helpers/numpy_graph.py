@@ -13,9 +13,9 @@ def _attrs(n):
     return {a.name: helper.get_attribute_value(a) for a in n.attribute}
 
 
-def _im2col(x, k, s, p, d=(1, 1)):
-    """x [N, C, H, W] -> patches [N, C, kh, kw, OH, OW] (zero padded)."""
-    x = np.pad(x, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])))
+def _im2col(x, k, s, p, d=(1, 1), fill=0.0):
+    """x [N, C, H, W] -> patches [N, C, kh, kw, OH, OW] (padded with ``fill``)."""
+    x = np.pad(x, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])), constant_values=fill)
     n, c, h, w = x.shape
     oh = (h - d[0] * (k[0] - 1) - 1) // s[0] + 1
     ow = (w - d[1] * (k[1] - 1) - 1) // s[1] + 1

@@ -48,6 +48,8 @@ import math
 import numpy as np
 from onnx import helper, numpy_helper
 
+from helpers.numpy_graph import _col2im, _im2col
+
 U = 2.0 ** -24  # float32's unit roundoff
 ELEMENTARY = 16  # ulps allowed for each Exp / Erf / Tanh (measured worst: 4.6, Tanh)
 
@@ -67,32 +69,7 @@ def _s(a):
     return a.decode() if isinstance(a, bytes) else a
 
 
-# -- im2col ------------------------------------------------------------------------------
-
-def _im2col(x, k, s, p, d=(1, 1), fill=0.0):
-    """x [N, C, H, W] -> [N, C, kh, kw, OH, OW] (padded with ``fill``)."""
-    x = np.pad(x, ((0, 0), (0, 0), (p[0], p[2]), (p[1], p[3])), constant_values=fill)
-    n, c, h, w = x.shape
-    oh = (h - d[0] * (k[0] - 1) - 1) // s[0] + 1
-    ow = (w - d[1] * (k[1] - 1) - 1) // s[1] + 1
-    cols = np.empty((n, c, k[0], k[1], oh, ow), x.dtype)
-    for i in range(k[0]):
-        for j in range(k[1]):
-            cols[:, :, i, j] = x[:, :, i * d[0]:i * d[0] + s[0] * oh:s[0],
-                                 j * d[1]:j * d[1] + s[1] * ow:s[1]]
-    return cols
-
-
-def _col2im(cols, shape, k, s, p, d=(1, 1)):
-    n, c, h, w = shape
-    out = np.zeros((n, c, h + p[0] + p[2], w + p[1] + p[3]), cols.dtype)
-    oh, ow = cols.shape[-2:]
-    for i in range(k[0]):
-        for j in range(k[1]):
-            out[:, :, i * d[0]:i * d[0] + s[0] * oh:s[0],
-                j * d[1]:j * d[1] + s[1] * ow:s[1]] += cols[:, :, i, j]
-    return out[:, :, p[0]:p[0] + h, p[1]:p[1] + w]
-
+# -- im2col: helpers.numpy_graph's ------------------------------------------------------
 
 def _geometry(a, k, shape=None):
     """``(kernel, strides, pads, dilations)`` of a 2-D Conv or MaxPool. MaxPool's
