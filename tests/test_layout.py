@@ -420,15 +420,17 @@ def _top_level_imports(tree: ast.Module):
             todo.extend(node.body)
 
 
-def python_edges(package: Path = PACKAGE) -> dict[str, set[str]]:
-    """``{module: {trainops modules it imports at module level}}``. ``from pkg import name``
-    is an edge to ``pkg.name`` when that is a module, else to ``pkg`` (its ``__init__``)."""
+def python_edges(package: Path = PACKAGE, imports=_top_level_imports) -> dict[str, set[str]]:
+    """``{module: {trainops modules it imports}}``: through the import statements
+    ``imports(tree)`` yields, by default those at module level (tests/test_import_graph.py
+    passes every one). ``from pkg import name`` is an edge to ``pkg.name`` when that is a
+    module, else to ``pkg`` (its ``__init__``); a module naming itself is no edge."""
     files = {_module_name(p, package): p for p in _package_files(package)}
     edges: dict[str, set[str]] = {}
     for name, path in files.items():
         is_pkg = path.name == "__init__.py"
         here = name if is_pkg else name.rpartition(".")[0]
-        for node in _top_level_imports(ast.parse(path.read_text())):
+        for node in imports(ast.parse(path.read_text())):
             if isinstance(node, ast.Import):
                 targets = [a.name for a in node.names]
             else:
