@@ -78,15 +78,10 @@ def _base_lr(schedule) -> None:
 
 
 def _scaled(lr: float, factor: float, exponent: int) -> float:
-    """``lr * factor ** exponent``, inf where the power exceeds the float range (Python's
-    ``**`` raises OverflowError there); 0 when ``lr`` is 0 (PyTorch multiplies its way
-    there from 0, never computing the power)."""
-    if lr == 0:
-        return 0.0
-    try:
-        return lr * factor ** exponent
-    except OverflowError:
-        return math.inf
+    """``lr * factor ** exponent``; 0 when ``lr`` is 0 (PyTorch multiplies its way there
+    from 0, never computing the power). A power past the float range raises Python's
+    OverflowError, which :meth:`Schedule.__call__` turns into its ValueError."""
+    return 0.0 if lr == 0 else lr * factor ** exponent
 
 
 class Schedule:
