@@ -35,12 +35,9 @@ fn invalid(path: &Path, problem: String) -> Error {
 /// [`Error::Io`] naming `path` when it exists and is not a regular file once its
 /// symlinks are resolved (reading a FIFO would wait for a writer forever).
 pub(crate) fn refuse_special(path: &Path) -> Result<()> {
-    match std::fs::metadata(path) {
-        Ok(m) if !m.is_file() => {
-            let kind = if m.is_dir() { std::io::ErrorKind::IsADirectory } else { std::io::ErrorKind::InvalidInput };
-            Err(Error::io(path, std::io::Error::new(kind, "not a regular file")))
-        }
-        _ => Ok(()),
+    match std::fs::metadata(path).ok().and_then(|m| not_regular(&m.file_type())) {
+        Some((kind, _)) => Err(Error::io(path, std::io::Error::new(kind, "not a regular file"))),
+        None => Ok(()),
     }
 }
 
@@ -436,14 +433,8 @@ fn resolve_target(path: &Path) -> Result<(PathBuf, Option<std::fs::Permissions>)
                 };
             }
             Ok(m) => {
-                let ft = m.file_type();
-                if ft.is_file() {
+                let Some((kind, what)) = not_regular(&m.file_type()) else {
                     return Ok((target, Some(m.permissions())));
-                }
-                let (kind, what) = if ft.is_dir() {
-                    (std::io::ErrorKind::IsADirectory, "a directory")
-                } else {
-                    (std::io::ErrorKind::InvalidInput, special_kind(&ft))
                 };
                 let via =
                     if target != path { format!(" (through the symlink {})", path.display()) } else { String::new() };
@@ -458,6 +449,19 @@ fn resolve_target(path: &Path) -> Result<(PathBuf, Option<std::fs::Permissions>)
         }
     }
     Err(Error::io(path, std::io::Error::new(std::io::ErrorKind::InvalidInput, "too many levels of symbolic links")))
+}
+
+/// The error kind and the words of a file of type `ft` that is not a regular file
+/// (`IsADirectory` for a directory, `InvalidInput` for the others), `None` for a regular
+/// file: the one check of saves ([`resolve_target`]) and reads ([`refuse_special`]).
+fn not_regular(ft: &std::fs::FileType) -> Option<(std::io::ErrorKind, &'static str)> {
+    if ft.is_file() {
+        None
+    } else if ft.is_dir() {
+        Some((std::io::ErrorKind::IsADirectory, "a directory"))
+    } else {
+        Some((std::io::ErrorKind::InvalidInput, special_kind(ft)))
+    }
 }
 
 /// What a file that is neither regular nor a directory is, in words.

@@ -31,7 +31,7 @@ try:
 except ImportError:  # no flock on this platform: no lock, leftovers are only ignored
     fcntl = None
 
-__all__ = ["resolve_target", "write_files"]
+__all__ = ["not_regular", "resolve_target", "write_files"]
 
 # The temporary names of this writer (.<name>.<hex>.tmp) and of the Rust trainer's
 # earlier ones (.<name>.<pid>.<hex>.tmp).
@@ -55,13 +55,23 @@ def resolve_target(path, what: str) -> tuple[str, int | None]:
     except OSError as exc:  # a symlink loop, a folder we may not search, ...
         raise type(exc)(exc.errno, f"{what}: cannot save to {path!r}: {exc.strerror}",
                         path) from None
-    if not stat.S_ISREG(st.st_mode):
-        kind = next((k for test, k in _KINDS if test(st.st_mode)), "not a regular file")
+    found = not_regular(st.st_mode)
+    if found:
+        code, kind = found
         via = f" (through the symlink {path!r})" if target != os.path.abspath(path) else ""
-        code = errno.EISDIR if stat.S_ISDIR(st.st_mode) else errno.EINVAL
         raise OSError(code, f"{what}: {target!r}{via} is {kind}, not a regular file: a "
                             "save would replace it; save to a regular file", path)
     return target, stat.S_IMODE(st.st_mode)
+
+
+def not_regular(mode: int) -> tuple[int, str] | None:
+    """``(errno, what it is in words)`` of a file of ``mode`` that is not a regular file
+    (EISDIR for a directory, EINVAL for the others), None for a regular file: the one
+    check of saves (:func:`resolve_target`) and reads (``checkpoint_file.refuse_special``)."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((k for test, k in _KINDS if test(mode)), "not a regular file")
+    return (errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL), kind
 
 
 def _lock(fd: int, wait: bool) -> bool:

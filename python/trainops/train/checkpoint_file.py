@@ -21,7 +21,6 @@ more copy of every state in memory, and its errors are not OSErrors.
 
 from __future__ import annotations
 
-import errno
 import hashlib
 import json
 import math
@@ -122,15 +121,12 @@ def write(path, tensors: Mapping[str, np.ndarray], metadata: Mapping[str, str],
 def refuse_special(path, what: str) -> None:
     """:class:`OSError` (EISDIR, EINVAL) naming ``path`` when it exists and is not a
     regular file once its symlinks are resolved (reading a FIFO would block)."""
-    import stat
-
     try:
-        mode = os.stat(path).st_mode
+        found = atomic.not_regular(os.stat(path).st_mode)
     except FileNotFoundError:
         return  # open() says so, naming it
-    if not stat.S_ISREG(mode):
-        code = errno.EISDIR if stat.S_ISDIR(mode) else errno.EINVAL
-        raise OSError(code, f"{what} {os.fspath(path)!r} is not a regular file", path)
+    if found:
+        raise OSError(found[0], f"{what} {os.fspath(path)!r} is not a regular file", path)
 
 
 def _header(data: bytes, path) -> dict:
