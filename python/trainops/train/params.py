@@ -25,6 +25,8 @@ initializers instead.
 
 from __future__ import annotations
 
+from collections import Counter
+
 import onnx
 from onnx import TensorProto
 
@@ -127,8 +129,7 @@ def check_param_names(params, where: str = "Trainer") -> list[str] | None:
         if not isinstance(n, str):
             raise TypeError(f"{where}: params: {n!r} is no initializer name: expected "
                             f"strings, got {type(n).__name__}")
-    twice = sorted({n for n in names if names.count(n) > 1})
+    twice = sorted(n for n, count in Counter(names).items() if count > 1)
     if twice:
         raise ValueError(f"{where}: params names {twice} more than once")
     return names
-
