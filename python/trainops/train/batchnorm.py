@@ -190,8 +190,7 @@ def training_batchnorm(model: onnx.ModelProto, mode: str, opset: int,
             helper.make_node("Add", [f"{p}/kept", f"{p}/added"], [f"{_P}/new/{var}"],
                              name=f"{p}/Add/new_var"),
             # new mean = momentum * mean + (1 - momentum) * batch_mean (ONNX's and PyTorch's)
-            helper.make_node("Mul", [mean, const(f"{p}/momentum_mean", dt.type(momentum))],
-                             [f"{p}/kept_mean"]),
+            helper.make_node("Mul", [mean, f"{p}/momentum"], [f"{p}/kept_mean"]),
             helper.make_node("Add", [f"{p}/kept_mean", f"{p}/batch_mean"], [f"{_P}/new/{mean}"],
                              name=f"{p}/Add/new_mean"),
         ]
