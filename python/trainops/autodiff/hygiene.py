@@ -1,8 +1,7 @@
 """Graph hygiene before differentiation: one definition per tensor, nodes in topological
 order (onnxruntime runs models listed in any order), cycles and undefined tensors named,
-gradients of and with
-respect to non-float tensors refused, and the shapes onnx infers for a graph whose nodes
-were out of order."""
+gradients of and with respect to non-float tensors refused, and the shapes onnx infers for
+a graph whose nodes were out of order."""
 
 from __future__ import annotations
 

@@ -34,8 +34,9 @@ def session_options(threads: int | None, library: str | None = None, *, spin: bo
     on later ones) is off: with it, onnxruntime 1.17.3 overlaps live tensors of a CNN's
     step from the second run on (the conv layers' new weights and moments then differ from
     a fresh session's, fused optimizer or standard ops alike; onnxruntime's GitHub issue
-    #18672 reports this kind of bug). Off, each tensor comes from the arena; measured on the demo CNN with
-    onnxruntime 1.32, one thread, a step takes within 1% of the time it took with it."""
+    #18672 reports this kind of bug). Off, each tensor comes from the arena; measured on
+    the demo CNN with onnxruntime 1.32, one thread, a step takes within 1% of the time it
+    took with it."""
     import onnxruntime as ort
 
     from .. import get_library_path
