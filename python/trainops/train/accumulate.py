@@ -96,8 +96,8 @@ def build_accumulating(model: onnx.ModelProto, options: StepOptions, bw: Backwar
         loss_vi.type.CopyFrom(helper.make_tensor_type_proto(
             TensorProto.FLOAT if mixed else bw.loss_type, None))
     domains = {TRAINOPS_DOMAIN: 1} if bw.rng else {}
-    micro = assemble(g, nodes, bw.rng + accs + [count] + bw.bn, reads, [loss_vi], [], model,
-                     domains)
+    written = bw.rng + accs + [count] + bw.bn  # the states the micro-batch model writes
+    micro = assemble(g, nodes, written, reads, [loss_vi], [], model, domains)
     ag = helper.make_graph([], "trainops_apply", [], [])
     acc_in = [helper.make_tensor_value_info(e.input, t, list(e.initial.shape))
               for e, t in zip(accs, grad_types)]
@@ -107,6 +107,6 @@ def build_accumulating(model: onnx.ModelProto, options: StepOptions, bw: Backwar
         model=micro, options=options, data_inputs=bw.data_inputs, loss_output=loss_out,
         lr_input=f"{_P}/lr", lr_dtype=np.float64 if tail.lr_type == TensorProto.DOUBLE
         else np.float32, step_input=f"{_P}/T",
-        states=tail.states + bw.rng + accs + [count] + bw.bn,
+        states=tail.states + written,
         extra_outputs=[o.name for o in tail.outputs], finite_output=tail.finite,
         norm_output=tail.norm, apply_model=apply)
