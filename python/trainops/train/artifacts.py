@@ -369,9 +369,8 @@ def load(cls, directory, threads: int | None = None) -> Any:
     tensors, metadata = _checkpoint.read(path)
     problems = options_problems(man, metadata)
     if problems:
-        raise _checkpoint.CheckpointError(
-            f"checkpoint {path!r} does not match the manifest {mpath!r}:\n" +
-            "\n".join(f"  - {p}" for p in problems))
+        raise _checkpoint.problems_error(path, f"does not match the manifest {mpath!r}",
+                                         problems)
     try:
         graph = StepGraph.from_manifest(training, _step_graph_manifest(man), tensors)
     except (ValueError, TypeError, KeyError) as exc:  # a state missing or of another

@@ -164,7 +164,7 @@ def build_trainer(cls, tensors: Mapping[str, np.ndarray], metadata: Mapping[str,
         except (ValueError, TypeError, KeyError) as exc:
             why = f"the key {exc.args[0]!r} is missing" if isinstance(exc, KeyError) else exc
             raise problems_error(path, "has a config that cannot build a trainer",
-                            [f"config {key!r}: {why}"]) from exc
+                                 [f"config {key!r}: {why}"]) from exc
     try:
         return cls(tensors[MODEL_KEY].tobytes(), kwargs["loss"], kwargs["optimizer"],
                    params=config["params"], policy=config["policy"], threads=threads,
