@@ -108,11 +108,7 @@ def order_updates(nodes: list[onnx.NodeProto], writers: list[onnx.NodeProto],
         out.append(helper.make_node("Add", [t_name, zero], [t_after], name=f"{_P}/barrier"))
         late = {t_name: t_after}
         for x, shape in held:
-            s = f"{x}/held/shape"
-            out += [helper.make_node("Constant", [], [s + "/static"], value=helper.make_tensor(
-                        s + "/static", TensorProto.INT64, [len(shape)], list(shape))),
-                    helper.make_node("Add", [s + "/static", zero], [s]),
-                    helper.make_node("Reshape", [x, s], [f"{x}/held"], name=f"{x}/held")]
+            out += _after(zero, x, f"{x}/held", shape, f"{x}/held")
             late[x] = f"{x}/held"
         for w in writers:
             for i, x in enumerate(w.input):
@@ -123,10 +119,17 @@ def order_updates(nodes: list[onnx.NodeProto], writers: list[onnx.NodeProto],
         after = f"{_P}/after_update/zero"
         out += _zero_of([next(o for o in writers[0].output if o)], after, opset)
         for pending, state, shape in rng:
-            s = f"{state}/shape"
-            out += [helper.make_node("Constant", [], [s + "/static"], value=helper.make_tensor(
-                        s + "/static", TensorProto.INT64, [len(shape)], list(shape))),
-                    helper.make_node("Add", [s + "/static", after], [s]),
-                    helper.make_node("Reshape", [pending, s], [state],
-                                     name=f"{state}/after_update")]
+            out += _after(after, pending, state, shape, f"{state}/after_update")
     return out
+
+
+def _after(zero: str, x: str, out: str, shape: Sequence[int], name: str
+           ) -> list[onnx.NodeProto]:
+    """``x`` as ``out``, unchanged, once ``zero`` (an int64 0 computed from what must run
+    first) exists: a ``Reshape`` named ``name`` to ``x``'s own static ``shape``, read as
+    ``shape + zero`` (``<out>/shape``)."""
+    s = f"{out}/shape"
+    return [helper.make_node("Constant", [], [s + "/static"], value=helper.make_tensor(
+                s + "/static", TensorProto.INT64, [len(shape)], list(shape))),
+            helper.make_node("Add", [s + "/static", zero], [s]),
+            helper.make_node("Reshape", [x, s], [out], name=name)]
