@@ -74,8 +74,7 @@ def build_accumulating(model: onnx.ModelProto, options: StepOptions, bw: Backwar
                                         name=f"{e.input}/add"))
         held.append((grad, e.initial.shape))
     deferred = defer_writes(g, nodes, bw.rng + bw.bn)
-    nodes = order_updates(nodes, writers, [loss_out] + [d[0] for d in deferred], COUNT,
-                          deferred, bw.opset, held)
+    nodes = order_updates(nodes, writers, [loss_out], COUNT, deferred, bw.opset, held)
     # The update model, on the mean of the buffers.
     means = [f"{e.input}/mean" for e in accs]
     apply_nodes = []

@@ -80,16 +80,17 @@ def order_updates(nodes: list[onnx.NodeProto], writers: list[onnx.NodeProto],
     :func:`pending_name` of its state output) and the state ``writers`` (the optimizer
     node(s) first, each reading ``t_name``) as one node list where every write comes last:
 
-    - nodes that none of ``required`` (the loss output, the pending Philox states) and no
+    - nodes that none of ``required`` (the loss output), no pending state of ``rng`` and no
       writer input depends on are dropped;
     - the writers read ``T`` through a ``T + 0`` that depends on every kept node not all of
       the ``T``-reading writers already depend on;
-    - ``rng``: (pending, state output, shape) of each Philox state: the state output is
+    - ``rng``: (pending, state output, shape) of each state the forward pass writes
+      (Philox's, BatchNorm's running statistics: :func:`defer_writes`): the state output is
       written from the pending tensor once the first writer has run;
     - ``held``: (tensor, static shape) of writer inputs read through the barrier too (for
       writers that read no ``T``): a ``Reshape`` to the same shape, so no value changes."""
     writer_inputs = [x for w in writers for x in _all_inputs(w) if x != t_name]
-    kept = _ancestors(nodes, list(required) + writer_inputs)
+    kept = _ancestors(nodes, list(required) + [r[0] for r in rng] + writer_inputs)
     nodes = [n for k, n in enumerate(nodes) if k in kept]
     # The nodes every T-reading writer depends on already: with two optimizer nodes (int8
     # state and small tensors) a node only one of them needs may read a weight the other

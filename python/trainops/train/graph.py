@@ -52,8 +52,8 @@ def build_step_graph(model: onnx.ModelProto, options: StepOptions) -> StepGraph:
     # runs after every other node, nodes nothing needs are dropped.
     # States the forward pass writes (Philox's, BatchNorm's statistics) go to fresh tensors.
     deferred = defer_writes(g, nodes, bw.rng + bw.bn)
-    nodes = order_updates(nodes + tail.nodes, tail.writers,
-                          [loss_out] + [d[0] for d in deferred], f"{_P}/T", deferred, bw.opset)
+    nodes = order_updates(nodes + tail.nodes, tail.writers, [loss_out], f"{_P}/T", deferred,
+                          bw.opset)
     vi = {v.name: v for v in bw.inferred.value_info}
     loss_vi = vi[loss_out] if loss_out in vi else helper.make_empty_tensor_value_info(loss_out)
     if not loss_vi.type.HasField("tensor_type"):
