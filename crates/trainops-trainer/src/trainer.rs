@@ -519,7 +519,22 @@ fn check_checkpoint(
     if !problems.is_empty() {
         return Err(Error::Checkpoint { path: ckpath.to_path_buf(), problems });
     }
-    let scale = tensors.get(LOSS_SCALE).map(|t| (t.dtype(), t.shape().to_vec(), t.clone()));
+    // The loss scale metadata against its tensor, before the states are taken out of
+    // `tensors`; reported after their problems.
+    let have = &metadata["loss_scale"];
+    let scale_problem = match (m.state(LOSS_SCALE), tensors.get(LOSS_SCALE)) {
+        (None, _) if !have.is_empty() => Some(format!("loss_scale {have}: this trainer has none")),
+        (Some(spec), Some(t)) if t.shape() == spec.shape.as_slice() && t.dtype().numpy_name() == spec.dtype => {
+            let want = match t.dtype() {
+                DType::F32 => t.to_vec::<f32>()?.first().map(|&x| python_repr(f64::from(x))),
+                DType::F64 => t.to_vec::<f64>()?.first().map(|&x| python_repr(x)),
+                _ => None,
+            };
+            want.filter(|w| w != have)
+                .map(|want| format!("loss_scale {have:?} disagrees with the tensor {LOSS_SCALE:?} ({want})"))
+        }
+        _ => None,
+    };
     let mut states = Vec::with_capacity(m.states.len());
     for s in &m.states {
         let want = manifest::dtype(mpath, &format!("state {:?}", s.input), &s.dtype)?;
@@ -539,21 +554,7 @@ fn check_checkpoint(
     if !unknown.is_empty() {
         problems.push(format!("tensors {unknown:?} are not states of the training model"));
     }
-    let have = &metadata["loss_scale"];
-    match (m.state(LOSS_SCALE), scale) {
-        (None, _) if !have.is_empty() => problems.push(format!("loss_scale {have}: this trainer has none")),
-        (Some(spec), Some((dtype, shape, t))) if shape == spec.shape && dtype.numpy_name() == spec.dtype => {
-            let want = match dtype {
-                DType::F32 => t.to_vec::<f32>()?.first().map(|&x| python_repr(f64::from(x))),
-                DType::F64 => t.to_vec::<f64>()?.first().map(|&x| python_repr(x)),
-                _ => None,
-            };
-            if let Some(want) = want.filter(|w| w != have) {
-                problems.push(format!("loss_scale {have:?} disagrees with the tensor {LOSS_SCALE:?} ({want})"));
-            }
-        }
-        _ => {}
-    }
+    problems.extend(scale_problem);
     if problems.is_empty() {
         Ok((states, tensors))
     } else {
