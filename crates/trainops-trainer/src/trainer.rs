@@ -426,17 +426,19 @@ impl Trainer {
     /// of the contract (`step`, `learning_rate`, `loss_scale`, `skipped` current; `seed`,
     /// `config`, `model_sha256` as loaded). Atomic: temporary file, fsync, rename.
     pub fn save(&self, path: impl AsRef<Path>) -> Result<()> {
-        let mut tensors: Vec<(String, HostTensor)> = Vec::with_capacity(self.states.len() + 1);
-        for b in &self.states {
-            tensors.push((b.name.clone(), HostTensor::from_ort(&b.value, b.dtype)?));
-        }
-        tensors.extend(self.passthrough.iter().map(|(k, v)| (k.clone(), v.clone())));
+        let states = self
+            .states
+            .iter()
+            .map(|b| Ok((b.name.as_str(), HostTensor::from_ort(&b.value, b.dtype)?)))
+            .collect::<Result<Vec<_>>>()?;
         let mut metadata = self.metadata.clone();
         metadata.insert("step".into(), self.t.to_string());
         metadata.insert("learning_rate".into(), python_repr(self.learning_rate));
         metadata.insert("skipped".into(), self.skipped.to_string());
         metadata.insert("loss_scale".into(), self.loss_scale()?.map(python_repr).unwrap_or_default());
-        checkpoint::write(path.as_ref(), tensors.iter().map(|(k, v)| (k.as_str(), v)), &metadata)
+        // The source model is written from where it is kept, not copied per save.
+        let tensors = states.iter().map(|(k, v)| (*k, v)).chain(self.passthrough.iter().map(|(k, v)| (k.as_str(), v)));
+        checkpoint::write(path.as_ref(), tensors, &metadata)
     }
 
     /// The dynamic loss scale (mixed precision: the `loss_scale` state of slot `scale`),
