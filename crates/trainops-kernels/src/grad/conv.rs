@@ -330,6 +330,27 @@ impl FirstError {
     }
 }
 
+/// Working buffers a kernel's tasks hand on to the tasks after them: a task takes a set
+/// (empty the first time), sizes it and gives it back, so that a call allocates and
+/// zero-fills one set per task running at once instead of one per task (a 32x32 grid's
+/// column matrix is 576 KiB per sample). What a task finds in them is stale: every element
+/// it reads it has written first.
+struct Spares<T>(Mutex<Vec<T>>);
+
+impl<T: Default> Spares<T> {
+    fn new() -> Self {
+        Self(Mutex::new(Vec::new()))
+    }
+
+    fn take(&self) -> T {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).pop().unwrap_or_default()
+    }
+
+    fn give(&self, set: T) {
+        self.0.lock().unwrap_or_else(|p| p.into_inner()).push(set);
+    }
+}
+
 /// `dW` (`W`'s shape) from `x` (`X`) and `dy` (`dY`), all row-major; threads from `par`.
 /// The buffers' lengths are checked first; the windows' tables and the column matrices are
 /// allocated after that, fallibly.
@@ -360,21 +381,22 @@ pub fn weight_grad(
         (0..dims.geo.group).flat_map(|g| ranges.iter().map(move |r| (g, r.clone()))).collect();
     let results: Vec<Mutex<Vec<f32>>> = tasks.iter().map(|_| Mutex::new(Vec::new())).collect();
     let failed = FirstError::new();
+    // The column matrix, the dY block and the padded input of a task.
+    let spares = Spares::<(Vec<f32>, Vec<f32>, Vec<f32>)>::new();
     let run = |t: usize| {
         let (g, rows) = &tasks[t];
         let nb = rows.len();
         // dW_g^T (`[nb x M/G]`, row-major) = cols * dY_g^T: the column matrix as the left
         // operand (its rows contiguous along the reduction) runs the GEMM at 2-3x the speed
         // of dY_g * cols^T for few output channels (16 x 1024 x 144: 32 -> 88 GFLOP/s).
-        let buffers = shape::zeroed::<f32>("ConvWeightGrad's dW block", nb * mg).and_then(|acc| {
-            Ok((acc, shape::zeroed::<f32>("ConvWeightGrad's column matrix", nb * (chunk * p + ROW_PAD))?))
-        });
-        let (mut acc, mut col) = match buffers {
-            Ok(b) => b,
+        let mut acc = match shape::zeroed::<f32>("ConvWeightGrad's dW block", nb * mg) {
+            Ok(acc) => acc,
             Err(e) => return failed.set(e),
         };
-        let mut buf = Vec::new();
-        let mut xp = Vec::new();
+        let (mut col, mut buf, mut xp) = spares.take();
+        if let Err(e) = shape::resize(&mut col, nb * (chunk * p + ROW_PAD), "ConvWeightGrad's column matrix") {
+            return failed.set(e);
+        }
         // The channels these rows read (row r is channel r / kernel_len of the group).
         let kl = dims.kernel_len;
         let (c0, c1) = (rows.start / kl, rows.end.div_ceil(kl));
@@ -395,6 +417,7 @@ pub fn weight_grad(
             let dy_t = Mat { data: a.data, rows: cols, cols: mg, rs: a.cs, cs: a.rs };
             matmul(c, dy_t, &mut acc, mg, true);
         }
+        spares.give((col, buf, xp));
         *results[t].lock().unwrap_or_else(|e| e.into_inner()) = acc;
     };
     if tasks.len() == 1 {
@@ -442,17 +465,19 @@ pub fn input_grad(
     let sample = dims.channels * il;
     let chunk = samples_per_chunk(dims);
     let failed = FirstError::new();
+    // The column matrix (every element written by the product before col2im reads it) and
+    // the dY block of an item.
+    let spares = Spares::<(Vec<f32>, Vec<f32>)>::new();
     // One item per chunk of samples: their dX, contiguous.
     let items: Vec<(usize, &mut [f32])> = dx.chunks_mut(chunk * sample).enumerate().collect();
     for_each_item(par, items, |(item, dxc)| {
         let (n0, nc) = (item * chunk, dxc.len() / sample);
         let cols = nc * p;
         dxc.fill(0.0);
-        let mut col = match shape::zeroed::<f32>("ConvInputGrad's column matrix", k * cols) {
-            Ok(col) => col,
-            Err(e) => return failed.set(e),
-        };
-        let mut buf = Vec::new();
+        let (mut col, mut buf) = spares.take();
+        if let Err(e) = shape::resize(&mut col, k * cols, "ConvInputGrad's column matrix") {
+            return failed.set(e);
+        }
         for g in 0..dims.geo.group {
             let a = Mat { data: &w[g * mg * k..(g + 1) * mg * k], rows: k, cols: mg, rs: 1, cs: k };
             let b = dy_block(dims, dy, g, n0, nc, &mut buf);
@@ -462,6 +487,7 @@ pub fn input_grad(
                 windows.col2im_add(&col, cols, s * p, &mut dxc[start..start + cg * il]);
             }
         }
+        spares.give((col, buf));
     });
     failed.into_result()
 }
