@@ -8,7 +8,6 @@ no header and nothing may be downloaded here)."""
 
 from __future__ import annotations
 
-import glob
 import os
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
+from helpers import rust_trainer
 from helpers.artifact_cases import CASES, make_trainer
 from helpers.checks import same_bits
 from trainops import Trainer
@@ -30,20 +30,14 @@ STEPS = 20
 @pytest.fixture(scope="module")
 def train_c(tmp_path_factory):
     """The compiled examples/c/train.c (skips without gcc or off Linux)."""
-    import onnxruntime
-
     if not sys.platform.startswith("linux"):
         pytest.skip("the C example's test links the Linux wheel's libonnxruntime.so")
     gcc = shutil.which("gcc") or shutil.which("cc")
     if gcc is None:
         pytest.skip("no C compiler (gcc) on PATH")
-    libs = sorted(glob.glob(str(Path(onnxruntime.__file__).parent / "capi" /
-                                "libonnxruntime.so*")))
-    if not libs:
-        pytest.skip("this onnxruntime package has no libonnxruntime.so")
+    lib = rust_trainer.onnxruntime_library()
     d = tmp_path_factory.mktemp("train_c")
     # The wheel's file is libonnxruntime.so.<version>; its SONAME may be shorter.
-    lib = Path(libs[0])
     for name in {"libonnxruntime.so", "libonnxruntime.so.1", lib.name}:
         (d / name).symlink_to(lib)
     include = os.environ.get("ORT_INCLUDE_DIR") or str(ROOT / "examples" / "c" / "ort_abi")

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -418,14 +417,7 @@ def _apply(man, path, new):
 def _check_manifest():
     """The Rust example ``check_manifest`` (the trainer's schema validation, no ONNX Runtime),
     built in debug; skips without cargo."""
-    cargo = shutil.which("cargo")
-    if cargo is None:
-        pytest.skip("no cargo on PATH: the Rust validator cannot be built")
-    r = subprocess.run([cargo, "build", "-q", "-p", "trainops-trainer", "--example",
-                        "check_manifest"], cwd=ROOT, capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, r.stderr
-    target = Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target")
-    return target / "debug" / "examples" / "check_manifest"
+    return rust_trainer.build_example("check_manifest", "the Rust validator")
 
 
 def test_both_validators_find_the_same_problems(library_path, tmp_path):
