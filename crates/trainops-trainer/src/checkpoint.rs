@@ -283,7 +283,7 @@ pub const MODEL_KEY: &str = "trainops/model";
 /// The lowercase hex sha256 of `bytes`.
 pub fn sha256_hex(bytes: &[u8]) -> String {
     use sha2::Digest;
-    sha2::Sha256::digest(bytes).iter().map(|b| format!("{b:02x}")).collect()
+    format!("{:x}", sha2::Sha256::digest(bytes))
 }
 
 /// The problems of the source model tensor [`MODEL_KEY`] (its metadata already checked):
