@@ -9,7 +9,7 @@
 //! - [`numel`] / [`count`]: element counts, checked (`None` / [`KernelError::Overflow`]);
 //! - [`mul`], [`add`]: one checked step, naming what it computes;
 //! - [`to_i64`]: dimensions an ONNX shape can hold (each at most `i64::MAX`);
-//! - [`zeroed`] / [`resize`]: working memory allocated fallibly, so that a size the
+//! - [`zeroed`] / [`resize`] / [`reserve`]: working memory allocated fallibly, so that a size the
 //!   machine cannot hold is an error ([`KernelError::Allocation`]) rather than an abort.
 //!
 //! The rule the kernels follow: nothing sized by an attribute is allocated until the
@@ -73,6 +73,12 @@ pub fn zeroed<T: Clone + Default>(what: &'static str, len: usize) -> Result<Vec<
     let mut v = Vec::new();
     resize(&mut v, len, what)?;
     Ok(v)
+}
+
+/// Room for `additional` more elements in `v` (as `Vec::reserve`), or
+/// [`KernelError::Allocation`] for those elements when the memory cannot be had.
+pub fn reserve<T>(v: &mut Vec<T>, additional: usize, what: &'static str) -> Result<(), KernelError> {
+    v.try_reserve(additional).map_err(|_| allocation::<T>(what, additional))
 }
 
 /// `v.resize(len, T::default())`, growing fallibly: [`KernelError::Allocation`] when the

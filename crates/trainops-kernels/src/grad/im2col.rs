@@ -121,14 +121,14 @@ impl Windows {
             if len <= bound {
                 w.padded_copy = true;
                 w.padded = padded;
-                w.starts.try_reserve_exact(runs).map_err(|_| alloc::<usize>("the windows' run starts", runs))?;
+                shape::reserve(&mut w.starts, runs, "the windows' run starts")?;
                 for kk in 0..kl {
                     w.padded_starts(kk);
                 }
                 w.pad_rows = w.padded_rows();
             }
         }
-        w.table.try_reserve_exact(runs).map_err(|_| alloc::<Run>("the windows' runs", runs))?;
+        shape::reserve(&mut w.table, runs, "the windows' runs")?;
         let mut table = core::mem::take(&mut w.table);
         for kk in 0..kl {
             w.runs(kk, |p0, src0, lo, hi| table.push(Run { p0, src0, lo, hi }));
@@ -138,7 +138,7 @@ impl Windows {
         let small = p <= GATHER_MAX && row <= GATHER_ROW_MAX && il < PADDING as usize;
         if small {
             let entries = shape::mul("the windows' gather table", kl, p)?;
-            w.gather.try_reserve_exact(entries).map_err(|_| alloc::<u32>("the windows' gather table", entries))?;
+            shape::reserve(&mut w.gather, entries, "the windows' gather table")?;
             let (out_l, s) = (w.output[w.output.len() - 1], w.strides[w.strides.len() - 1]);
             for run in &w.table {
                 w.gather.extend((0..out_l).map(|j| match run.src0 {
@@ -291,7 +291,7 @@ impl Windows {
     /// reserved fallibly.
     pub fn pad_into(&self, x: &[f32], xp: &mut Vec<f32>) -> Result<(), KernelError> {
         if !self.padded_copy {
-            xp.try_reserve(x.len()).map_err(|_| alloc::<f32>("the input's channels", x.len()))?;
+            shape::reserve(xp, x.len(), "the input's channels")?;
             xp.extend_from_slice(x);
             return Ok(());
         }
@@ -474,10 +474,6 @@ impl Windows {
             }
         }
     }
-}
-
-fn alloc<T>(what: &'static str, len: usize) -> KernelError {
-    KernelError::Allocation { what, bytes: len as u128 * size_of::<T>() as u128 }
 }
 
 /// Whether im2col goes through a padded copy of the input (tests).
