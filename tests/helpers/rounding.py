@@ -218,15 +218,6 @@ def _add(n, v, e, a):
     return y, e[0] + e[1] + U * (np.abs(y) + e[0] + e[1]), None
 
 
-def _add_back(n, v, e, cache, g, E):
-    out = []
-    for x in v[:2]:
-        gx, cnt = _sum_to(g, x.shape)
-        Ex, _ = _sum_to(E + (gamma(cnt) * (np.abs(g) + E) if cnt > 1 else 0), x.shape)
-        out.append((gx, Ex))
-    return out
-
-
 def _ties(x, ex):
     """Relu / LeakyRelu inputs whose sign float32 rounding could flip (an exact 0 with no
     error stays 0)."""
@@ -457,19 +448,20 @@ def _gelu_back(n, v, e, approximate, g, E):
 
 
 def _loss_weights(labels, a):
-    """Per-sample weights (0 where the label is ignore_index) and d loss / d sample loss."""
+    """d loss / d sample loss (0 where the label is ignore_index) and the labels with
+    those samples' replaced by 0 (any valid row index)."""
     w = np.ones(labels.shape)
     if "ignore_index" in a:
         w[labels == a["ignore_index"]] = 0
     reduction = _s(a.get("reduction", "mean"))
     assert reduction in ("mean", "sum"), reduction
-    return w, (w / w.sum() if reduction == "mean" else w), np.where(w > 0, labels, 0)
+    return (w / w.sum() if reduction == "mean" else w), np.where(w > 0, labels, 0)
 
 
 def _sce(n, v, e, a):
     assert len(v) == 2, "no class weights"
     z, ez = v[0], e[0]
-    w, dw, labels = _loss_weights(v[1].astype(np.int64), a)
+    dw, labels = _loss_weights(v[1].astype(np.int64), a)
     nb, c = z.shape
     m = z.max(axis=1, keepdims=True)
     ex_ = np.exp(z - m)
@@ -552,7 +544,7 @@ def _log_softmax_back(n, v, e, cache, g, E):
 def _nll(n, v, e, a):
     assert len(v) == 2, "no class weights"
     lp, elp = v[0], e[0]
-    w, dw, labels = _loss_weights(v[1].astype(np.int64), a)
+    dw, labels = _loss_weights(v[1].astype(np.int64), a)
     rows = np.arange(lp.shape[0])
     loss = -(dw * lp[rows, labels]).sum()
     eloss = (dw * elp[rows, labels]).sum() + gamma(lp.shape[0] + 2) * (dw * np.abs(lp[rows, labels])).sum()
@@ -589,8 +581,6 @@ def _reshape(n, v, e, a):
     return v[0].reshape(shape), e[0].reshape(shape), v[0].shape
 
 
-def _reshape_rule_back(n, v, e, shape, g, E):
-    return [(g.reshape(shape), E.reshape(shape)), None]
 
 
 def _transpose(n, v, e, a):
@@ -624,15 +614,18 @@ def _split_back(n, v, e, cache, gs):
     return out + [None] * (len(v) - 1)
 
 
+def _mean(x, ex, axes, keep):
+    """The mean over ``axes``: a sum of its terms in any order and a division."""
+    cnt = int(np.prod([x.shape[d] for d in axes]))
+    y = x.mean(axis=axes, keepdims=keep)
+    ey = ex.mean(axis=axes, keepdims=keep) + gamma(cnt + 1) * (np.abs(x) + ex).mean(axis=axes, keepdims=keep)
+    return y, ey, (x.shape, axes, keep, cnt)
+
+
 def _reduce_mean(n, v, e, a):
     x = v[0]
     axes = [int(d) for d in v[1]] if len(v) > 1 else a.get("axes", list(range(x.ndim)))
-    axes = tuple(d % x.ndim for d in axes)
-    keep = bool(a.get("keepdims", 1))
-    cnt = int(np.prod([x.shape[d] for d in axes]))
-    y = x.mean(axis=axes, keepdims=keep)
-    ey = e[0].mean(axis=axes, keepdims=keep) + gamma(cnt + 1) * (np.abs(x) + e[0]).mean(axis=axes, keepdims=keep)
-    return y, ey, (x.shape, axes, keep, cnt)
+    return _mean(x, e[0], tuple(d % x.ndim for d in axes), bool(a.get("keepdims", 1)))
 
 
 def _reduce_mean_back(n, v, e, cache, g, E):
@@ -672,6 +665,8 @@ def _sum(n, v, e, a):
 
 
 def _sum_back(n, v, e, cache, g, E):
+    """Add's and Sum's: each input's gradient is g summed down to its shape (a sum of the
+    broadcast copies, in any order)."""
     out = []
     for x in v:
         gx, cnt = _sum_to(g, x.shape)
@@ -687,20 +682,13 @@ def _flatten(n, v, e, a):
 
 
 def _reshape_back(n, v, e, shape, g, E):
-    return [(g.reshape(shape), E.reshape(shape))]
+    """Reshape's and Flatten's (no gradient for Reshape's shape input)."""
+    return [(g.reshape(shape), E.reshape(shape))] + [None] * (len(v) - 1)
 
 
 def _gap(n, v, e, a):
-    x, ex = v[0], e[0]
-    cnt = int(np.prod(x.shape[2:]))
-    axes = tuple(range(2, x.ndim))
-    y = x.mean(axis=axes, keepdims=True)
-    return y, ex.mean(axis=axes, keepdims=True) + gamma(cnt + 1) * (np.abs(x) + ex).mean(axis=axes, keepdims=True), x.shape
-
-
-def _gap_back(n, v, e, shape, g, E):
-    cnt = int(np.prod(shape[2:]))
-    return [(np.broadcast_to(g / cnt, shape), np.broadcast_to((E + U * (np.abs(g) + E)) / cnt, shape))]
+    """ReduceMean over the spatial axes, kept."""
+    return _mean(v[0], e[0], tuple(range(2, v[0].ndim)), True)
 
 
 def _identity(n, v, e, a):
@@ -1048,7 +1036,7 @@ OPS = {
     "Conv": (_conv, _conv_back),
     "MatMul": (_matmul, _matmul_back_rule),
     "Gemm": (_gemm, _gemm_back),
-    "Add": (_add, _add_back),
+    "Add": (_add, _sum_back),
     "Relu": (_relu, _relu_back),
     "LeakyRelu": (_leaky_relu, _leaky_relu_back),
     "MaxPool": (_maxpool, _maxpool_back),
@@ -1060,14 +1048,14 @@ OPS = {
     "LogSoftmax": (_log_softmax, _log_softmax_back),
     "NegativeLogLikelihoodLoss": (_nll, _nll_back),
     "Mul": (_mul, _mul_back),
-    "Reshape": (_reshape, _reshape_rule_back),
+    "Reshape": (_reshape, _reshape_back),
     "Transpose": (_transpose, _transpose_back),
     "Split": (_split, _split_back),
     "ReduceMean": (_reduce_mean, _reduce_mean_back),
     "ReduceSum": (_reduce_sum, _reduce_sum_back),
     "Sum": (_sum, _sum_back),
     "Flatten": (_flatten, _reshape_back),
-    "GlobalAveragePool": (_gap, _gap_back),
+    "GlobalAveragePool": (_gap, _reduce_mean_back),
     "Identity": (_identity, _identity_back),
     "GRU": (_gru, _gru_back),
 }
@@ -1077,7 +1065,6 @@ EXACT_OPS = {"Relu", "LeakyRelu", "MaxPool", "Flatten", "Identity", "Reshape", "
              "Split"}  # no rounding of their own
 MULTI_OUTPUT = {"Split", "GRU"}
 CARRY_RULES = {"GRU"}  # ops whose own steps pass errors on only in the carrying forward
-DECISION_OPS = {"Relu", "LeakyRelu", "MaxPool"}
 
 
 def _fuse_matmul_add(nodes, outputs):
