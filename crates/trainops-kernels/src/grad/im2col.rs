@@ -325,9 +325,12 @@ impl Windows {
     }
 
     /// Writes rows `rows` of the column matrices of `samples` samples side by side into
-    /// `col` (row `rows.start + i` of sample `n` at `col[i * ld + n * output_len()..]`),
-    /// from `xp` as [`Windows::pad_into`] made it (each sample's channels from `c0` on):
-    /// [`Windows::im2col_padded`] or, without the padded copy, along the runs.
+    /// `col`: `xp` holds each sample's channels as [`Windows::pad_into`] made them (sample 0
+    /// first, each from channel `c0` on: row `r = c * kernel_len() + kk` reads channel `c -
+    /// c0`); row `rows.start + i` of sample `n` goes to `col[i * ld + n *
+    /// output_len()..][..output_len()]`. From the padded copy every run is a plain (strided)
+    /// copy; without it, the runs are read from the input with zeros in the padding. Row by
+    /// row, every sample in turn: a row's bookkeeping is paid once, not once per sample.
     pub fn im2col(
         &self,
         xp: &[f32],
@@ -337,41 +340,41 @@ impl Windows {
         col: &mut [f32],
         ld: usize,
     ) {
-        if self.padded_copy {
-            self.im2col_padded(xp, samples, c0, rows, col, ld);
-        } else {
-            self.im2col_runs(xp, samples, c0, rows, col, ld);
-        }
-    }
-
-    /// [`Windows::im2col`] from the input's channels as they are (`xp`: each sample's
-    /// channels from `c0` on, `input_len()` elements each), run by run: zeros in the
-    /// padding, a strided copy in between.
-    fn im2col_runs(
-        &self,
-        xp: &[f32],
-        samples: usize,
-        c0: usize,
-        rows: core::ops::Range<usize>,
-        col: &mut [f32],
-        ld: usize,
-    ) {
-        let (kl, p, il) = (self.kernel_len(), self.output_len(), self.input_len());
+        let (kl, p) = (self.kernel_len(), self.output_len());
         let out_l = self.output[self.output.len() - 1];
         let s = self.strides[self.strides.len() - 1];
         if p == 0 || samples == 0 {
             return;
         }
+        // The elements of one channel in `xp`.
+        let grid = if self.padded_copy { self.padded_len() } else { self.input_len() };
+        let outer = p / out_l;
         let per_sample = xp.len() / samples;
         for (i, r) in rows.enumerate() {
             let (c, kk) = (r / kl - c0, r % kl);
             let dst_row = &mut col[i * ld..i * ld + samples * p];
-            if il == 0 {
+            if grid == 0 {
                 dst_row.fill(0.0);
                 continue;
             }
-            for (dst, xs) in dst_row.chunks_exact_mut(p).zip(xp.chunks_exact(per_sample)) {
-                let xc = &xs[c * il..(c + 1) * il];
+            let per_sample_row =
+                dst_row.chunks_exact_mut(p).zip(xp.chunks_exact(per_sample).map(|xs| &xs[c * grid..(c + 1) * grid]));
+            if self.padded_copy {
+                let starts = &self.starts[kk * outer..(kk + 1) * outer];
+                for (dst, xpc) in per_sample_row {
+                    for (run, &at) in dst.chunks_exact_mut(out_l).zip(starts) {
+                        if s == 1 {
+                            copy_short(run, &xpc[at..at + out_l]);
+                        } else {
+                            for (v, &e) in run.iter_mut().zip(xpc[at..].iter().step_by(s)) {
+                                *v = e;
+                            }
+                        }
+                    }
+                }
+                continue;
+            }
+            for (dst, xc) in per_sample_row {
                 for &Run { p0, src0, lo, hi } in self.table_runs(kk) {
                     let run = &mut dst[p0..p0 + out_l];
                     match src0 {
@@ -390,51 +393,9 @@ impl Windows {
         }
     }
 
-    /// Writes rows `rows` of the column matrices of `samples` samples side by side into
-    /// `col`: `xp` holds each sample's padded channels ([`Windows::pad_into`]: `channels x
-    /// padded_len()` elements per sample, sample 0 first) starting at channel `c0` (row `r =
-    /// c * kernel_len() + kk` reads channel `c - c0`); row `rows.start + i` of sample `n` goes
-    /// to `col[i * ld + n * output_len()..][..output_len()]`. Row by row, every sample in
-    /// turn: a row's bookkeeping is paid once, not once per sample.
-    pub fn im2col_padded(
-        &self,
-        xp: &[f32],
-        samples: usize,
-        c0: usize,
-        rows: core::ops::Range<usize>,
-        col: &mut [f32],
-        ld: usize,
-    ) {
-        let (kl, p, pl) = (self.kernel_len(), self.output_len(), self.padded_len());
-        let out_l = self.output[self.output.len() - 1];
-        let s = self.strides[self.strides.len() - 1];
-        if p == 0 || samples == 0 {
-            return;
-        }
-        let outer = p / out_l;
-        let per_sample = xp.len() / samples;
-        for (i, r) in rows.enumerate() {
-            let (c, kk) = (r / kl - c0, r % kl);
-            let starts = &self.starts[kk * outer..(kk + 1) * outer];
-            let dst_row = &mut col[i * ld..i * ld + samples * p];
-            for (dst, xs) in dst_row.chunks_exact_mut(p).zip(xp.chunks_exact(per_sample)) {
-                let xpc = &xs[c * pl..(c + 1) * pl];
-                for (run, &at) in dst.chunks_exact_mut(out_l).zip(starts) {
-                    if s == 1 {
-                        copy_short(run, &xpc[at..at + out_l]);
-                    } else {
-                        for (v, &e) in run.iter_mut().zip(xpc[at..].iter().step_by(s)) {
-                            *v = e;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
     /// Adds the column matrix (`channels * kernel_len()` rows, row `r` at `col[r * ld +
     /// col0..][..output_len()]`) back onto the input grid `dx` (`channels x input_len()`):
-    /// the adjoint of [`Windows::im2col_padded`] (every column element to the input element
+    /// the adjoint of [`Windows::im2col`] (every column element to the input element
     /// it was read from).
     pub fn col2im_add(&self, col: &[f32], ld: usize, col0: usize, dx: &mut [f32]) {
         let (kl, p, il) = (self.kernel_len(), self.output_len(), self.input_len());
