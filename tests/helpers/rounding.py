@@ -319,30 +319,27 @@ def _normalize(x, ex, axes, eps):
     return mean, rstd, rho, xhat, exhat, cnt
 
 
-def _batchnorm(n, v, e, a):
-    """Training mode (the Trainer's default): batch statistics, biased variance."""
-    x, ex = v[0], e[0]
-    scale, bias = v[1], v[2]
-    eps = float(np.float32(a.get("epsilon", 1e-5)))
-    axes = (0,) + tuple(range(2, x.ndim))
-    chan = (1, -1) + (1,) * (x.ndim - 2)
-    mean, rstd, rho, xhat, exhat, cnt = _normalize(x, ex, axes, eps)
-    sc, bi = scale.reshape(chan), bias.reshape(chan)
-    y = sc * xhat + bi
-    # y = scale * x̂ + bias, or x * (scale rstd) + (bias - mean scale rstd): magnitudes of
-    # both orders, four roundings
-    ey = np.abs(sc) * exhat + gamma(4) * (np.abs(sc) * rstd * (np.abs(x) + np.abs(mean) + ex) + np.abs(bi))
-    return y, ey, (xhat, exhat, rstd, rho, sc, axes, cnt)
+def _affine(x, ex, mean, rstd, xhat, exhat, scale, bias):
+    """y = scale * x̂ + bias (BatchNorm's, LayerNorm's), or x * (scale rstd) + (bias -
+    mean scale rstd): magnitudes of both orders, four roundings."""
+    y = scale * xhat + bias
+    ey = np.abs(scale) * exhat + gamma(4) * (np.abs(scale) * rstd * (np.abs(x) + np.abs(mean) + ex) + np.abs(bias))
+    return y, ey
 
 
-def _batchnorm_back(n, v, e, cache, g, E):
-    xhat, exhat, rstd, rho, sc, axes, cnt = cache
-    A = np.abs(g) + E
-    ax = np.abs(xhat) + exhat
+def _affine_back(g, E, A, xhat, exhat, ax, axes, cnt):
+    """The gradients of scale and bias, sums over ``axes`` (``cnt`` terms) of ``g x̂`` and
+    ``g``, and their bounds: ``((gs, Es), (gb, Eb))``."""
     gb = g.sum(axis=axes)
     Eb = E.sum(axis=axes) + gamma(cnt) * A.sum(axis=axes)
     gs = (g * xhat).sum(axis=axes)
     Es = (E * ax + np.abs(g) * exhat).sum(axis=axes) + gamma(cnt + 1) * (A * ax).sum(axis=axes)
+    return (gs, Es), (gb, Eb)
+
+
+def _centered(g, E, A, xhat, exhat, ax, axes, cnt):
+    """``g - mean(g) - x̂ mean(g x̂)`` over ``axes`` (``cnt`` terms), the normalisation's
+    backward before the 1/std scaling, and its bound."""
     m1 = g.mean(axis=axes, keepdims=True)
     m2 = (g * xhat).mean(axis=axes, keepdims=True)
     Em1 = E.mean(axis=axes, keepdims=True) + gamma(cnt + 1) * A.mean(axis=axes, keepdims=True)
@@ -351,6 +348,28 @@ def _batchnorm_back(n, v, e, cache, g, E):
     inner = g - m1 - xhat * m2
     Ein = E + Em1 + ax * Em2 + exhat * np.abs(m2) \
         + gamma(3) * (A + np.abs(m1) + Em1 + ax * (np.abs(m2) + Em2))
+    return inner, Ein
+
+
+def _batchnorm(n, v, e, a):
+    """Training mode (the Trainer's default): batch statistics, biased variance."""
+    x, ex = v[0], e[0]
+    scale, bias = v[1], v[2]
+    eps = float(np.float32(a.get("epsilon", 1e-5)))
+    axes = (0,) + tuple(range(2, x.ndim))
+    chan = (1, -1) + (1,) * (x.ndim - 2)
+    mean, rstd, rho, xhat, exhat, cnt = _normalize(x, ex, axes, eps)
+    sc = scale.reshape(chan)
+    y, ey = _affine(x, ex, mean, rstd, xhat, exhat, sc, bias.reshape(chan))
+    return y, ey, (xhat, exhat, rstd, rho, sc, axes, cnt)
+
+
+def _batchnorm_back(n, v, e, cache, g, E):
+    xhat, exhat, rstd, rho, sc, axes, cnt = cache
+    A = np.abs(g) + E
+    ax = np.abs(xhat) + exhat
+    (gs, Es), (gb, Eb) = _affine_back(g, E, A, xhat, exhat, ax, axes, cnt)
+    inner, Ein = _centered(g, E, A, xhat, exhat, ax, axes, cnt)
     k = np.abs(sc) * rstd
     gx = sc * rstd * inner
     Ex = k * Ein + k * (rho + gamma(2)) * (np.abs(inner) + Ein)
@@ -367,8 +386,7 @@ def _layernorm(n, v, e, a):
     mean, rstd, rho, xhat, exhat, cnt = _normalize(x, ex, axes, eps)
     scale = v[1]
     bias = v[2] if len(v) > 2 else np.zeros_like(scale)
-    y = scale * xhat + bias
-    ey = np.abs(scale) * exhat + gamma(4) * (np.abs(scale) * rstd * (np.abs(x) + np.abs(mean) + ex) + np.abs(bias))
+    y, ey = _affine(x, ex, mean, rstd, xhat, exhat, scale, bias)
     return y, ey, (xhat, exhat, rstd, rho, scale, cnt, axes)
 
 
@@ -378,20 +396,10 @@ def _layernorm_back(n, v, e, cache, g, E):
     rows = int(np.prod(g.shape[:axes[0]]))
     A = np.abs(g) + E
     ax = np.abs(xhat) + exhat
-    gb, Eb = g.sum(axis=lead), E.sum(axis=lead) + gamma(rows) * A.sum(axis=lead)
-    gs = (g * xhat).sum(axis=lead)
-    Es = (E * ax + np.abs(g) * exhat).sum(axis=lead) + gamma(rows + 1) * (A * ax).sum(axis=lead)
+    (gs, Es), (gb, Eb) = _affine_back(g, E, A, xhat, exhat, ax, lead, rows)
     gh = g * scale
     Eh = E * np.abs(scale) + U * A * np.abs(scale)
-    Ah = np.abs(gh) + Eh
-    m1 = gh.mean(axis=axes, keepdims=True)
-    m2 = (gh * xhat).mean(axis=axes, keepdims=True)
-    Em1 = Eh.mean(axis=axes, keepdims=True) + gamma(cnt + 1) * Ah.mean(axis=axes, keepdims=True)
-    Em2 = (Eh * ax + np.abs(gh) * exhat).mean(axis=axes, keepdims=True) \
-        + gamma(cnt + 2) * (Ah * ax).mean(axis=axes, keepdims=True)
-    inner = gh - m1 - xhat * m2
-    Ein = Eh + Em1 + ax * Em2 + exhat * np.abs(m2) \
-        + gamma(3) * (Ah + np.abs(m1) + Em1 + ax * (np.abs(m2) + Em2))
+    inner, Ein = _centered(gh, Eh, np.abs(gh) + Eh, xhat, exhat, ax, axes, cnt)
     gx = rstd * inner
     Ex = rstd * Ein + rstd * (rho + U) * (np.abs(inner) + Ein)
     out = [(gx, Ex), (gs, Es)]
