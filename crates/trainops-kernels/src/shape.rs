@@ -18,6 +18,10 @@
 
 use crate::KernelError;
 
+/// The largest dimension or attribute value ONNX can express (int64): what the window
+/// arithmetic of the convolution and pooling gradients accepts, in signed integers.
+pub const MAX_DIM: usize = i64::MAX as usize;
+
 /// The element count of a tensor of dimensions `dims`: `Some(0)` when a dimension is 0
 /// (whatever the others are), `None` when the product does not fit in `usize`.
 pub fn numel(dims: &[usize]) -> Option<usize> {

@@ -66,10 +66,6 @@ impl core::fmt::Display for ConvError {
 
 impl std::error::Error for ConvError {}
 
-/// The largest attribute value or dimension a convolution takes: ONNX's are int64, and the
-/// window arithmetic runs in signed integers.
-const MAX_VALUE: usize = i64::MAX as usize;
-
 fn attribute(name: &'static str, what: String) -> ConvError {
     ConvError::Attribute { name, what }
 }
@@ -102,11 +98,11 @@ impl ConvGeometry {
             ("dilations", &self.dilations),
             ("pads", &self.pads),
         ] {
-            if list.iter().any(|&v| v > MAX_VALUE) {
+            if list.iter().any(|&v| v > shape::MAX_DIM) {
                 return Err(attribute(name, format!("values must be at most 2^63 - 1, got {list:?}")));
             }
         }
-        if self.group == 0 || self.group > MAX_VALUE {
+        if self.group == 0 || self.group > shape::MAX_DIM {
             return Err(attribute("group", format!("must be in [1, 2^63 - 1], got {}", self.group)));
         }
         Ok(())
@@ -127,14 +123,14 @@ impl ConvGeometry {
         (0..d)
             .map(|j| {
                 let (pb, pe) = (self.pads[j], self.pads[j + d]);
-                let padded = input[j].checked_add(pb).and_then(|v| v.checked_add(pe)).filter(|&v| v <= MAX_VALUE);
+                let padded = input[j].checked_add(pb).and_then(|v| v.checked_add(pe)).filter(|&v| v <= shape::MAX_DIM);
                 let padded = padded.ok_or_else(|| {
                     let what =
                         format!("dimension {j}: the input ({}) padded by {pb} + {pe} exceeds 2^63 - 1", input[j]);
                     attribute("pads", what)
                 })?;
                 let (k, dil) = (self.kernel[j], self.dilations[j]);
-                let window = (k - 1).checked_mul(dil).filter(|&v| v < MAX_VALUE).ok_or_else(|| {
+                let window = (k - 1).checked_mul(dil).filter(|&v| v < shape::MAX_DIM).ok_or_else(|| {
                     let what = format!("dimension {j}: the dilated kernel (({k} - 1) * {dil} + 1) exceeds 2^63 - 1");
                     attribute("dilations", what)
                 })? + 1;
@@ -256,7 +252,9 @@ impl ConvDims {
     }
 }
 
-fn check_len(what: &'static str, got: usize, expected: usize) -> Result<(), KernelError> {
+/// `got` elements for a tensor of dimensions `dims`, else an error naming `what`.
+fn check_len(what: &'static str, got: usize, dims: &[usize]) -> Result<(), KernelError> {
+    let expected = shape::count(what, dims)?;
     if got == expected {
         Ok(())
     } else {
@@ -361,9 +359,9 @@ pub fn weight_grad(
     dw: &mut [f32],
     par: &dyn Parallelism,
 ) -> Result<(), KernelError> {
-    check_len("X", x.len(), shape::count("X", &dims.x_shape())?)?;
-    check_len("dY", dy.len(), shape::count("dY", &dims.y_shape())?)?;
-    check_len("dW", dw.len(), shape::count("dW", &dims.w_shape())?)?;
+    check_len("X", x.len(), &dims.x_shape())?;
+    check_len("dY", dy.len(), &dims.y_shape())?;
+    check_len("dW", dw.len(), &dims.w_shape())?;
     if dw.is_empty() {
         return Ok(());
     }
@@ -449,9 +447,9 @@ pub fn input_grad(
     dx: &mut [f32],
     par: &dyn Parallelism,
 ) -> Result<(), KernelError> {
-    check_len("dY", dy.len(), shape::count("dY", &dims.y_shape())?)?;
-    check_len("W", w.len(), shape::count("W", &dims.w_shape())?)?;
-    check_len("dX", dx.len(), shape::count("dX", &dims.x_shape())?)?;
+    check_len("dY", dy.len(), &dims.y_shape())?;
+    check_len("W", w.len(), &dims.w_shape())?;
+    check_len("dX", dx.len(), &dims.x_shape())?;
     if dx.is_empty() {
         return Ok(());
     }

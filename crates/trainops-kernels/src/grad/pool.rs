@@ -11,6 +11,7 @@
 use std::sync::Mutex;
 
 use crate::parallel::{run_chunked, Splittable, CHUNK, SERIAL_BELOW};
+use crate::shape::MAX_DIM;
 use crate::Parallelism;
 
 /// Why [`max_pool_grad`] refused its inputs.
@@ -264,9 +265,6 @@ pub struct Window {
     pub pad_begin: Vec<usize>,
 }
 
-/// The largest attribute value or dimension the windows take (ONNX's are int64).
-const MAX_VALUE: usize = i64::MAX as usize;
-
 fn window_error(name: &'static str, what: String) -> PoolGradError {
     PoolGradError::Window { name, what }
 }
@@ -286,7 +284,7 @@ impl Window {
             ("dilations", &self.dilations, 1),
             ("pads", &self.pad_begin, 0),
         ] {
-            if list.len() != n || list.iter().any(|&v| v < min || v > MAX_VALUE) {
+            if list.len() != n || list.iter().any(|&v| v < min || v > MAX_DIM) {
                 let what = format!("expected {n} values in [{min}, 2^63 - 1], got {list:?}");
                 return Err(window_error(name, what));
             }
@@ -302,7 +300,7 @@ impl Window {
     pub fn output_sizes(&self, pad_end: &[usize], in_sp: &[usize]) -> Result<Vec<(usize, usize)>, PoolGradError> {
         self.check()?;
         let n = self.kernel.len();
-        if pad_end.len() != n || pad_end.iter().any(|&v| v > MAX_VALUE) {
+        if pad_end.len() != n || pad_end.iter().any(|&v| v > MAX_DIM) {
             let what = format!(
                 "expected {} values in [0, 2^63 - 1], got {:?}",
                 2 * n,
@@ -317,14 +315,14 @@ impl Window {
         (0..n)
             .map(|j| {
                 let (pb, pe) = (self.pad_begin[j], pad_end[j]);
-                let padded = in_sp[j].checked_add(pb).and_then(|v| v.checked_add(pe)).filter(|&v| v <= MAX_VALUE);
+                let padded = in_sp[j].checked_add(pb).and_then(|v| v.checked_add(pe)).filter(|&v| v <= MAX_DIM);
                 let padded = padded.ok_or_else(|| {
                     let what =
                         format!("dimension {j}: the input ({}) padded by {pb} + {pe} exceeds 2^63 - 1", in_sp[j]);
                     window_error("pads", what)
                 })?;
                 let (k, d) = (self.kernel[j], self.dilations[j]);
-                let window = (k - 1).checked_mul(d).filter(|&v| v < MAX_VALUE).ok_or_else(|| {
+                let window = (k - 1).checked_mul(d).filter(|&v| v < MAX_DIM).ok_or_else(|| {
                     let what = format!("dimension {j}: the dilated window (({k} - 1) * {d} + 1) exceeds 2^63 - 1");
                     window_error("dilations", what)
                 })? + 1;
