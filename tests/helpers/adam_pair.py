@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from helpers.references import adjusted_rate, attr_f32
 from helpers.rounding import U, batch_stats, forward, gamma, step_bounds
 
 F32 = np.float32
@@ -102,10 +103,10 @@ def record(tr, feeds, steps: int):
 
 
 def _adam_constants(opt):
-    alpha, beta = float(F32(opt.alpha)), float(F32(opt.beta))
+    alpha, beta = attr_f32(opt.alpha), attr_f32(opt.beta)
     assert opt.norm_coefficient == 0 and opt.norm_coefficient_post == 0, opt
     return (alpha, beta, float(F32(1.0 - alpha)), float(F32(1.0 - beta)),
-            float(F32(opt.epsilon)))
+            attr_f32(opt.epsilon))
 
 
 def grad_difference(model, feeds, t, xa, xb):
@@ -165,7 +166,7 @@ def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what="", grads=N
         if lbound:
             worst["loss"] = max(worst["loss"], abs(la[t - 1] - lb[t - 1]) / lbound)
         # the kernel's r_adjusted: R (float32) times the bias correction in float64, rounded
-        rate = float(F32(float(F32(lr)) * np.sqrt(1 - beta ** t) / (1 - alpha ** t)))
+        rate = float(F32(adjusted_rate(float(F32(lr)), t, alpha, beta)))
         for k in names:
             D = Ds[k]
             Va, Vb = (s[t]["V"][k].astype(np.float64) for s in (sa, sb))
