@@ -123,9 +123,7 @@ impl Error {
             Self::Memory { .. } | Self::Runtime { .. } | Self::Panic { .. } => ORT_FAIL,
         }
     }
-}
 
-impl Error {
     /// A kernel's refusal as the op's error: working memory it could not get is
     /// [`Error::Memory`], anything else [`Error::Kernel`].
     pub fn kernel(op: &'static str, e: trainops_kernels::KernelError) -> Self {

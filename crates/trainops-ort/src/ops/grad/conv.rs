@@ -20,7 +20,7 @@ use trainops_kernels::grad::conv::{input_grad, weight_grad, ConvDims, ConvError,
 use crate::error::{Error, Result};
 use crate::ffi::pool::OrtPool;
 use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature, Tensor};
-use crate::ops::grad::{kernel_error, shape_i64};
+use crate::ops::grad::shape_i64;
 use crate::ops::io;
 
 /// `ConvWeightGrad` as registered in `com.trainops`.
@@ -186,7 +186,7 @@ impl Kernel for WeightKernel {
         // is a buffer of its own (the runtime never aliases a custom op's output with an input).
         let (xv, dyv, dw) = unsafe { (x.slice::<f32>(), dy.slice::<f32>(), out.slice_mut::<f32>()) };
         let pool = OrtPool::new(ctx);
-        weight_grad(&dims, xv, dyv, dw, &pool).map_err(|e| kernel_error(OP, e))
+        weight_grad(&dims, xv, dyv, dw, &pool).map_err(|e| Error::kernel(OP, e))
     }
 }
 
@@ -257,6 +257,6 @@ impl Kernel for InputKernel {
         // is a buffer of its own.
         let (dyv, wv, dx) = unsafe { (dy.slice::<f32>(), w.slice::<f32>(), out.slice_mut::<f32>()) };
         let pool = OrtPool::new(ctx);
-        input_grad(&dims, dyv, wv, dx, &pool).map_err(|e| kernel_error(OP, e))
+        input_grad(&dims, dyv, wv, dx, &pool).map_err(|e| Error::kernel(OP, e))
     }
 }

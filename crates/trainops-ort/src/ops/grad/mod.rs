@@ -81,12 +81,6 @@ pub(crate) fn no_overlap(op: &'static str, out: &Tensor, inputs: &[(&str, &Tenso
     disjoint(op, &[("dX", out)], inputs)
 }
 
-/// A kernel's refusal (lengths it cannot use, working memory it cannot get) as the op's
-/// error.
-pub(crate) fn kernel_error(op: &'static str, e: trainops_kernels::KernelError) -> Error {
-    Error::kernel(op, e)
-}
-
 /// `dims` (sizes a check has computed) as an ONNX shape, each at most `2^63 - 1`; else an
 /// error naming input `index` (`name`), whose shape or the attributes implied them.
 pub(crate) fn shape_i64(op: &'static str, index: usize, name: &str, dims: &[usize]) -> Result<Vec<i64>> {

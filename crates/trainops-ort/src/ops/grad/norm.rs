@@ -5,7 +5,7 @@
 use trainops_kernels::grad::norm::{layer_norm_grad, LayerNormGradIn, LayerNormGradOut};
 use trainops_kernels::simd::detected;
 
-use super::{axis_of, disjoint, float_input, kernel_error};
+use super::{axis_of, disjoint, float_input};
 use crate::error::{Error, Result};
 use crate::ffi::pool::OrtPool;
 use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
@@ -99,6 +99,6 @@ impl Kernel for LayerNormGradKernel {
             (inp, out)
         };
         let pool = OrtPool::new(ctx);
-        layer_norm_grad(detected(), inp, cols, out, &pool).map_err(|e| kernel_error(OP, e))
+        layer_norm_grad(detected(), inp, cols, out, &pool).map_err(|e| Error::kernel(OP, e))
     }
 }

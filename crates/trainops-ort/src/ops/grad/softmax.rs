@@ -7,7 +7,7 @@
 use trainops_kernels::grad::softmax::{cross_entropy_grad, softmax_grad, Dims, Kind, LossScale};
 use trainops_kernels::simd::detected;
 
-use super::{axis_of, disjoint, float_input, kernel_error};
+use super::{axis_of, disjoint, float_input};
 use crate::error::{Error, Result};
 use crate::ffi::pool::OrtPool;
 use crate::ffi::{Context, DType, Formal, Kernel, KernelInfo, OpSpec, ShapeInfer, Signature};
@@ -74,7 +74,7 @@ impl Kernel for SoftmaxGradKernel {
         // A count past usize splits only an empty tensor (huge dimensions beside a zero):
         // its dX is empty, nothing to do.
         let Some(dims) = Dims::split(&shape, axis) else { return Ok(()) };
-        softmax_grad(detected(), self.kind, dims, g, v, d, &pool).map_err(|e| kernel_error(op, e))
+        softmax_grad(detected(), self.kind, dims, g, v, d, &pool).map_err(|e| Error::kernel(op, e))
     }
 }
 
@@ -162,6 +162,6 @@ impl Kernel for SceGradKernel {
             Reduction::Mean => LossScale::Mean(g[0]),
         };
         let pool = OrtPool::new(ctx);
-        cross_entropy_grad(x, classes, labels, self.ignore, scale, d, &pool).map_err(|e| kernel_error(SCE, e))
+        cross_entropy_grad(x, classes, labels, self.ignore, scale, d, &pool).map_err(|e| Error::kernel(SCE, e))
     }
 }
