@@ -56,7 +56,7 @@ from __future__ import annotations
 import numpy as np
 
 from helpers.references import adjusted_rate, attr_f32
-from helpers.rounding import U, batch_stats, forward, gamma, step_bounds
+from helpers.rounding import U, batch_stats, forward, gamma, pair_bounds, same_params
 
 F32 = np.float32
 
@@ -114,8 +114,7 @@ def grad_difference(model, feeds, t, xa, xb):
     ``xa`` and ``xb``: ``(loss_bound, D)``, the bound on the two losses' difference and,
     per parameter, on the two gradients' (the theorem at a first step from equal
     parameters, the model of step 1 after it)."""
-    L64a, Lwa, ga, Ea = step_bounds(model, xa, _feeds_at(feeds, t), other=xb)
-    L64b, Lwb, gb, Eb = step_bounds(model, xb, _feeds_at(feeds, t), other=xa)
+    (L64a, Lwa, ga, Ea), (L64b, Lwb, gb, Eb) = pair_bounds(model, xa, xb, _feeds_at(feeds, t))
     first = t == 1 and all(np.array_equal(xa[k], xb[k]) for k in xa)
     # loss: the exact change plus the width of each run's loss (twice its rounding)
     return abs(L64a - L64b) + Lwa + Lwb, \
@@ -132,8 +131,8 @@ def carried_difference(model, feeds, mode=True):
     worst case does not compound out of use); first order in the roundings with
     ``mode="linear"`` (a long, wide GRU)."""
     def grads(t, xa, xb):
-        La, eLa, ga, Ea = step_bounds(model, xa, _feeds_at(feeds, t), forward_errors=mode)
-        Lb, eLb, gb, Eb = step_bounds(model, xb, _feeds_at(feeds, t), forward_errors=mode)
+        (La, eLa, ga, Ea), (Lb, eLb, gb, Eb) = pair_bounds(model, xa, xb, _feeds_at(feeds, t),
+                                                           forward_errors=mode)
         return abs(La - Lb) + eLa + eLb, {k: Ea[k] + Eb[k] + np.abs(ga[k] - gb[k]) for k in ga}
     return grads
 
@@ -198,8 +197,9 @@ def assert_running_stats_agree(model, feeds, states_a, states_b, what=""):
     bns = [n for n in model.graph.node if n.op_type == "BatchNormalization"]
     bound = {}
     for t in range(1, len(states_a)):
-        (va, wa), (vb, _) = (forward(model, s[t - 1]["x"], _feeds_at(feeds, t))
-                             for s in (states_a, states_b))
+        xa, xb = states_a[t - 1]["x"], states_b[t - 1]["x"]
+        va, wa = forward(model, xa, _feeds_at(feeds, t))
+        vb = va if same_params(xa, xb) else forward(model, xb, _feeds_at(feeds, t))[0]
         for n in bns:
             mom = F32(next((a.f for a in n.attribute if a.name == "momentum"), 0.9))
             ma, vra, wmean, wvar, cnt = batch_stats(va[n.input[0]], wa[n.input[0]])

@@ -1141,43 +1141,8 @@ def _forward(model, params, feeds, other_values=None, carry=False):
     return vals, width, tape
 
 
-def step_bounds(model, params: dict, feeds: dict, loss: str = "loss", other: dict | None = None,
-                forward_errors: bool | str = False):
-    """One training step of ``model`` (BatchNormalization in training mode) in float64 at
-    ``params`` (float32 values, exact) on ``feeds``, for two float32 runs whose backwards
-    differ (kernels, summation orders) and whose forwards run the same nodes, the other
-    run at parameters ``other`` (default: the same).
-
-    Returns ``(loss, loss_width, grads, grad_bounds)``:
-
-    - ``grad_bounds[p]``: any float32 backward, in any summation order, evaluated on this
-      run's forward values, is within it of the exact gradient there (``grads[p]``, the
-      float64 one: the forward values are taken as the float64 ones for the magnitudes);
-      where the two runs may take a Relu / MaxPool decision differently it holds the
-      whole routed gradient;
-    - ``loss_width``: twice the rounding bound of the loss's own computation plus the
-      exact change between the two parameter sets (the forwards' difference, modelled as
-      each op rounding its own terms the other way).
-
-    ``forward_errors``: for runs whose forwards differ too (another kernel for a forward
-    op, another batch split): the forward's own rounding bounds are carried through it
-    and into the backward (whose coefficients are the forward's values), so that
-    ``grad_bounds[p]`` bounds ANY float32 evaluation of the whole step (forward and
-    backward, any summation orders) against the float64 gradient, and ``loss_width`` the
-    loss's distance to the float64 loss: a theorem (given the allowances for the
-    elementary functions), for one run on its own; ``other`` is then unused. Worst-case
-    bounds compound layer by layer: for shallow models. ``forward_errors="linear"``: the
-    same, but a GRU's state errors pass from step to step (forward and backward) through
-    the signed Jacobians of its exact steps (first order in the roundings: the terms left
-    out are products of two error bounds), for GRUs whose worst case compounds out of use
-    over the sequence."""
-    if forward_errors:
-        vals, width, tape = _forward(model, params, feeds, carry=forward_errors)
-    else:
-        other_values = None
-        if other is not None:
-            other_values, _, _ = _forward(model, other, feeds)
-        vals, width, tape = _forward(model, params, feeds, other_values)
+def _backward(vals, width, tape, params, loss):
+    """The backward over a :func:`_forward`'s tape: step_bounds' result."""
     grads = {loss: (np.float64(1.0), np.float64(0.0))}
     for n, ins, v, e, cache in reversed(tape):
         if n.op_type in MULTI_OUTPUT:
@@ -1198,6 +1163,71 @@ def step_bounds(model, params: dict, feeds: dict, loss: str = "loss", other: dic
             grads[name] = ge
     return (float(vals[loss]), float(width[loss]),
             {p: grads[p][0] for p in params}, {p: grads[p][1] for p in params})
+
+
+def step_bounds(model, params: dict, feeds: dict, loss: str = "loss",
+                forward_errors: bool | str = False):
+    """One training step of ``model`` (BatchNormalization in training mode) in float64 at
+    ``params`` (float32 values, exact) on ``feeds``, for two float32 runs whose backwards
+    differ (kernels, summation orders) and whose forwards run the same nodes at the same
+    parameters (:func:`pair_bounds`: at other parameters).
+
+    Returns ``(loss, loss_width, grads, grad_bounds)``:
+
+    - ``grad_bounds[p]``: any float32 backward, in any summation order, evaluated on this
+      run's forward values, is within it of the exact gradient there (``grads[p]``, the
+      float64 one: the forward values are taken as the float64 ones for the magnitudes);
+      where the two runs may take a Relu / MaxPool decision differently it holds the
+      whole routed gradient;
+    - ``loss_width``: twice the rounding bound of the loss's own computation.
+
+    ``forward_errors``: for runs whose forwards differ too (another kernel for a forward
+    op, another batch split): the forward's own rounding bounds are carried through it
+    and into the backward (whose coefficients are the forward's values), so that
+    ``grad_bounds[p]`` bounds ANY float32 evaluation of the whole step (forward and
+    backward, any summation orders) against the float64 gradient, and ``loss_width`` the
+    loss's distance to the float64 loss: a theorem (given the allowances for the
+    elementary functions), for one run on its own. Worst-case bounds compound layer by
+    layer: for shallow models. ``forward_errors="linear"``: the same, but a GRU's state
+    errors pass from step to step (forward and backward) through the signed Jacobians of
+    its exact steps (first order in the roundings: the terms left out are products of two
+    error bounds), for GRUs whose worst case compounds out of use over the sequence."""
+    return _backward(*_forward(model, params, feeds, carry=forward_errors), params, loss)
+
+
+def same_params(xa: dict, xb: dict) -> bool:
+    """Two parameter sets with the same names and bits: every bound computed at one holds
+    at the other, computed once."""
+    return xa.keys() == xb.keys() and all(
+        np.asarray(xa[k], np.float64).tobytes() == np.asarray(xb[k], np.float64).tobytes()
+        and np.shape(xa[k]) == np.shape(xb[k]) for k in xa)
+
+
+def pair_bounds(model, xa: dict, xb: dict, feeds: dict, loss: str = "loss",
+                forward_errors: bool | str = False):
+    """:func:`step_bounds` for two runs at parameters ``xa`` and ``xb`` on the same
+    ``feeds``: ``(bounds_a, bounds_b)``, each as step_bounds returns it, computed once
+    where the two parameter sets are the same.
+
+    Without ``forward_errors`` the two runs' forwards run the same nodes and differ by
+    their parameters: each run's decision ops (Relu, MaxPool) see how far the two runs'
+    values of their input may be apart (the exact difference the other parameters make
+    plus twice the local rounding bound), and each ``loss_width`` holds the exact change
+    between the two parameter sets too (the forwards' difference, modelled as each op
+    rounding its own terms the other way). A forward's values do not depend on the
+    widths it carries, so ``xa``'s forward gives ``xb``'s its other values: three
+    forwards, not four. With ``forward_errors`` each run's bound is its own (a theorem
+    for each run against float64 at its parameters)."""
+    if same_params(xa, xb):
+        one = step_bounds(model, xa, feeds, loss, forward_errors)
+        return one, one
+    if forward_errors:
+        return (step_bounds(model, xa, feeds, loss, forward_errors),
+                step_bounds(model, xb, feeds, loss, forward_errors))
+    vals_b, _, _ = _forward(model, xb, feeds)
+    fa = _forward(model, xa, feeds, vals_b)
+    fb = _forward(model, xb, feeds, fa[0])
+    return _backward(*fa, xa, loss), _backward(*fb, xb, loss)
 
 
 def forward(model, params: dict, feeds: dict):
