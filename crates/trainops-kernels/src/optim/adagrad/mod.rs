@@ -29,9 +29,14 @@ pub struct AdagradAttrs {
     pub norm_coefficient: f32,
 }
 
+impl AdagradAttrs {
+    /// ONNX's defaults (a constant, for the tables of attributes that need one).
+    pub const DEFAULT: Self = Self { decay_factor: 0.0, epsilon: 1e-6, norm_coefficient: 0.0 };
+}
+
 impl Default for AdagradAttrs {
     fn default() -> Self {
-        Self { decay_factor: 0.0, epsilon: 1e-6, norm_coefficient: 0.0 }
+        Self::DEFAULT
     }
 }
 

@@ -34,9 +34,15 @@ pub struct AdamAttrs {
     pub norm_coefficient_post: f32,
 }
 
+impl AdamAttrs {
+    /// ONNX's defaults (a constant, for the tables of attributes that need one).
+    pub const DEFAULT: Self =
+        Self { alpha: 0.9, beta: 0.999, epsilon: 1e-6, norm_coefficient: 0.0, norm_coefficient_post: 0.0 };
+}
+
 impl Default for AdamAttrs {
     fn default() -> Self {
-        Self { alpha: 0.9, beta: 0.999, epsilon: 1e-6, norm_coefficient: 0.0, norm_coefficient_post: 0.0 }
+        Self::DEFAULT
     }
 }
 

@@ -29,9 +29,15 @@ pub struct AdamWAttrs {
     pub maximize: bool,
 }
 
+impl AdamWAttrs {
+    /// PyTorch's defaults, as float32 (a constant, for the tables of attributes that need
+    /// one).
+    pub const DEFAULT: Self = Self { beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.01, maximize: false };
+}
+
 impl Default for AdamWAttrs {
     fn default() -> Self {
-        Self { beta1: 0.9, beta2: 0.999, epsilon: 1e-8, weight_decay: 0.01, maximize: false }
+        Self::DEFAULT
     }
 }
 

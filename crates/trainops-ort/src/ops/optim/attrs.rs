@@ -153,8 +153,7 @@ pub fn missing(op: &'static str, name: &'static str, kind: &str) -> Error {
     }
 }
 
-const ADAM_DEFAULT: AdamAttrs =
-    AdamAttrs { alpha: 0.9, beta: 0.999, epsilon: 1e-6, norm_coefficient: 0.0, norm_coefficient_post: 0.0 };
+const ADAM_DEFAULT: AdamAttrs = AdamAttrs::DEFAULT;
 
 /// ONNX's Adam: alpha and beta are torch's beta1 and beta2 (alpha = 1 makes the bias
 /// correction `1 - alpha^T` zero), the L2 coefficients weight decays.
@@ -186,14 +185,18 @@ impl FromNode for AdamAttrs {
     }
 }
 
-/// torch.optim.AdamW's attributes, names, defaults and ranges (`amsgrad` is read by the op:
-/// it picks AdamW's layout, and the variants without it refuse it through their own spec).
-const ADAMW_FLOATS: &[Float] = &[
-    Float { name: "beta1", default: Some(0.9), range: Range::Unit },
-    Float { name: "beta2", default: Some(0.999), range: Range::Unit },
-    Float { name: "epsilon", default: Some(1e-8), range: Range::NonNegative },
-    Float { name: "weight_decay", default: Some(1e-2), range: Range::NonNegative },
-];
+/// torch.optim.AdamW's attributes, names, defaults (the float32 ones every AdamW variant
+/// reads) and ranges (`amsgrad` is read by the op: it picks AdamW's layout, and the variants
+/// without it refuse it through their own spec).
+const ADAMW_FLOATS: &[Float] = {
+    let d = AdamW8bitAttrs::DEFAULT;
+    &[
+        Float { name: "beta1", default: Some(d.beta1), range: Range::Unit },
+        Float { name: "beta2", default: Some(d.beta2), range: Range::Unit },
+        Float { name: "epsilon", default: Some(d.epsilon), range: Range::NonNegative },
+        Float { name: "weight_decay", default: Some(d.weight_decay), range: Range::NonNegative },
+    ]
+};
 const TORCH: &str = " (as torch.optim.AdamW)";
 
 /// `com.trainops::AdamW` (and AdamWBf16State, whose spec refuses amsgrad: see
@@ -247,9 +250,13 @@ impl FromNode for AdamW8bitAttrs {
 impl FromNode for AdagradAttrs {
     const SPEC: Spec = Spec {
         floats: &[
-            Float { name: "decay_factor", default: Some(0.0), range: Range::Finite },
-            Float { name: "epsilon", default: Some(1e-6), range: Range::Finite },
-            Float { name: "norm_coefficient", default: Some(0.0), range: Range::Finite },
+            Float { name: "decay_factor", default: Some(AdagradAttrs::DEFAULT.decay_factor), range: Range::Finite },
+            Float { name: "epsilon", default: Some(AdagradAttrs::DEFAULT.epsilon), range: Range::Finite },
+            Float {
+                name: "norm_coefficient",
+                default: Some(AdagradAttrs::DEFAULT.norm_coefficient),
+                range: Range::Finite,
+            },
         ],
         flags: &[],
         unsupported: &[],
