@@ -117,21 +117,18 @@ def test_op_against_references(make_session, direction, lbr, use_b, use_h0):
                                atol=ATOL * 4, err_msg="gates")
 
 
+BENCH_INPUTS = ["X", "W", "R", "B", "initial_h"]
+
+
 @functools.lru_cache(maxsize=None)
 def _bench_forward_bound(lbr: int):
     """The bench-sized case at torch's scale: Y's float64 values and, per element, how far
     any float32 GRU may be from them (helpers/rounding.py's GRU rule, first order)."""
     c = _case(16, 64, 32, 64, "forward", seed=3)
     feeds = {k: (c[k] * 0.25 if k in "WR" else c[k]).astype(np.float32) for k in BENCH_INPUTS}
-    node = helper.make_node("GRU", ["X", "W", "R", "B", "", "initial_h"], ["Y"],
-                            **_attrs(64, "forward", lbr))
-    v = [feeds[k].astype(np.float64) for k in BENCH_INPUTS]
-    (y64,), (bound,), _ = rounding._gru(node, v, [0 * x for x in v], rounding._attrs(node),
-                                        mode="linear")
-    return y64, bound
-
-
-BENCH_INPUTS = ["X", "W", "R", "B", "initial_h"]
+    model = _model("GRU", BENCH_INPUTS, ["Y"], **_attrs(64, "forward", lbr))
+    vals, bounds = rounding.forward(model, {}, feeds, forward_errors="linear")
+    return vals["Y"], bounds["Y"]
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -1230,11 +1230,13 @@ def pair_bounds(model, xa: dict, xb: dict, feeds: dict, loss: str = "loss",
     return _backward(*fa, xa, loss), _backward(*fb, xb, loss)
 
 
-def forward(model, params: dict, feeds: dict):
+def forward(model, params: dict, feeds: dict, forward_errors: bool | str = False):
     """The forward of :func:`step_bounds` alone: ``(values, widths)`` by tensor name, the
     float64 values and the width by which two runs' float32 values may differ when only
-    their roundings flip (twice each op's own rounding bound, exact ops passing theirs)."""
-    vals, width, _ = _forward(model, params, feeds)
+    their roundings flip (twice each op's own rounding bound, exact ops passing theirs);
+    with ``forward_errors`` (as step_bounds takes it), how far ANY float32 evaluation of
+    the forward may be from the float64 values instead."""
+    vals, width, _ = _forward(model, params, feeds, carry=forward_errors)
     return vals, width
 
 
