@@ -38,9 +38,11 @@ def _col2im(cols, shape, k, s, p, d=(1, 1)):
     return out[:, :, p[0]:p[0] + h, p[1]:p[1] + w]
 
 
-def _conv_geometry(n, w_shape):
+def _conv_geometry(n, w_shape=None):
+    """``(kernel, strides, pads, dilations)`` of a 2-D Conv (the kernel from ``w_shape``
+    where the node has no kernel_shape) or MaxPool."""
     a = _attrs(n)
-    k = list(a.get("kernel_shape", w_shape[2:]))
+    k = list(a["kernel_shape"] if "kernel_shape" in a else w_shape[2:])
     assert a.get("group", 1) == 1 and a.get("auto_pad", b"NOTSET") in (b"NOTSET", "NOTSET")
     return k, list(a.get("strides", [1, 1])), list(a.get("pads", [0, 0, 0, 0])), \
         list(a.get("dilations", [1, 1]))

@@ -48,7 +48,7 @@ import math
 import numpy as np
 from onnx import helper, numpy_helper
 
-from helpers.numpy_graph import _col2im, _im2col
+from helpers.numpy_graph import _col2im, _conv_geometry, _im2col
 
 U = 2.0 ** -24  # float32's unit roundoff
 ELEMENTARY = 16  # ulps allowed for each Exp / Erf / Tanh (measured worst: 4.6, Tanh)
@@ -69,18 +69,16 @@ def _s(a):
     return a.decode() if isinstance(a, bytes) else a
 
 
-# -- im2col: helpers.numpy_graph's ------------------------------------------------------
+# -- im2col and the window geometry: helpers.numpy_graph's --------------------------------
 
-def _geometry(a, k, shape=None):
-    """``(kernel, strides, pads, dilations)`` of a 2-D Conv or MaxPool. MaxPool's
-    ``ceil_mode`` 1 (``shape``: its input's) becomes extra end padding, so that the floor
-    of the padded size gives ONNX's ceil count (less a last window that would start in the
-    end padding, which onnxruntime drops)."""
-    assert a.get("group", 1) == 1 and _s(a.get("auto_pad", "NOTSET")) == "NOTSET", a
-    k, s = list(k), list(a.get("strides", [1, 1]))
-    p, d = list(a.get("pads", [0, 0, 0, 0])), list(a.get("dilations", [1, 1]))
-    if a.get("ceil_mode", 0):
-        assert shape is not None, a
+def _geometry(n, w_shape=None, shape=None):
+    """numpy_graph's ``(kernel, strides, pads, dilations)`` of a 2-D Conv or MaxPool, with
+    MaxPool's ``ceil_mode`` 1 (``shape``: its input's) as extra end padding, so that the
+    floor of the padded size gives ONNX's ceil count (less a last window that would start
+    in the end padding, which onnxruntime drops)."""
+    k, s, p, d = _conv_geometry(n, w_shape)
+    if _attrs(n).get("ceil_mode", 0):
+        assert shape is not None, n
         for i in range(2):
             span = shape[2 + i] + p[i] + p[i + 2] - (d[i] * (k[i] - 1) + 1)
             out = -(-span // s[i]) + 1
@@ -110,7 +108,7 @@ def _sum_to(a, shape):
 
 def _conv(n, v, e, a):
     x, w = v[0], v[1]
-    k, s, p, d = _geometry(a, a.get("kernel_shape", w.shape[2:]))
+    k, s, p, d = _geometry(n, w.shape)
     cols, ecols = _im2col(x, k, s, p, d), _im2col(e[0], k, s, p, d)
     y = np.einsum("nckloh,mckl->nmoh", cols, w, optimize=True)
     mag = np.einsum("nckloh,mckl->nmoh", np.abs(cols) + ecols, np.abs(w), optimize=True)
@@ -256,7 +254,7 @@ def _leaky_relu_back(n, v, e, cache, g, E):
 
 def _maxpool(n, v, e, a):
     x, ex = v[0], e[0]
-    k, s, p, d = _geometry(a, a["kernel_shape"], x.shape)
+    k, s, p, d = _geometry(n, shape=x.shape)
     assert d == [1, 1], d
     cols = _im2col(x, k, s, p, fill=-np.inf)
     ecols = _im2col(ex, k, s, p)
