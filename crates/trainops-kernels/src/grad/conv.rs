@@ -16,7 +16,7 @@
 //! `terms * f32::EPSILON * sum |terms|` (float32 sums of `terms` products, any order).
 
 use core::ops::Range;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use super::gemm::{matmul, Mat};
 use super::im2col::Windows;
@@ -150,7 +150,8 @@ impl ConvGeometry {
 /// The tensor shapes of one convolution, checked against its geometry: `X [batch, channels,
 /// input..]`, `W [out_channels, channels / group, kernel..]`, `dY [batch, out_channels,
 /// output..]`. Making one allocates nothing sized by the attributes (the windows' tables are
-/// built by the kernels, once the buffers they must fit have been checked).
+/// built by the first kernel call, once the buffers they must fit have been checked, and kept
+/// for the calls after it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConvDims {
     batch: usize,
@@ -162,7 +163,21 @@ pub struct ConvDims {
     input_len: usize,
     output_len: usize,
     kernel_len: usize,
+    windows: BuiltOnce,
 }
+
+/// [`Windows`] built on first use and kept: a cache, no part of what the dims are (dims
+/// compare equal whether or not either has built its tables).
+#[derive(Debug, Clone, Default)]
+struct BuiltOnce(OnceLock<Arc<Windows>>);
+
+impl PartialEq for BuiltOnce {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for BuiltOnce {}
 
 /// Columns a column matrix may have beyond `output_len` (samples side by side, row padding).
 const SLACK_COLUMNS: usize = TARGET_COLUMNS + ROW_PAD;
@@ -202,6 +217,7 @@ impl ConvDims {
             input_len,
             output_len,
             kernel_len,
+            windows: BuiltOnce::default(),
         };
         // Every tensor's element count, and the column matrix (K rows of at most
         // output_len + SLACK_COLUMNS), must be sizes.
@@ -230,12 +246,17 @@ impl ConvDims {
         [self.out_channels, self.channels / self.geo.group].into_iter().chain(self.geo.kernel.iter().copied()).collect()
     }
 
-    /// The windows of this convolution over one input grid, with their tables (allocated
-    /// fallibly: an error, never an abort, when they cannot be had).
-    pub fn windows(&self) -> Result<Windows, KernelError> {
+    /// The windows of this convolution over one input grid, with their tables: built by the
+    /// first call (allocated fallibly: an error, never an abort, when they cannot be had) and
+    /// shared by the calls after it.
+    pub fn windows(&self) -> Result<Arc<Windows>, KernelError> {
+        if let Some(w) = self.windows.0.get() {
+            return Ok(Arc::clone(w));
+        }
         let d = self.input.len();
         let g = &self.geo;
-        Windows::new(&self.input, &self.output, &g.kernel, &g.strides, &g.dilations, &g.pads[..d])
+        let w = Arc::new(Windows::new(&self.input, &self.output, &g.kernel, &g.strides, &g.dilations, &g.pads[..d])?);
+        Ok(Arc::clone(self.windows.0.get_or_init(|| w)))
     }
 
     fn cg(&self) -> usize {
