@@ -440,15 +440,15 @@ GELU2 = 0.8
 def _gelu(n, v, e, a):
     x, ex = v[0], e[0]
     approximate = _s(a.get("approximate", "none"))
-    y, d, ey, _ = _gelu_parts(x, approximate)
+    y, d, ey, ed = _gelu_parts(x, approximate)
     # x off by ex moves Gelu by at most (|Gelu'(x)| + 0.8 ex) ex
-    return y, (np.abs(d) + GELU2 * ex) * ex + ey, approximate
+    return y, (np.abs(d) + GELU2 * ex) * ex + ey, (d, ed)
 
 
-def _gelu_back(n, v, e, approximate, g, E):
-    x, ex = v[0], e[0]
-    _, d, _, ed = _gelu_parts(x, approximate)
-    Ed = GELU2 * ex + ed
+def _gelu_back(n, v, e, cache, g, E):
+    """From the forward's Gelu'(x) and its rounding bound."""
+    d, ed = cache
+    Ed = GELU2 * e[0] + ed
     A = np.abs(g) + E
     return [(g * d, np.abs(d) * E + A * Ed + U * A * (np.abs(d) + Ed))]
 
