@@ -485,31 +485,31 @@ def _sce(n, v, e, a):
 
 def _sce_back(n, v, e, cache, g, E):
     p, labels, dw, ez = cache
-    nb, c = p.shape
+    nb = p.shape[0]
     assert np.all(E == 0), "the loss is the output: its gradient is 1, exact"
     y = np.zeros_like(p)
     y[np.arange(nb), labels] = 1
-    # softmax of logits off by ez: each p_i moves by at most p_i (ez_i + max ez) (first
-    # order, doubled); computing it: c exps, a sum of c, a division
-    ep = p * 2 * (ez + ez.max(axis=1, keepdims=True)) + (c + 2 * ELEMENTARY + 4) * U * p
+    ep = _softmax_bound(p, ez, 1)
     gz = g * (p - y) * dw[:, None]
     Ez = np.abs(g) * (ep + 3 * U * (np.abs(p - y) + ep)) * dw[:, None]
     return [(gz, Ez), None]
 
 
-def _softmax_parts(x, axis):
-    m = x.max(axis=axis, keepdims=True)
-    ex_ = np.exp(x - m)
-    return ex_ / ex_.sum(axis=axis, keepdims=True)
+def _softmax_bound(p, e, axis):
+    """How far a float32 softmax over ``axis`` of inputs off by ``e`` may be from ``p``:
+    each p_i moves by at most p_i (e_i + max e) (first order, doubled); computing it: c
+    exps, a sum of c, a division."""
+    c = p.shape[axis]
+    return p * 2 * (e + e.max(axis=axis, keepdims=True)) + (c + 2 * ELEMENTARY + 4) * U * p
 
 
 def _softmax(n, v, e, a):
     x, ex = v[0], e[0]
     axis = a.get("axis", -1) % x.ndim
-    y = _softmax_parts(x, axis)
-    c = x.shape[axis]
-    ey = y * 2 * (ex + ex.max(axis=axis, keepdims=True)) + (c + 2 * ELEMENTARY + 4) * U * y
-    return y, ey, (y, axis)
+    m = x.max(axis=axis, keepdims=True)
+    ex_ = np.exp(x - m)
+    y = ex_ / ex_.sum(axis=axis, keepdims=True)
+    return y, _softmax_bound(y, ex, axis), (y, axis)
 
 
 def _softmax_back(n, v, e, cache, g, E):
