@@ -76,6 +76,17 @@ def within(worst: dict, where: str, checks) -> None:
         worst[label] = max(worst[label], float(r.max(initial=0)))
 
 
+def within_loss(worst: dict, what: str, t: int, la: float, lb: float, bound) -> None:
+    """Asserts step ``t``'s two losses are within ``bound`` of each other (None: no bound,
+    not checked) and keeps in ``worst["loss"]`` the largest ratio seen so far."""
+    if bound is None:
+        return
+    got = abs(la - lb)
+    assert got <= bound, f"{what}step {t}: losses {la} and {lb} differ by more than {bound:.3g}"
+    if bound:
+        worst["loss"] = max(worst["loss"], got / bound)
+
+
 def snapshot(tr) -> dict:
     st = tr.optimizer_state()
     params = tr.parameters()
@@ -160,10 +171,7 @@ def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what="", grads=N
             return grad_difference(model, feeds, t, xa, xb)
     for t in range(1, len(la) + 1):
         lbound, Ds = grads(t, sa[t - 1]["x"], sb[t - 1]["x"])
-        assert lbound is None or abs(la[t - 1] - lb[t - 1]) <= lbound, \
-            f"{what}step {t}: losses {la[t - 1]} and {lb[t - 1]} differ by more than {lbound:.3g}"
-        if lbound:
-            worst["loss"] = max(worst["loss"], abs(la[t - 1] - lb[t - 1]) / lbound)
+        within_loss(worst, what, t, la[t - 1], lb[t - 1], lbound)
         # the kernel's r_adjusted: R (float32) times the bias correction in float64, rounded
         rate = float(F32(adjusted_rate(float(F32(lr)), t, alpha, beta)))
         for k in names:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from helpers.adam_pair import within
+from helpers.adam_pair import within, within_loss
 from helpers.rounding import U
 
 F32 = np.float32
@@ -41,11 +41,7 @@ def assert_runs_agree(opt, run_a, run_b, grads, what=""):
     worst["loss"] = 0.0
     for t in range(1, len(la) + 1):
         lbound, Ds = grads(t, sa[t - 1]["x"], sb[t - 1]["x"])
-        if lbound is not None:
-            got = abs(la[t - 1] - lb[t - 1])
-            assert got <= lbound, \
-                f"{what}step {t}: losses {la[t - 1]} and {lb[t - 1]} differ by more than {lbound:.3g}"
-            worst["loss"] = max(worst["loss"], got / lbound if lbound else 0.0)
+        within_loss(worst, what, t, la[t - 1], lb[t - 1], lbound)
         for k in names:
             Va, Vb = (s[t]["V"][k].astype(np.float64) for s in (sa, sb))
             Vpa, Vpb = (s[t - 1]["V"][k].astype(np.float64) for s in (sa, sb))
