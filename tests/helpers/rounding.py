@@ -934,7 +934,7 @@ def _gru(n, v, e, a, mode="carry"):
         for i, t in enumerate(times):
             z, rg, hh, hr, omz, hn = _gru_step(xs[t], w, r, bw, br, h, hid, lbr)
             steps.append((t, h, z, rg, hh, hr, omz))
-            eh = {"carry": hn.e, "local": 0 * hn.e}[mode] if mode != "linear" else bounds[i + 1]
+            eh = bounds[i + 1] if mode == "linear" else hn.e if mode == "carry" else 0 * hn.e
             Y[t, d], eY[t, d] = hn.v, (hn.e if mode == "local" else eh)
             h = _Ex.leaf(hn.v, eh)
         Yh[d], eYh[d] = Y[times[-1], d], eY[times[-1], d]
