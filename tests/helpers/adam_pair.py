@@ -148,7 +148,7 @@ def carried_difference(model, feeds, mode=True):
     return grads
 
 
-def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what="", grads=None):
+def assert_runs_agree(model, feeds, opt, run_a, run_b, what="", grads=None):
     """Check two :func:`record` results (``(losses, states)``) of the same model, feeds
     (as :func:`record` takes them) and Adam optimizer ``opt`` against the bounds of this
     module's argument, after every step; returns the worst ratio of observed difference
@@ -160,7 +160,6 @@ def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what="", grads=N
     :func:`grad_difference` returns them; ``model`` and ``feeds`` are then unused."""
     (la, sa), (lb, sb) = run_a, run_b
     alpha, beta, c1, c2, eps = _adam_constants(opt)
-    lr = opt.lr if lr is None else lr
     names = list(sa[0]["x"])
     zero = {k: np.zeros(sa[0]["x"][k].shape) for k in names}
     bx, bv, bs = dict(zero), dict(zero), dict(zero)
@@ -173,7 +172,7 @@ def assert_runs_agree(model, feeds, opt, run_a, run_b, lr=None, what="", grads=N
         lbound, Ds = grads(t, sa[t - 1]["x"], sb[t - 1]["x"])
         within_loss(worst, what, t, la[t - 1], lb[t - 1], lbound)
         # the kernel's r_adjusted: R (float32) times the bias correction in float64, rounded
-        rate = float(F32(adjusted_rate(float(F32(lr)), t, alpha, beta)))
+        rate = float(F32(adjusted_rate(float(F32(opt.lr)), t, alpha, beta)))
         for k in names:
             D = Ds[k]
             Va, Vb = (s[t]["V"][k].astype(np.float64) for s in (sa, sb))
