@@ -30,6 +30,9 @@ from collections import Counter
 import onnx
 from onnx import TensorProto
 
+from .export_checks import not_torch_params, warn_unfaithful
+from .exported import exporter_named, index_like, value_reach
+
 __all__ = ["ELEMENTWISE", "VIEWS", "WEIGHT_INPUTS", "check_param_names", "default_params"]
 
 FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16, TensorProto.BFLOAT16)
@@ -40,8 +43,12 @@ WEIGHT_INPUTS: dict[str, tuple[int, ...] | None] = {
     "Einsum": None, "BatchNormalization": (1, 2), "InstanceNormalization": (1, 2),
     "LayerNormalization": (1, 2), "GroupNormalization": (1, 2), "Gather": (0,),
     "RNN": (1, 2, 3), "GRU": (1, 2, 3), "LSTM": (1, 2, 3, 7), "PRelu": (1,),
+    "GatherND": (0,),
 }
 ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
+# Ops whose product of an initializer with positions alone (integers, a Cast of them) is
+# positional arithmetic, not a layer.
+POSITIONAL = frozenset({"Add", "Sub", "Mul", "Div", "MatMul", "Gemm", "Einsum"})
 # Ops that pass a weight's values on, rearranged (input 0; Concat: every input): the
 # initializers behind them are the weights.
 VIEWS = frozenset({"Identity", "Cast", "Transpose", "Reshape", "Squeeze", "Unsqueeze",
@@ -69,7 +76,10 @@ def _all_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
 
 def default_params(model: onnx.ModelProto) -> list[str]:
     """The float initializers of ``model``'s main graph that are weights (the module's
-    rule, applied to the nodes of its subgraphs too), in initializer order."""
+    rule, applied to the nodes of its subgraphs too), in initializer order. Warns
+    (UserWarning, :mod:`.export_checks`) when the export itself hides torch's
+    parameters: merged constant initializers, batch-sized folded tables, a
+    BatchNormalization folded into a Conv."""
     g = model.graph
     nodes = _all_nodes(g)
     inits = {i.name: i for i in g.initializer if i.data_type in FLOATS}
@@ -85,27 +95,43 @@ def default_params(model: onnx.ModelProto) -> list[str]:
                 if o:
                     origin[o] = found
     layer_out = {o for n in nodes if n.op_type in WEIGHT_INPUTS for o in n.output if o}
+    reach = value_reach(g, nodes)
+    positions = index_like(g, nodes)
 
     def is_bias(node, k, src) -> bool:  # a one-element rank >= 1 Add operand of a layer
         other = [i for j, i in enumerate(node.input) if j != k]
         return (node.op_type == "Add" and len(inits[src].dims) >= 1
                 and any(i in layer_out for i in other))
 
-    weights: set[str] = set()
+    # initializer -> its weight reads: (op type, input position; -1: any elementwise
+    # operand), and whether another operand is a layer's output
+    uses: dict[str, list[tuple[str, int, bool]]] = {}
     for n in nodes:
-        if n.domain not in ("", "ai.onnx"):
-            continue
+        if n.domain not in ("", "ai.onnx") or not any(o in reach for o in n.output if o):
+            continue  # its results reach no output's values: a shape, an index, a mask
         slots = WEIGHT_INPUTS.get(n.op_type, ())
         for k, name in enumerate(n.input):
             srcs = origin.get(name, set()) if name else set()
             if not srcs:
                 continue
+            others = [i for j, i in enumerate(n.input) if j != k and i]
+            if n.op_type in POSITIONAL and others and all(i in positions for i in others):
+                continue  # frequencies times positions (rotary, ALiBi): a table, no layer
+            after_layer = any(i in layer_out for i in others)
             if n.op_type in WEIGHT_INPUTS and (slots is None or k in slots):
-                weights |= srcs
+                for src in srcs:
+                    uses.setdefault(src, []).append((n.op_type, k, after_layer))
             elif n.op_type in ELEMENTWISE:
-                weights |= {src for src in srcs
-                            if _size(inits[src]) > 1 or is_bias(n, k, src)}
-    return [name for name in inits if name in weights]
+                for src in srcs:
+                    # an exporter's own constant read elementwise is a mask, a folded
+                    # table or a setting; a folded weight is read by a layer op
+                    if not exporter_named(src) and (_size(inits[src]) > 1
+                                                    or is_bias(n, k, src)):
+                        uses.setdefault(src, []).append((n.op_type, -1, after_layer))
+    weights = not_torch_params(g, inits, uses)
+    chosen = [name for name in inits if name in weights]
+    warn_unfaithful(model, chosen, inits, uses)
+    return chosen
 
 
 def check_param_names(params, where: str = "Trainer") -> list[str] | None:
