@@ -11,7 +11,9 @@
   graph fails the step, which then changes nothing. With ``batchnorm="frozen"`` every
   BatchNormalization is the inference form (running statistics, fixed: fine-tuning).
 - :func:`unshare_running_stats`: exporters deduplicate identical initializers, so fresh
-  BatchNorm layers of one width share one running mean; each node gets its own copy.
+  BatchNorm layers of one width share one running mean, or read it through an Identity of
+  a zero bias (classic exporter, eval mode) or a Constant; each node gets its own
+  initializer, holding the stored value.
 - :func:`inference_batchnorm`: back to the inference form (:meth:`Trainer.export`).
 """
 
@@ -43,11 +45,65 @@ def running_stats(graph: onnx.GraphProto) -> set[str]:
     return {n.input[k] for n in batchnorm_nodes(graph) for k in (3, 4) if len(n.input) > k}
 
 
+def _stored_stats(model: onnx.ModelProto) -> None:
+    """Running statistics an exporter wrote as the output of an Identity chain or a
+    Constant (torch's classic exporter, eval mode, deduplicates a fresh running mean with
+    a zero bias and a running variance with a ones scale, read through ``Identity``)
+    become initializers of their own (in place), holding the stored tensor's value: named
+    as the node reads them (torch's buffer name) when this node is the only reader (the
+    Identity or Constant then goes), else ``<name>/<k>``."""
+    g = model.graph
+    inits = {i.name: i for i in g.initializer}
+    producer = {o: n for n in g.node for o in n.output if o}
+    readers: dict[str, int] = {}
+    for name in [i for n in g.node for i in n.input] + [o.name for o in g.output]:
+        readers[name] = readers.get(name, 0) + 1
+    taken = set(inits) | set(producer) | {i.name for i in g.input}
+    drop = []
+    for n in batchnorm_nodes(g):
+        for k in (3, 4):
+            name = n.input[k] if len(n.input) > k else ""
+            if not name or name in inits:
+                continue
+            t, chain = name, []
+            while t in producer and producer[t].op_type == "Identity" and t not in inits:
+                chain.append(producer[t])
+                t = producer[t].input[0]
+            value = inits.get(t)
+            if value is None and t in producer and producer[t].op_type == "Constant":
+                chain.append(producer[t])
+                value = next((a.t for a in producer[t].attribute if a.name == "value"), None)
+            if value is None:
+                continue  # computed: training_batchnorm names it
+            copy = onnx.TensorProto()
+            copy.CopyFrom(value)
+            first = chain[0] if chain else None
+            if first is not None and readers[name] == 1 and list(first.output) == [name]:
+                drop.append(first)  # only this node read it: the initializer replaces it
+                copy.name = name
+            else:
+                j = 1
+                while f"{name}/{j}" in taken:
+                    j += 1
+                copy.name = f"{name}/{j}"
+                readers[name] -= 1
+            taken.add(copy.name)
+            g.initializer.append(copy)
+            inits[copy.name] = copy
+            n.input[k] = copy.name
+    dropped = {id(n) for n in drop}
+    keep = [n for n in g.node if id(n) not in dropped]
+    del g.node[:]
+    g.node.extend(keep)
+
+
 def unshare_running_stats(model: onnx.ModelProto) -> None:
     """Give every BatchNormalization its own running-statistic initializers (in place): a
-    running statistic that another input also reads (another BatchNormalization, or a
-    zero bias the exporter merged with a zero running mean) is copied for this node, as
-    ``<name>/<k>``; the last reader keeps the original."""
+    running statistic read through an Identity chain or a Constant is first stored as an
+    initializer (:func:`_stored_stats`); one that another input also reads (another
+    BatchNormalization, or a zero bias the exporter merged with a zero running mean) is
+    copied for this node, as ``<name>/<k>``; the last reader keeps the original."""
+    _stored_stats(model)
     g = model.graph
     inits = {i.name: i for i in g.initializer}
     readers: dict[str, int] = {}
