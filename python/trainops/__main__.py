@@ -6,8 +6,9 @@ Commands:
   bench         throughput benchmarks against peers (trainops.bench), e.g. bench philox
   conformance   run onnx's training-domain backend test cases through onnxruntime
   coverage      list the op types between a model's parameters and its loss, with or
-                without a gradient rule (exit 1 if any has none, 2 if the model cannot
-                be read or is not a valid model)
+                without a gradient rule, then build the Trainer's training session (exit 1
+                if an op type has no rule or the Trainer refuses the model, 2 if the model
+                cannot be read or is not a valid model)
   demo          train a small CNN entirely in onnxruntime with trainops.Trainer (--distributed: on
                 MPI; --mixed: the mixed_float16 optimizer demo, numpy gradients)
   library       print the path of the custom-op library
@@ -67,10 +68,11 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
 
 
 # `python -m trainops coverage` exit codes (docs/autodiff.md): every op type on the path
-# has a gradient rule; some op type has none; the model cannot be used (unreadable, not an
-# ONNX model, external data missing or outside its folder, an invalid graph such as a
-# tensor with two definitions or a cycle, a failed opset upgrade, a --loss that is no
-# tensor of it).
+# has a gradient rule and the Trainer builds its training session; some op type has none,
+# or the Trainer refuses the model; the model cannot be used (unreadable, not an ONNX
+# model, external data missing or outside its folder, an invalid graph such as a tensor
+# with two definitions or a cycle, a failed opset upgrade, a --loss that is no tensor of
+# it).
 COVERED, NO_RULE, BAD_INPUT = 0, 1, 2
 
 
@@ -87,6 +89,7 @@ def _coverage(args: argparse.Namespace) -> int:
     from .autodiff import coverage
     from .train.importer import import_model
     from .train.params import default_params
+    from .train.torch_meta import trainable_params
 
     model = import_model(args.model, args.batchnorm, name=args.model)
     loss = args.loss or (model.graph.output[0].name if model.graph.output else None)
@@ -97,13 +100,37 @@ def _coverage(args: argparse.Namespace) -> int:
     tensors = {o for n in model.graph.node for o in n.output}
     if loss not in tensors:
         raise ValueError(f"{loss!r} is not a node output of the model")
-    params = default_params(model)
+    params = trainable_params(model)  # a trainops.torch export: its trainable parameters
+    params = default_params(model) if params is None else params
     rows = coverage.coverage(model, loss, params, args.batchnorm == "train")
     print(f"{args.model}: {len(params)} parameters, loss {loss!r}")
     print(coverage.format_table(rows))
     missing = [r for r in rows if not r.rule]
     print(f"{len(rows) - len(missing)} of {len(rows)} op types have a gradient rule")
-    return NO_RULE if missing else COVERED
+    if missing:  # the Trainer's first check fails: the table says which and why
+        return NO_RULE
+    return _trainer_builds(args, kinds[args.loss]() if args.loss in kinds else loss)
+
+
+def _trainer_builds(args: argparse.Namespace, loss) -> int:
+    """Every op type has a rule; the rest of what the Trainer checks (the rules on these
+    very nodes, the step graph, ONNX Runtime's session and its graph optimisations) holds
+    only if a Trainer is built: build one (``loss``: the name or losses spec it is given)
+    as the command's options say, with the Trainer's defaults otherwise. Its error, if
+    any, is the command's verdict, one line on stderr."""
+    from .train import Trainer
+
+    try:
+        Trainer(args.model, loss, policy=args.policy, batchnorm=args.batchnorm, threads=1,
+                seed=0)
+    except OSError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - whatever the Trainer raises is the verdict
+        what = "" if isinstance(exc, ValueError) else f"{type(exc).__name__}: "
+        msg = " ".join(str(exc).split("\n"))
+        print(f"error: trainops.Trainer refuses the model: {what}{msg}", file=sys.stderr)
+        return NO_RULE
+    return COVERED
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
@@ -175,19 +202,26 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("coverage",
                        help="list the op types between the parameters and the loss, with or "
-                            "without a gradient rule",
+                            "without a gradient rule, and check that the Trainer builds",
                        description="List every op type on the path from a model's default "
-                                   "parameters to its loss with 'rule' or 'NO RULE: why'. "
-                                   "Exit status: 0 every op type has a rule, 1 some have "
-                                   "none, 2 the model cannot be used (unreadable, not an "
-                                   "ONNX model, external data missing or outside its "
-                                   "folder, an invalid graph, a --loss that is no tensor "
-                                   "of it); the error is one line on stderr.")
+                                   "parameters to its loss with 'rule' or 'NO RULE: why'; "
+                                   "when every one has a rule, build a trainops.Trainer "
+                                   "(its backward graph and ONNX Runtime training "
+                                   "session) as the options say. Exit status: 0 every op "
+                                   "type has a rule and the Trainer builds, 1 some have "
+                                   "none (the table says which) or the Trainer refuses "
+                                   "the model (its error, one line on stderr), 2 the model "
+                                   "cannot be used (unreadable, not an ONNX model, "
+                                   "external data missing or outside its folder, an "
+                                   "invalid graph, a --loss that is no tensor of it); the "
+                                   "error is one line on stderr.")
     p.add_argument("model", metavar="MODEL.onnx")
     p.add_argument("--loss", metavar="NAME",
                    help="the loss tensor, or cross_entropy / nll / mse to attach that loss "
                         "to the first output (default: the first output)")
     p.add_argument("--batchnorm", choices=("train", "frozen"), default="train")
+    p.add_argument("--policy", choices=("float32", "float64", "mixed_float16"),
+                   default="float32", help="the Trainer's policy the model is checked with")
     p.set_defaults(func=_cmd_coverage)
 
     p = sub.add_parser("demo", add_help=False,

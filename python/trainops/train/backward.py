@@ -19,6 +19,7 @@ from ..autodiff.simplify import merge_gru_train, merge_recomputations
 from ..autodiff.simplify_graph import simplify_backward, step_shapes
 from .fp16 import to_fp16_graph
 from .params import default_params
+from .torch_meta import trainable_params
 from .rng import philox_states
 from .spec import PREFIX as _P
 from .spec import StateEntry, StepOptions
@@ -30,7 +31,9 @@ FLOATS = (TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16)
 
 
 def resolve_params(model: onnx.ModelProto, loss: str, params) -> list[str]:
-    """The parameters to train: ``params``, or the float initializers that are weights
+    """The parameters to train: ``params``, or for a model of :func:`trainops.torch.export`
+    the initializers of the module's trainable parameters (:mod:`.torch_meta`: frozen ones
+    stay constants), else the float initializers that are weights
     (:func:`.params.default_params`: never a Dropout ratio, a shape, a 0-d constant or a
     BatchNormalization running statistic). ValueError if ``loss`` is no tensor of the
     model, a param no float initializer, or none is left."""
@@ -38,6 +41,12 @@ def resolve_params(model: onnx.ModelProto, loss: str, params) -> list[str]:
     if loss not in {o for n in g.node for o in n.output} | {i.name for i in g.input}:
         raise ValueError(f"loss {loss!r} is not a tensor of the model")
     float_inits = [i.name for i in g.initializer if i.data_type in FLOATS]
+    exported = trainable_params(model) if params is None else None
+    if exported is not None:
+        params = exported
+        if not params:
+            raise ValueError("every parameter of the exported torch module is frozen "
+                             "(requires_grad=False): nothing to train")
     if params is None:
         params = default_params(model)
         if not params:

@@ -34,6 +34,7 @@ from .. import losses as _losses
 from .. import optim as _optim
 from ..autodiff.importing import load as _load_model
 from ..random import _seed_bits
+from . import torch_meta as _torch_meta
 from . import update_options as _schedules
 from .accumulate_runtime import AccumulatingRuntime
 from .backward import data_inputs
@@ -54,9 +55,8 @@ __all__ = ["Trainer"]
 
 def _share_param_buffers(graph: StepGraph, runtime: StepRuntime) -> None:
     """Point the step graph's parameter entries at the runtime's host buffers (copies of
-    their initial values), so that the process holds one copy of the weights, not two;
-    from then on ``graph``'s parameter values are the current ones. States in device
-    memory keep their entries."""
+    their initial values): one copy of the weights in the process, not two, ``graph``'s
+    the current ones from then on. States in device memory keep their entries."""
     if runtime.memory is None:
         for e in graph.of_kind("param"):
             e.initial = runtime.arrays[e.input]
@@ -78,9 +78,9 @@ class Trainer(TrainerResults):
       :meth:`export`'s model. Class labels (of that loss or of the model's own
       SoftmaxCrossEntropyLoss / NegativeLogLikelihoodLoss) are checked on every placement:
       :mod:`trainops.losses`;
-    - ``params``: the initializers to train (default: the float initializers that are
-      weights of an op, :mod:`trainops.train.params`; the choice is ``param_names``,
-      logged once);
+    - ``params``: the initializers to train (default: a :func:`trainops.torch.export`
+      model's trainable parameters, else the float initializers that are weights of an
+      op, :mod:`trainops.train.params`; the choice is ``param_names``, logged once);
     - ``batchnorm``: ``"train"`` (default, as PyTorch's ``model.train()``): every
       BatchNormalization normalises with the batch statistics and updates its running
       mean and variance in place each step (with its momentum, the unbiased batch
@@ -314,6 +314,11 @@ class Trainer(TrainerResults):
     def _state_specs(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
         """Every state's ``(dtype, shape)`` by its input name, with no copy."""
         return {n: self._arrays.spec(n) for n in self._state_names()}
+
+    def state_dict(self) -> dict:
+        """The trained weights and running statistics as torch tensors by the torch module's
+        names, for a :func:`trainops.torch.export` model (:func:`.torch_meta.state_dict`)."""
+        return _torch_meta.state_dict(self._model, {**self.parameters(), **self.running_stats()})
 
     # -- training ----------------------------------------------------------------------
     @property

@@ -1,0 +1,189 @@
+"""``trainops.torch.export``: a torch module as an ONNX model that trains as
+``module.train()`` does (see :mod:`trainops.torch`).
+
+How parameters are found in the exported graph, whatever names the exporter gives them:
+before exporting, every floating parameter and buffer of the module is given distinct
+values (seeded random values, the first element of each tensor unique), so that each
+initializer of the export can be told apart by its bytes. Each torch tensor's initializer
+is the one holding its bytes (or, for a 2-D tensor, its transpose's: ``transposed``);
+the module's real values are then written into those initializers and the module's own
+state is put back. A used parameter found nowhere was folded into something else (a
+constant, another weight): an error naming it, as training that export could not be
+faithful; one found twice was copied: the same. Tied parameters are one tensor, so one
+initializer under both names.
+"""
+
+from __future__ import annotations
+
+import io
+import warnings
+
+import numpy as np
+import torch
+
+import onnx
+from onnx import numpy_helper
+
+from ..train import torch_meta
+from .wrap import Preserved, Wrapped, input_names
+
+__all__ = ["OPSET", "export"]
+
+# The one place the exporter is chosen. The TorchScript ("classic") exporter in training
+# mode with constant folding off keeps BatchNormalization in its training form with the
+# running statistics as initializers (updated by the node's outputs), Dropout in training
+# mode, and every parameter an initializer of its own. torch 2.15's default (dynamo)
+# exporter with optimize=True folds BatchNorm into the convolution and class tokens into
+# batch-sized constants; with optimize=False it writes forms (CastLike, sequence ops) the
+# gradient rules do not all cover yet.
+OPSET = 17
+
+
+def _onnx_export(wrapped, tensors, names, outputs, dynamic_axes) -> onnx.ModelProto:
+    buf = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the classic exporter's deprecation notice
+        torch.onnx.export(wrapped, tuple(tensors), buf, dynamo=False, opset_version=OPSET,
+                          input_names=names, output_names=outputs, dynamic_axes=dynamic_axes,
+                          training=torch.onnx.TrainingMode.TRAINING,
+                          do_constant_folding=False, export_params=True,
+                          keep_initializers_as_inputs=False)
+    return onnx.load_from_string(buf.getvalue())
+
+
+def _bytes(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def _fill(tensors: list, seed: int = 0x7261696E) -> None:
+    """Gives each floating tensor of ``tensors`` distinct values: seeded uniform values in
+    [1, 2), the first element ``1 + k * 2**-20`` unique to the k-th tensor (so no two
+    tensors share their bytes), and each ``num_batches_tracked`` a distinct count."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for k, t in enumerate(tensors):
+            if t.is_floating_point():
+                v = 1 + torch.rand(t.shape, generator=gen, dtype=torch.float64)
+                v.reshape(-1)[:1] = 1 + (k + 1) * 2.0 ** -20
+                t.copy_(v.to(t.dtype))
+            elif t.dtype == torch.int64 and t.dim() == 0:
+                t.fill_(1_000_003 + 7919 * k)
+
+
+def _used(wrapped, tensors, missing: list) -> list:
+    """Those of ``missing`` (parameters the export does not hold) that the module's
+    outputs depend on (a gradient reaches them): they were folded, not dropped unused."""
+    flags = [p.requires_grad for p in missing]
+    try:
+        for p in missing:
+            p.requires_grad_(True)
+        outs = [o for o in wrapped(*tensors) if o.is_floating_point() and o.requires_grad]
+        if not outs:
+            return []
+        total = sum(o.float().sum() for o in outs)
+        grads = torch.autograd.grad(total, missing, allow_unused=True)
+        return [p for p, g in zip(missing, grads) if g is not None]
+    finally:
+        for p, f in zip(missing, flags):
+            p.requires_grad_(f)
+
+
+def _names(module) -> dict:
+    """id(tensor) -> (kind, its torch names): parameters under every name (tied ones
+    several), buffers likewise."""
+    out: dict = {}
+    for kind, items in (("params", module.named_parameters(remove_duplicate=False)),
+                        ("buffers", module.named_buffers(remove_duplicate=False))):
+        for name, t in items:
+            out.setdefault(id(t), (kind, t, []))[2].append(name)
+    return out
+
+
+def _match(model, names: dict, after: dict):
+    """``{id: (initializer, transposed)}`` for each torch tensor found in ``model`` by its
+    bytes (the filled values, or ``after[id]``: a buffer's value once the export's trace
+    updated it), and the ids found in more than one initializer."""
+    index: dict = {}
+    for init in model.graph.initializer:
+        index.setdefault(numpy_helper.to_array(init).tobytes(), []).append(init)
+    found, copied = {}, []
+    for key, (kind, t, _) in names.items():
+        hits = []
+        for b in dict.fromkeys([_bytes(t), after.get(key, b"")]):
+            hits += [(i, False) for i in index.get(b, []) if list(i.dims) == list(t.shape)]
+        if t.dim() == 2 and t.shape[0] != 1 and t.shape[1] != 1:
+            hits += [(i, True) for i in index.get(_bytes(t.T), [])
+                     if list(i.dims) == [t.shape[1], t.shape[0]]]
+        if len({i.name for i, _ in hits}) > 1:
+            copied.append(key)
+        elif hits:
+            found[key] = hits[0]
+    return found, copied
+
+
+def export(module: torch.nn.Module, args, f=None, *, kwargs: dict | None = None,
+           dynamic_axes: dict | None = None) -> onnx.ModelProto:
+    """``module`` as an ONNX model faithful to ``module.train()`` (see
+    :mod:`trainops.torch`), with the torch names of its parameters and buffers recorded
+    in ``model.metadata_props`` (:mod:`trainops.train.torch_meta`), so that
+    :class:`trainops.Trainer` trains exactly the trainable parameters and
+    :meth:`~trainops.train.Trainer.state_dict` gives them back under their torch names.
+
+    ``args``: the example inputs (a tensor or a tuple), named after ``forward``'s
+    parameters; ``kwargs``: keyword inputs, named by their keys (arguments that are not
+    tensors are kept as given); ``dynamic_axes``: as ``torch.onnx.export``'s; ``f``: a
+    path to save the model to as well (atomically). The module is left as it was: its
+    values (running statistics and ``num_batches_tracked`` too) and every submodule's
+    train/eval flag. ValueError naming the parameters the exporter folded or copied."""
+    if not isinstance(module, torch.nn.Module):
+        raise TypeError(f"trainops.torch.export: expected a torch.nn.Module, got "
+                        f"{type(module).__name__}")
+    args = (args,) if isinstance(args, torch.Tensor) else tuple(args)
+    kwargs = dict(kwargs or {})
+    names_in, tensors = input_names(module, args, kwargs)
+    names = _names(module)
+    with Preserved(module) as saved:
+        real = {id(t): v for t, v in saved.values}
+        module.train()
+        wrapped = Wrapped(module, args, kwargs)
+        with torch.no_grad():
+            wrapped(*tensors)  # the output names
+        _fill([t for _, t, _ in names.values()])
+        filled = {key: _bytes(t) for key, (_, t, _) in names.items()}
+        model = _onnx_export(wrapped, tensors, names_in, wrapped.output_names, dynamic_axes)
+        after = {key: _bytes(t) for key, (kind, t, _) in names.items()
+                 if kind == "buffers" and _bytes(t) != filled[key]}
+        _fill([t for _, t, _ in names.values()])  # the filled values again, to find them
+        found, copied = _match(model, names, after)
+        missing = [t for key, (kind, t, _) in names.items() if kind == "params"
+                   and key not in found and key not in copied and t.is_floating_point()]
+        folded = _used(wrapped, tensors, missing) if missing else []
+    bad = [n for key in copied for n in names[key][2]]
+    bad += [n for t in folded for n in names[id(t)][2]]
+    if bad:
+        raise ValueError(f"trainops.torch.export: the exporter folded or copied the "
+                         f"parameters {bad} (no initializer of their own holds them), so "
+                         "the export would not train as the module does")
+    meta = {"params": {}, "buffers": {}}
+    inits = {i.name: i for i in model.graph.initializer}
+    for key, (init, transposed) in found.items():
+        kind, t, tnames = names[key]
+        value = real[key].cpu()
+        value = value.T if transposed else value
+        arr = numpy_helper.to_array(init)
+        new = np.ascontiguousarray(value.numpy() if value.dtype != torch.bfloat16 else
+                                   value.view(torch.int16).numpy().view(arr.dtype))
+        inits[init.name].CopyFrom(numpy_helper.from_array(new.astype(arr.dtype), init.name))
+        for n in tnames:
+            if kind == "params" and t.requires_grad:
+                meta["params"][n] = {"initializer": init.name, "transposed": transposed}
+            elif kind == "buffers":
+                meta["buffers"][n] = {"initializer": init.name}
+    order = {n: i for i, (n, _) in enumerate(module.named_parameters(remove_duplicate=False))}
+    meta["params"] = dict(sorted(meta["params"].items(), key=lambda kv: order[kv[0]]))
+    torch_meta.write(model, meta)
+    if f is not None:
+        from ..train.atomic import write_files
+
+        write_files([(f, [model.SerializeToString()])], "trainops.torch.export")
+    return model
