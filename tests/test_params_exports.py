@@ -14,6 +14,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trainops import Trainer, optim
+from trainops.onnx_defs import IR_VERSION
 from trainops.train.importer import import_model
 from trainops.train.params import default_params
 
@@ -106,7 +107,8 @@ def decoder(kinds: bool):
             p = vi.metadata_props.add()
             p.key, p.value = "pkg.torch.export.graph_signature.InputSpec.kind", kind
             g.value_info.append(vi)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
 
 
 @pytest.mark.parametrize("kinds", [False, True], ids=["classic", "dynamo"])
@@ -151,7 +153,8 @@ def _norms(merged: bool, batch_table: bool, folded_conv: bool):
                          helper.make_tensor_value_info("img", F32, [2, 1, 3, 3])],
         [helper.make_tensor_value_info(out, F32, None)]
         + ([helper.make_tensor_value_info("y", F32, None)] if folded_conv else []), inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
 
 
 def test_warnings_name_merged_batch_sized_and_folded_tensors():
@@ -205,7 +208,8 @@ def residual_bn():
     g = helper.make_graph(nodes, "res", [helper.make_tensor_value_info("x", F32, [4, C, 2, 2])],
                           [helper.make_tensor_value_info("loss", F32, []),
                            helper.make_tensor_value_info("rv_out", F32, [C])], inits)
-    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)],
+                             ir_version=IR_VERSION)
 
 
 def _bn_reference(x, mean, var, momentum):
