@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .constants import constant_value
 from .graph import default_opset, infer
 
 __all__ = ["MAX_ELEMENTS", "fold_shape_constants"]
@@ -100,9 +101,9 @@ def fold_shape_constants(model: onnx.ModelProto, rounds: int = 4) -> int:
             if node.domain not in ("", "ai.onnx"):
                 continue
             if node.op_type == "Constant":
-                for a in node.attribute:
-                    if a.name == "value":
-                        consts[node.output[0]] = numpy_helper.to_array(a.t)
+                value = constant_value(node)
+                if value is not None:
+                    consts[node.output[0]] = value
                 continue
             if node.op_type not in FOLDABLE or len(node.output) != 1 or any(
                     a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)

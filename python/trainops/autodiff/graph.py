@@ -14,6 +14,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .constants import constant_type, constant_value
+
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16,
                          TensorProto.BFLOAT16})
 
@@ -70,13 +72,11 @@ class Builder:
             self._used.update(node.output)
             for sub in subgraphs(node):  # no emitted name may shadow a subgraph's value
                 self._used.update(defined_in(sub, nested=True))
-            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-                for a in node.attribute:
-                    if a.name == "value":
-                        arr = numpy_helper.to_array(a.t)
-                        self.consts[node.output[0]] = arr
-                        self.types[node.output[0]] = a.t.data_type
-                        self.shapes[node.output[0]] = list(arr.shape)
+            arr = constant_value(node)
+            if arr is not None:
+                self.consts[node.output[0]] = arr
+                self.types[node.output[0]] = constant_type(node)
+                self.shapes[node.output[0]] = list(arr.shape)
 
     # -- names and nodes ---------------------------------------------------------------
     def fresh(self, hint: str) -> str:

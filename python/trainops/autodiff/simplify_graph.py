@@ -40,6 +40,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .constants import constant_value
 from .fold import FOLDABLE, _evaluate
 from .graph import node_inputs
 from .simplify_known import (FLOATS, INTS, RESHAPES, STATEFUL, SUBGRAPH, Known, attr as _attr,
@@ -380,10 +381,9 @@ def simplify_backward(nodes: Sequence[onnx.NodeProto], known: Known,
     Nodes are not modified in place: a changed node is a new one."""
     consts: dict[str, Any] = dict(constants or {})
     for n in nodes:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
-            for a in n.attribute:
-                if a.name == "value":
-                    consts[n.output[0]] = numpy_helper.to_array(a.t)
+        value = constant_value(n)
+        if value is not None:
+            consts[n.output[0]] = value
     out = list(nodes)
     compose = False  # Transpose pairs compose once no pair cancels (composing the first
     for _ in range(rounds):  # pair of x -> a -> b -> a' would hide that a' is a)

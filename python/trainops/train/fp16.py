@@ -8,6 +8,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..autodiff.constants import constant_type, constant_value
 from .spec import PREFIX as _P
 
 __all__ = ["to_fp16_graph"]
@@ -36,6 +37,12 @@ def to_fp16_graph(graph: onnx.GraphProto, params: list[str], data_inputs: list[s
         for i, name in enumerate(node.input):
             if name in renames:
                 node.input[i] = renames[name]
+        if constant_type(node) == TensorProto.FLOAT and node.attribute[0].name != "value":
+            # value_float(s) or sparse_value: written as a value tensor, converted below
+            value = constant_value(node)
+            del node.attribute[:]
+            node.attribute.append(helper.make_attribute(
+                "value", numpy_helper.from_array(value, node.output[0])))
         for a in node.attribute:
             if node.op_type == "Cast" and a.name == "to" and a.i == TensorProto.FLOAT:
                 a.i = TensorProto.FLOAT16
