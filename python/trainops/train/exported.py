@@ -89,10 +89,12 @@ def _cast_to_index(n: onnx.NodeProto) -> bool:
 
 def value_reach(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> set[str]:
     """The tensors of ``nodes`` whose values reach an output of ``graph``: a tensor read
-    only as a shape, an index, a Where condition or through a comparison does not."""
+    only as a shape, an index, a Where condition or through a comparison does not. The
+    results no node reads count as outputs (a graph cut before its outputs were named)."""
     producer = {o: n for n in nodes for o in n.output if o}
+    read = {i for n in nodes for i in n.input if i}
     reached: set[str] = set()
-    todo = [o.name for o in graph.output]
+    todo = [o.name for o in graph.output] + [o for o in producer if o not in read]
     while todo:
         t = todo.pop()
         if t in reached:
