@@ -11,7 +11,7 @@ from . import control
 # infer, default_opset and toposort live in the modules below this one (graph, hygiene);
 # they stay importable from here, where callers have always found them.
 from .graph import (FLOAT_TYPES, Builder, GradientError, captures, default_opset, defined_in,
-                    describe, infer, node_inputs)
+                    describe, infer, node_inputs, value_inputs)
 from .hygiene import cast_types, check_float, reinfer, toposort, undefined
 from .rules import RULES, Ctx
 
@@ -82,10 +82,12 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
         ancestors.add(id(node))
         stack.extend((i, node) for i in node_inputs(node))
     order = [n for n in nodes if id(n) in ancestors]
-    # ... and, among them, the tensors that depend on an x (and are floats).
+    # ... and, among them, the tensors that depend on an x (and are floats; an input read
+    # for its type or shape only passes no dependency: TYPE_ONLY_INPUTS).
     needs = set(xs)
     for node in order:
-        if any(i in needs for i in node_inputs(node)):
+        reads = [i for i, v in zip(node.input, value_inputs(node)) if v] + captures(node)
+        if any(i in needs for i in reads):
             for o in node.output:
                 if o and (b.dtype(o) is None or b.dtype(o) in FLOAT_TYPES):
                     needs.add(o)
@@ -104,7 +106,7 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
         gys = [total(o) if o else None for o in node.output]
         if all(g is None for g in gys):
             continue
-        need = [bool(i) and i in needs for i in node.input]
+        need = [v and i in needs for i, v in zip(node.input, value_inputs(node))]
         captured = [t for t in captures(node) if t in needs]
         if not any(need) and not captured:
             continue

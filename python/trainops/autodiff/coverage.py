@@ -17,7 +17,8 @@ from typing import Sequence
 
 import onnx
 
-from .graph import FLOAT_TYPES, GradientError, attr, default_opset, describe, infer
+from .graph import (FLOAT_TYPES, GradientError, attr, default_opset, describe, infer,
+                    value_inputs)
 from .rules import RULES
 
 __all__ = ["BASELINE_OPSET", "OPSET_NEEDS", "OpCoverage", "check", "coverage", "format_table",
@@ -78,7 +79,8 @@ def path_nodes(graph: onnx.GraphProto, loss: str, params: Sequence[str],
                types: dict[str, int] | None = None) -> list[onnx.NodeProto]:
     """The nodes of ``graph`` that the backward pass of ``loss`` with respect to
     ``params`` differentiates: ancestors of ``loss`` reading a value that depends on a
-    parameter (through float values; ``types``: known element types, name -> type)."""
+    parameter (through float values, and inputs read for more than their type or shape:
+    :data:`~.graph.TYPE_ONLY_INPUTS`; ``types``: known element types, name -> type)."""
     types = types or {}
     producer = {o: n for n in graph.node for o in n.output if o}
     ancestors: set[int] = set()
@@ -96,7 +98,8 @@ def path_nodes(graph: onnx.GraphProto, loss: str, params: Sequence[str],
     needs = set(params)
     out = []
     for n in graph.node:
-        if id(n) not in ancestors or not any(i in needs for i in n.input):
+        if id(n) not in ancestors or not any(
+                v and i in needs for i, v in zip(n.input, value_inputs(n))):
             continue
         floats = [o for o in n.output if o and (types.get(o) is None or types[o] in FLOAT_TYPES)]
         if floats:  # a node with integer outputs only (Shape, ArgMax) passes no gradient

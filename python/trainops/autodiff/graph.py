@@ -290,6 +290,20 @@ def node_inputs(node: onnx.NodeProto) -> list[str]:
     return list(dict.fromkeys(names))
 
 
+# Inputs a default-domain op reads for their element type or shape only, never their
+# values: no gradient flows back through them, and a value reaching an op only there does
+# not put the op on the path the backward pass differentiates.
+TYPE_ONLY_INPUTS = {"CastLike": (1,), "EyeLike": (0,), "RandomNormalLike": (0,),
+                    "RandomUniformLike": (0,)}
+
+
+def value_inputs(node: onnx.NodeProto) -> list[bool]:
+    """For each input of ``node``: whether its value (not only its type or shape,
+    :data:`TYPE_ONLY_INPUTS`) goes into ``node``'s outputs; False for an absent one."""
+    skip = TYPE_ONLY_INPUTS.get(node.op_type, ()) if node.domain in ("", "ai.onnx") else ()
+    return [bool(i) and k not in skip for k, i in enumerate(node.input)]
+
+
 def captures(node: onnx.NodeProto) -> list[str]:
     """The outer-scope values ``node``'s subgraphs read (some may also be its inputs)."""
     return list(dict.fromkeys(n for sub in subgraphs(node) for n in free_names(sub)))

@@ -434,17 +434,37 @@ def _tensor_type(np_dtype) -> int:
     return onnx.helper.np_dtype_to_tensor_dtype(np.dtype(np_dtype))
 
 
+def _cast_back(c: Ctx, dst: int | None) -> str | None:
+    """The gradient of a cast of input 0 to ``dst``: between float types the output's
+    gradient cast back to input 0's type (itself when the types are the same: no Cast from
+    a type to itself is emitted); a cast to or from an integer or boolean type stops the
+    gradient (None)."""
+    src = c.b.dtype(c.x(0))
+    if src is None:
+        raise c.fail(f"the element type of its input '{c.x(0)}' is unknown (onnx shape "
+                     "inference could not find it)")
+    if dst is None:
+        raise c.fail(f"the element type of its output '{c.y}' is unknown (onnx shape "
+                     "inference could not find it)")
+    if src not in FLOAT_TYPES or dst not in FLOAT_TYPES:
+        return None
+    return c.gy if src == dst else c.b.op("Cast", [c.gy], to=src)
+
+
 @rule("Cast")
 def cast(c: Ctx):
     """Between float types the gradient cast back; a cast to or from an integer or
     boolean type stops the gradient (its input gets none)."""
-    src, dst = c.b.dtype(c.x(0)), c.attr("to")
-    if src is None:
-        raise c.fail(f"the element type of its input '{c.x(0)}' is unknown (onnx shape "
-                     "inference could not find it)")
-    if src not in FLOAT_TYPES or dst not in FLOAT_TYPES:
-        return [None]
-    return [c.b.op("Cast", [c.gy], to=src)]
+    return [_cast_back(c, c.attr("to"))]
+
+
+@rule("CastLike")
+def cast_like(c: Ctx):
+    """Input 0 as for Cast (to ``target_type``'s element type); ``target_type`` gives
+    only its type, so it gets no gradient (and the walks leave it out:
+    :data:`~.graph.TYPE_ONLY_INPUTS`)."""
+    dst = c.b.dtype(c.x(1)) if c.x(1) else None
+    return [_cast_back(c, dst if dst is not None else c.b.dtype(c.y)), None]
 
 
 @rule("Reshape", "Flatten", "Squeeze", "Unsqueeze")
