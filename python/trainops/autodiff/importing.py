@@ -27,6 +27,7 @@ from .coverage import opset_needs
 from .fold import fold_shape_constants
 from .graph import GradientError, default_opset, skeleton
 from .hygiene import check_definitions, toposort
+from .sequences import unsequence
 
 __all__ = ["fold_shape_constants", "load", "sort_nodes", "unlist_initializers", "upgrade"]
 
@@ -102,6 +103,7 @@ def sort_nodes(m: onnx.ModelProto) -> None:
                          | {i.name for i in g.initializer})
         del g.node[:]
         g.node.extend(nodes)
+    unsequence(m)  # sequences whose elements are known statically become tensors
 
 
 def upgrade(m: onnx.ModelProto, train_batchnorm: bool, name: str) -> onnx.ModelProto:

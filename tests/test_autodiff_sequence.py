@@ -1,0 +1,190 @@
+"""Tensor sequences (SplitToSequence, SequenceAt, SequenceConstruct, ConcatFromSequence,
+SequenceLength, SequenceEmpty/Insert/Erase) as torch's dynamo exporter writes them:
+trainops.autodiff.sequences rewrites those whose elements are known statically into
+Split/Concat/Identity when a model is imported. Checked: the rewritten graph computes
+what the sequence ops computed (onnxruntime, bit for bit: copies and slices), gradients
+through it against central finite differences of the original forward graph
+(helpers.gradcheck), the sequences it must leave alone, the refusal of a gradient through
+one of those, and a Trainer run of a tiny gated model against numpy float64."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from helpers.gradcheck import check, make_model, session
+from trainops.autodiff import GradientError, expand_gradients
+from trainops.autodiff.sequences import unsequence
+from trainops.onnx_defs import TRAINING_DOMAIN
+
+rng = np.random.default_rng(7)
+OPSETS = [13, 17]
+
+
+def node(op, ins, outs=("y",), **kw):
+    return helper.make_node(op, list(ins), list(outs), name=f"{op}_{outs[0]}", **kw)
+
+
+def ints(name, values):
+    return helper.make_node("Constant", [], [name], name=name,
+                            value=numpy_helper.from_array(np.asarray(values, np.int64), name))
+
+
+def gpt2_qkv(split, axis=2, keepdims=None, positions=(0, 1, 2)):
+    """x -> SplitToSequence -> SequenceAt at ``positions`` -> q * k + v (GPT-2's c_attn)."""
+    kw = {} if keepdims is None else {"keepdims": keepdims}
+    nodes = [node("SplitToSequence", ["x"] + (["s"] if split is not None else []), ["seq"],
+                  axis=axis, **kw)]
+    if split is not None:
+        nodes.insert(0, ints("s", split))
+    for k, p in enumerate(positions):
+        nodes += [ints(f"p{k}", p), node("SequenceAt", ["seq", f"p{k}"], [f"e{k}"])]
+    nodes += [node("Mul", ["e0", "e1"], ["m"]), node("Add", ["m", "e2"], ["y"])]
+    return nodes
+
+
+def forward_both(nodes, feeds, opset, out="y"):
+    """``out`` from the graph as given and from unsequence's rewrite of it; the rewrite."""
+    vis = [helper.make_tensor_value_info(k, TensorProto.DOUBLE, list(v.shape))
+           for k, v in feeds.items()]
+    m = make_model(nodes, vis, [helper.make_tensor_value_info(out, TensorProto.DOUBLE, None)],
+                   opset=opset)
+    want = session(m).run([out], feeds)[0]
+    r = onnx.ModelProto()
+    r.CopyFrom(m)
+    changed = unsequence(r)
+    return want, session(r).run([out], feeds)[0], r, changed
+
+
+SPLITS = [([4, 4, 4], 2, None, (0, 1, 2)),      # a 1-D split, as torch.split with sizes
+          ([1, 4, 4, 3], -1, 0, (2, -3, 1)),    # negative positions, one part read twice
+          (4, 2, None, (0, 2, 1)),              # a scalar split (torch.chunk)
+          (5, 2, None, (0, 1, -1)),             # a scalar split with a shorter last part
+          ]
+
+
+@pytest.mark.parametrize("split,axis,keepdims,positions", SPLITS, ids=str)
+@pytest.mark.parametrize("opset", OPSETS)
+def test_split_to_sequence_at_constant_positions(split, axis, keepdims, positions, opset):
+    nodes = gpt2_qkv(split, axis, keepdims, positions)
+    if split == 5:  # parts of 5, 5 and 2: the short last part summed to broadcast
+        nodes[-1:] = [node("ReduceSum", ["e2"], ["e2s"], keepdims=1),
+                      node("Add", ["m", "e2s"], ["y"])]
+    x = rng.standard_normal((2, 3, 12))
+    want, got, r, changed = forward_both(nodes, {"x": x}, opset)
+    assert changed == 1 + len(positions)  # the SplitToSequence and each SequenceAt
+    assert not any(n.op_type in ("SplitToSequence", "SequenceAt") for n in r.graph.node)
+    np.testing.assert_array_equal(got, want)
+    check(nodes, {"x": x}, ["x"], opset=opset)
+
+
+@pytest.mark.parametrize("keepdims", [0, 1])
+def test_split_to_sequence_without_split_unbinds(keepdims):
+    """No split: parts of length 1 along the axis, which keepdims=0 drops (torch.unbind)."""
+    nodes = [node("SplitToSequence", ["x"], ["seq"], axis=1, keepdims=keepdims),
+             ints("p0", 0), ints("p1", -1),
+             node("SequenceAt", ["seq", "p0"], ["a"]), node("SequenceAt", ["seq", "p1"], ["b"]),
+             node("Mul", ["a", "b"], ["y"])]
+    x = rng.standard_normal((2, 3, 4))
+    want, got, _, _ = forward_both(nodes, {"x": x}, 17)
+    np.testing.assert_array_equal(got, want)
+    assert got.shape == ((2, 4) if keepdims == 0 else (2, 1, 4))
+    check(nodes, {"x": x}, ["x"], opset=17)
+
+
+@pytest.mark.parametrize("new_axis", [0, 1])
+@pytest.mark.parametrize("opset", OPSETS)
+def test_construct_insert_erase_concat(new_axis, opset):
+    """SequenceEmpty, SequenceInsert (at the end and at a position), SequenceErase,
+    SequenceConstruct, ConcatFromSequence (stacking with new_axis=1) and SequenceLength."""
+    nodes = [helper.make_node("SequenceEmpty", [], ["s0"], dtype=TensorProto.DOUBLE),
+             node("SequenceInsert", ["s0", "a"], ["s1"]),
+             node("SequenceInsert", ["s1", "b"], ["s2"]),
+             ints("p", 0), node("SequenceInsert", ["s2", "c", "p"], ["s3"]),  # c, a, b
+             ints("q", 1), node("SequenceErase", ["s3", "q"], ["s4"]),  # c, b
+             node("Sigmoid", ["a"], ["sa"]),
+             node("SequenceConstruct", ["sa", "b"], ["t"]),
+             node("ConcatFromSequence", ["s4"], ["u"], axis=1, new_axis=new_axis),
+             node("ConcatFromSequence", ["t"], ["v"], axis=1, new_axis=new_axis),
+             node("SequenceLength", ["s4"], ["n"]),
+             node("Cast", ["n"], ["nf"], to=TensorProto.DOUBLE),
+             node("Mul", ["u", "v"], ["uv"]),
+             node("Mul", ["uv", "nf"], ["y"])]
+    feeds = {k: rng.standard_normal((2, 3)) for k in "abc"}
+    want, got, r, _ = forward_both(nodes, feeds, opset)
+    np.testing.assert_array_equal(got, want)
+    assert not any(n.op_type.startswith("Sequence") or n.op_type == "ConcatFromSequence"
+                   for n in r.graph.node)
+    check(nodes, feeds, ["a", "b", "c"], opset=opset)
+
+
+def test_runtime_split_sizes_of_static_length():
+    """A 1-D split computed at run time but of a known length: Split reads it as is."""
+    nodes = [node("Shape", ["w"], ["ws"]),  # [4, 8]: parts of 4 and 8
+             node("SplitToSequence", ["x", "ws"], ["seq"], axis=1),
+             ints("p0", 0), ints("p1", 1),
+             node("SequenceAt", ["seq", "p0"], ["a"]), node("SequenceAt", ["seq", "p1"], ["b"]),
+             node("ReduceSum", ["b"], ["bs"], keepdims=1),
+             node("Mul", ["a", "bs"], ["y"])]
+    feeds = {"x": rng.standard_normal((3, 12)), "w": np.zeros((4, 8))}
+    want, got, r, _ = forward_both(nodes, feeds, 17)
+    np.testing.assert_array_equal(got, want)
+    assert [n.op_type for n in r.graph.node].count("Split") == 1
+    check(nodes, feeds, ["x"], opset=17)
+
+
+def test_unread_parts_and_untouched_models():
+    """Parts nobody reads cost no Squeeze; a model without sequences is left alone."""
+    nodes = [node("SplitToSequence", ["x"], ["seq"], axis=0, keepdims=0), ints("p", 2),
+             node("SequenceAt", ["seq", "p"], ["y"])]
+    x = rng.standard_normal((4, 3))
+    want, got, r, _ = forward_both(nodes, {"x": x}, 17)
+    np.testing.assert_array_equal(got, want)
+    assert [n.op_type for n in r.graph.node].count("Squeeze") == 1
+    plain = make_model([node("Relu", ["x"])], [helper.make_tensor_value_info(
+        "x", TensorProto.FLOAT, [2])], [helper.make_tensor_value_info("y", TensorProto.FLOAT,
+                                                                      [2])])
+    before = plain.SerializeToString()
+    assert unsequence(plain) == 0 and plain.SerializeToString() == before
+
+
+def _runtime_position_model():
+    nodes = [node("SplitToSequence", ["x"], ["seq"], axis=0, keepdims=0),
+             ints("p0", 0), node("SequenceAt", ["seq", "p0"], ["a"]),
+             node("SequenceAt", ["seq", "i"], ["b"]),       # position known at run time
+             node("Add", ["a", "b"], ["s"]),
+             node("ReduceSum", ["s"], ["loss"], keepdims=0),
+             helper.make_node("Gradient", ["x"], ["dx"], name="g", domain=TRAINING_DOMAIN,
+                              xs=["x"], y="loss")]
+    return make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2]),
+                              helper.make_tensor_value_info("i", TensorProto.INT64, [])],
+                      [helper.make_tensor_value_info("dx", TensorProto.FLOAT, [3, 2])])
+
+
+def test_a_sequence_read_at_a_runtime_position_stays_and_its_gradient_is_refused():
+    m = _runtime_position_model()
+    fwd = onnx.ModelProto()
+    fwd.CopyFrom(m)
+    del fwd.graph.node[-1]
+    assert unsequence(fwd) == 0  # the sequence stays, and so do its readers
+    with pytest.raises(GradientError, match=r"no gradient rule for SequenceAt node"):
+        expand_gradients(m)
+
+
+def test_a_sequence_graph_output_keeps_its_makers():
+    nodes = [node("SequenceConstruct", ["a", "b"], ["seq"]), ints("p", 1),
+             node("SequenceAt", ["seq", "p"], ["y"])]
+    vi = [helper.make_tensor_value_info(k, TensorProto.FLOAT, [2]) for k in "ab"]
+    seq_out = helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, [2])
+    m = make_model(nodes, vi, [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2]),
+                               seq_out])
+    assert unsequence(m) == 1
+    ops = [n.op_type for n in m.graph.node]
+    assert "SequenceConstruct" in ops and "SequenceAt" not in ops
+    onnx.checker.check_model(m)
+    a, b = np.ones(2, np.float32), np.arange(2, dtype=np.float32)
+    y, seq = session(m).run(["y", "seq"], {"a": a, "b": b})
+    np.testing.assert_array_equal(y, b)
+    assert len(seq) == 2
