@@ -44,6 +44,7 @@ def _batch_norm_need(node: onnx.NodeProto) -> int:
 OPSET_NEEDS = {
     "MaxPool": (_max_pool_need, "overlapping MaxPool windows (ScatterElements 'add')"),
     "BatchNormalization": (_batch_norm_need, "BatchNormalization in training mode"),
+    "GatherND": (lambda node: 16, "GatherND's gradient (ScatterND with reduction 'add')"),
 }
 
 
