@@ -188,3 +188,75 @@ def test_a_sequence_graph_output_keeps_its_makers():
     y, seq = session(m).run(["y", "seq"], {"a": a, "b": b})
     np.testing.assert_array_equal(y, b)
     assert len(seq) == 2
+
+
+# --- a Trainer over SplitToSequence/SequenceAt ------------------------------------------------
+
+D, H, C, N = 5, 4, 3, 16
+
+
+def glu_model(seed=0):
+    """x -> MatMul w1 [D, 2H] -> SplitToSequence (torch.chunk) -> a * Sigmoid(g) -> Gemm w2
+    -> mean softmax cross-entropy: a gated unit as the dynamo exporter writes it."""
+    r = np.random.default_rng(seed)
+    nodes = [node("MatMul", ["x", "w1"], ["h"]),
+             ints("halves", [H, H]),
+             node("SplitToSequence", ["h", "halves"], ["seq"], axis=-1),
+             ints("p0", 0), ints("p1", 1),
+             node("SequenceAt", ["seq", "p0"], ["a"]), node("SequenceAt", ["seq", "p1"], ["g"]),
+             node("Sigmoid", ["g"], ["sg"]), node("Mul", ["a", "sg"], ["u"]),
+             node("Gemm", ["u", "w2"], ["logits"], transB=1),
+             node("SoftmaxCrossEntropyLoss", ["logits", "t"], ["loss"])]
+    inits = [numpy_helper.from_array((r.standard_normal(s) * 0.5).astype(np.float32), n)
+             for n, s in [("w1", (D, 2 * H)), ("w2", (C, H))]]
+    g = helper.make_graph(nodes, "glu", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", D]),
+        helper.make_tensor_value_info("t", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])], inits)
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    m.ir_version = 8
+    return m
+
+
+def glu_numpy(p, x, t):
+    """float64 loss and gradients of glu_model."""
+    w1, w2 = p["w1"].astype(np.float64), p["w2"].astype(np.float64)
+    h = x.astype(np.float64) @ w1
+    a, g = h[:, :H], h[:, H:]
+    sg = 1 / (1 + np.exp(-g))
+    u = a * sg
+    z = u @ w2.T
+    z = z - z.max(1, keepdims=True)
+    sm = np.exp(z) / np.exp(z).sum(1, keepdims=True)
+    n = len(t)
+    loss = -np.mean(np.log(sm[np.arange(n), t]))
+    dz = sm.copy()
+    dz[np.arange(n), t] -= 1
+    dz /= n
+    du = dz @ w2
+    dh = np.concatenate([du * sg, du * a * sg * (1 - sg)], axis=1)
+    return loss, {"w1": x.T.astype(np.float64) @ dh, "w2": dz.T @ u}
+
+
+def test_trainer_trains_through_split_to_sequence(library_path):
+    from helpers.references import momentum_step
+    from trainops import Trainer, optim
+
+    model = glu_model()
+    opt = optim.Momentum(lr=0.1)
+    tr = Trainer(model, "loss", opt, threads=1)
+    r = np.random.default_rng(1)
+    x = r.standard_normal((N, D)).astype(np.float32)
+    t = (x[:, 0] > 0).astype(np.int64) + (x[:, 1] > 0.3).astype(np.int64)
+    p = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    ref_loss, grads = glu_numpy(p, x, t)
+    first = tr.step({"x": x, "t": t})
+    assert first == pytest.approx(ref_loss, rel=1e-5)
+    got = tr.parameters()
+    for k in p:
+        want, _ = momentum_step(0.1, 1, p[k], grads[k], np.zeros_like(p[k], np.float64),
+                                **opt.attributes())
+        np.testing.assert_allclose(got[k], want, rtol=1e-5, atol=1e-6, err_msg=k)
+    for _ in range(40):
+        last = tr.step({"x": x, "t": t})
+    assert last < 0.5 * first
