@@ -269,6 +269,7 @@ BAD_LABELS = {  # labels fed with X6: (labels, what the error says after "labels
     "minus_one": ([0, 1, -1, 2, 3, 0], "[2] = -1: expected a class index in [0, 4)"),
     "C": ([0, 1, 2, 3, 4, 0], "[4] = 4: expected a class index in [0, 4)"),
     "minus_100": ([0, 1, 2, 3, 0, -100], "[5] = -100: expected a class index in [0, 4)"),
+    "minus_101": ([0, 1, 2, 3, 0, -101], "[5] = -101: expected a class index in [0, 4)"),
     "2^40": ([2**40, 1, 2, 3, 0, 0], "[0] = 1099511627776: expected a class index in [0, 4)"),
     "one_for_six": ([2], " has shape [1]: expected [6], the shape of"),
 }
@@ -279,13 +280,19 @@ def trainer(kind, portable, **kw):
     return Trainer(model, loss, optim.Adam(lr=0.01), threads=1, seed=0, portable=portable, **kw)
 
 
-@pytest.mark.parametrize("case", sorted(BAD_LABELS))
-@pytest.mark.parametrize("kind", sorted(WHO))
+# -100 is bad where no ignore_index is set (the model's own node 'ce'); the attached
+# losses ignore it by default, as PyTorch's (test_ignore_index_is_skipped_as_pytorch_does)
+LABEL_CASES = [(kind, case) for kind in sorted(WHO) for case in sorted(BAD_LABELS)
+               if case != "minus_100" or kind == "own"]
+
+
+@pytest.mark.parametrize("kind,case", LABEL_CASES)
 def test_bad_labels_are_one_error_on_every_placement(library_path, kind, case):
     """ONNX's own ops read -1 as the last class and broadcast one label over a batch (the
     portable graph trained on both) or fail in an inner GatherElements naming nothing (C,
-    -100, 2^40); the fused kernel refused some: now both refuse all, alike, before the
-    run, naming the labels, the position, the value and [0, C), and change nothing."""
+    -100 without an ignore_index, 2^40); the fused kernel refused some: now both refuse
+    all, alike, before the run, naming the labels, the position, the value and [0, C) (and
+    the ignore_index, when the loss has one), and change nothing."""
     labels, said = BAD_LABELS[case]
     name = classifier(kind)[2]
     messages = []
@@ -317,9 +324,11 @@ def test_the_graph_refuses_bad_labels_by_itself(library_path, kind, portable):
     tr._check_labels = None  # the graph's check alone
     before = snapshot(tr)
     scores = "logp" if kind == "nll" else "logits"
-    want = (f"{WHO[kind]}: labels {name!r}: expected a class index in [0, C) (C: the size of "
-            f"axis 1 of {scores!r}) and the shape of {scores!r} without that axis")
-    for labels in ([0, 1, -1, 2, 3, 0], [0, 1, 2, 3, 4, 0], [-100] * 6, [2]):
+    ignored = "" if kind == "own" else " or the ignore_index -100"  # the attached default
+    want = (f"{WHO[kind]}: labels {name!r}: expected a class index in [0, C){ignored} (C: the "
+            f"size of axis 1 of {scores!r}) and the shape of {scores!r} without that axis")
+    minus_100 = [-100] * 6 if kind == "own" else [-100] * 5 + [-101]
+    for labels in ([0, 1, -1, 2, 3, 0], [0, 1, 2, 3, 4, 0], minus_100, [2]):
         with pytest.raises(ValueError) as e:
             tr.step({"x": X6, name: np.array(labels, np.int64)})
         y = np.array(labels)
@@ -344,14 +353,20 @@ def _numpy_cross_entropy(x, w, labels, ignore_index):
 @pytest.mark.parametrize("portable", [False, True], ids=["fused", "portable"])
 @pytest.mark.parametrize("kind", ["cross_entropy", "nll"])
 def test_ignore_index_is_skipped_as_pytorch_does(library_path, kind, portable):
-    """``ignore_index=-100`` (PyTorch's default value; trainops' default is none): those
-    labels count for nothing, in the loss and in the mean's count; any other label outside
-    [0, C) is still refused, the message naming the ignore_index."""
+    """``ignore_index=-100`` (PyTorch's default, and trainops'): those labels count for
+    nothing, in the loss and in the mean's count; any other label outside [0, C) is still
+    refused, the message naming the ignore_index. ``ignore_index=None`` has none: -100 is
+    refused then. A config written before the default (no ``ignore_index`` key) reads
+    back as the loss it described, with none."""
     model = classifier(kind)[0]
-    loss = getattr(losses, kind)("logits" if kind == "cross_entropy" else "logp",
-                                 ignore_index=-100)
+    scores = "logits" if kind == "cross_entropy" else "logp"
+    loss = getattr(losses, kind)(scores)
+    assert loss.ignore_index == -100 and loss == getattr(losses, kind)(scores, ignore_index=-100)
     assert losses.from_dict(loss.to_dict()) == loss
-    assert "ignore_index" not in losses.cross_entropy("logits").to_dict()  # configs as before
+    old = {"kind": kind, "output": scores, "target": "labels", "reduction": "mean"}
+    assert losses.from_dict(old).ignore_index is None  # configs as before
+    assert losses.from_dict(old).to_dict() == old
+    assert getattr(losses, kind)(scores, ignore_index=None).to_dict() == old
     # SGD with momentum: its step is proportional to the gradient (Adam's first is not)
     tr = Trainer(model, loss, optim.Momentum(lr=0.1), threads=1, seed=0, portable=portable)
     w = tr.parameters()["W"].copy()
@@ -360,9 +375,8 @@ def test_ignore_index_is_skipped_as_pytorch_does(library_path, kind, portable):
     np.testing.assert_allclose(got, _numpy_cross_entropy(X6, w, labels, -100), rtol=RTOL,
                                atol=ATOL)
     # the gradient is the mean over the 4 kept samples: the step a batch of those 4 takes
-    kept = Trainer(classifier(kind)[0], getattr(losses, kind)(
-        "logits" if kind == "cross_entropy" else "logp"), optim.Momentum(lr=0.1), threads=1,
-        seed=0, portable=portable)
+    kept = Trainer(classifier(kind)[0], getattr(losses, kind)(scores), optim.Momentum(lr=0.1),
+                   threads=1, seed=0, portable=portable)
     keep = labels != -100
     kept.step({"x": X6[keep], "labels": labels[keep]})
     np.testing.assert_allclose(tr.parameters()["W"], kept.parameters()["W"], rtol=RTOL,
@@ -372,6 +386,11 @@ def test_ignore_index_is_skipped_as_pytorch_does(library_path, kind, portable):
                                          r"in \[0, 4\) or the ignore_index -100"):
         tr.step({"x": X6, "labels": np.array([0, -1, 3, 1, -100, 2])})
     assert_unchanged(tr, before)
+    none = Trainer(classifier(kind)[0], getattr(losses, kind)(scores, ignore_index=None),
+                   optim.Momentum(lr=0.1), threads=1, seed=0, portable=portable)
+    with pytest.raises(ValueError, match=r"labels 'labels'\[1\] = -100: expected a class "
+                                         r"index in \[0, 4\) \("):
+        none.step({"x": X6, "labels": labels})
 
 
 def test_ignore_index_is_checked():

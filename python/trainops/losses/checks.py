@@ -1,55 +1,35 @@
-"""Losses a :class:`trainops.Trainer` attaches to a model that has none (an exported
-network ends at its logits):
-
-    trainer = Trainer(model, loss=losses.cross_entropy("logits"))
-    trainer.step({"input": x, "labels": y})        # y: int64 class indices [N]
-
-Each function returns a :class:`Loss`; ``Trainer(loss=...)`` adds its nodes and its data
-input (``labels`` / ``target``) to the TRAINING graph only: :meth:`Trainer.export` gives
-the model without them. A model that computes its own loss passes the tensor's name
-instead.
-
-- :func:`cross_entropy`: ``SoftmaxCrossEntropyLoss(logits, labels)`` (PyTorch's
-  ``F.cross_entropy``): logits ``[N, C]`` or ``[N, C, d1, ...]``, int64 labels ``[N]`` or
-  ``[N, d1, ...]``;
-- :func:`nll`: ``NegativeLogLikelihoodLoss(log_probs, labels)`` (``F.nll_loss``);
-- :func:`mse`: ``ReduceMean((output - target)^2)`` (``F.mse_loss``), the target shaped
-  and typed as the output.
-
-``reduction``: ``"mean"`` or ``"sum"`` (a Trainer minimises a scalar). ``logits`` /
-``output`` None: the model's first output. ``ignore_index`` (cross_entropy, nll; default
-None, none): the label value that contributes nothing, as PyTorch's (whose default is
--100: pass ``ignore_index=-100`` for its behaviour).
+"""The checks of class labels and the graph guard they use (:mod:`trainops.losses`).
 
 Labels are checked on every placement (fused CPU kernels, portable graph, devices), those
 of an attached loss and of the model's own SoftmaxCrossEntropyLoss /
 NegativeLogLikelihoodLoss alike: each must be a class index in ``[0, C)`` (``C`` the size of
-the scores' axis 1) or the node's ``ignore_index``, and the labels must have the scores'
-shape without that axis. ONNX's ops would read ``-1`` as the last class and broadcast one
-label over a batch, and fail on ``C`` deep inside naming nothing. Two layers:
+the scores' class axis) or the node's ``ignore_index``, and the labels must have the
+scores' shape without that axis. ONNX's ops would read ``-1`` as the last class and
+broadcast one label over a batch, and fail on ``C`` deep inside naming nothing. Two layers:
 :func:`label_check` (the Trainer's, on the feeds before the run: the label, its position,
 its value and ``C``) and :func:`guard_labels` (in the training graph: a node that fails the
 run, named for what was expected, :func:`guard`), for what only the run can tell and for
 runtimes without Python.
+
+The class axis is axis 1 (ONNX's and PyTorch's), or the last axis for a loss attached with
+``class_axis=-1`` (``[B, T, V]`` logits): that loss flattens its scores to ``[B*T, V]``
+and its labels to ``[B*T]`` by two Reshape nodes named after it (``<loss>/flat_scores``,
+``<loss>/flat_labels``), and both checks look through them at the tensors the model and
+the feeds have (:func:`_views`): a ``[T, B]`` labels tensor is refused, not reshaped.
 """
 
 from __future__ import annotations
 
-import numbers
 import re
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping, NamedTuple
 
 import numpy as np
 
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-__all__ = ["CHECK", "Loss", "cross_entropy", "failed_check", "from_dict", "guard",
-           "guard_labels", "label_check", "mse", "nll"]
-
-KINDS = ("cross_entropy", "nll", "mse")
-REDUCTIONS = ("mean", "sum")
+__all__ = ["CHECK", "LOSS_OPS", "failed_check", "guard", "guard_labels", "label_check",
+           "step_refusal"]
 
 # The name of a node that fails the run when an input breaks what the graph needs starts
 # with this, followed by what was expected (ONNX Runtime's error names the node).
@@ -91,100 +71,6 @@ def step_refusal(error: BaseException, feeds, input_names) -> ValueError | None:
     return ValueError(f"Trainer.step: {what}{said}; the step changed nothing")
 
 
-@dataclass(frozen=True)
-class Loss:
-    """A loss to attach: ``kind`` (``"cross_entropy"``, ``"nll"``, ``"mse"``), the model
-    tensor it reads (``output``; None: the first graph output), the name of the data input
-    it adds (``target``) and the ``reduction``."""
-
-    kind: str
-    output: str | None
-    target: str
-    reduction: str = "mean"
-    ignore_index: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise ValueError(f"loss kind {self.kind!r}: expected one of {KINDS}")
-        if self.reduction not in REDUCTIONS:
-            raise ValueError(f"{self.kind}: reduction {self.reduction!r}: expected 'mean' "
-                             "or 'sum' (a Trainer minimises a scalar)")
-        if not self.target:
-            raise ValueError(f"{self.kind}: the target input needs a name")
-        if self.ignore_index is not None:
-            if self.kind == "mse":
-                raise ValueError("mse: ignore_index is for class labels (cross_entropy, nll)")
-            ii = self.ignore_index
-            if isinstance(ii, bool) or not isinstance(ii, numbers.Integral) \
-                    or not -2**63 <= ii < 2**63:
-                raise ValueError(f"{self.kind}: ignore_index {ii!r}: expected None or an "
-                                 "int64 label value")
-            object.__setattr__(self, "ignore_index", int(ii))
-
-    @property
-    def name(self) -> str:
-        """The loss tensor's name in the training graph."""
-        return f"trainops/loss/{self.kind}"
-
-    def to_dict(self) -> dict:
-        """JSON-ready (:func:`from_dict` reverses it); ``ignore_index`` only when set."""
-        d = asdict(self)
-        if d["ignore_index"] is None:
-            del d["ignore_index"]
-        return d
-
-    def attach(self, model: onnx.ModelProto) -> onnx.ModelProto:
-        """A copy of ``model`` with the loss nodes (after the model's own, so node
-        positions keep their Philox keys), the target as a graph input and the loss
-        (:attr:`name`) as its only output."""
-        from .autodiff import infer
-
-        m = onnx.ModelProto()
-        m.CopyFrom(model)
-        g = m.graph
-        out = self.output or (g.output[0].name if g.output else None)
-        tensors = {o for n in g.node for o in n.output} | {i.name for i in g.input} \
-            | {i.name for i in g.initializer}
-        if out is None or out not in tensors:
-            raise ValueError(f"{self.kind}: {out!r} is not a tensor of the model")
-        if self.target in tensors:
-            raise ValueError(f"{self.kind}: the target input {self.target!r} is already a "
-                             "tensor of the model: name it otherwise (target=/labels=)")
-        info = {v.name: v for v in list(infer(m).graph.value_info) + list(g.output)
-                + list(g.input)}
-        elem, dims = TensorProto.FLOAT, None
-        if out in info and info[out].type.HasField("tensor_type"):
-            tt = info[out].type.tensor_type
-            elem = tt.elem_type or elem
-            if tt.HasField("shape"):
-                dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or None)
-                        for d in tt.shape.dim]
-        p = self.name
-        if self.kind == "mse":
-            g.node.extend([
-                helper.make_node("Sub", [out, self.target], [f"{p}/diff"], name=f"{p}/sub"),
-                helper.make_node("Mul", [f"{p}/diff", f"{p}/diff"], [f"{p}/squared"],
-                                 name=f"{p}/square"),
-                helper.make_node("ReduceMean" if self.reduction == "mean" else "ReduceSum",
-                                 [f"{p}/squared"], [p], name=f"{p}/reduce", keepdims=0)])
-            target = helper.make_tensor_value_info(self.target, elem, dims)
-        else:
-            op = "SoftmaxCrossEntropyLoss" if self.kind == "cross_entropy" \
-                else "NegativeLogLikelihoodLoss"
-            if dims is not None and len(dims) < 2:
-                raise ValueError(f"{self.kind}: {out!r} must be [N, C] or [N, C, d1, ...], "
-                                 f"has shape {dims}")
-            extra = {} if self.ignore_index is None else {"ignore_index": self.ignore_index}
-            g.node.append(helper.make_node(op, [out, self.target], [p], name=p,
-                                           reduction=self.reduction, **extra))
-            target = helper.make_tensor_value_info(
-                self.target, TensorProto.INT64, None if dims is None else dims[:1] + dims[2:])
-        g.input.append(target)
-        del g.output[:]
-        g.output.append(helper.make_tensor_value_info(p, elem, []))
-        return m
-
-
 LOSS_OPS = ("SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss")
 
 
@@ -212,20 +98,51 @@ def _expected(ignore_index: int | None, classes: int | str = "C") -> str:
     return f"a class index in [0, {classes}){ii}"
 
 
+class _View(NamedTuple):
+    """A loss node as its checks see it: ``who`` names it in errors, ``scores`` and
+    ``labels`` are the tensors to check (the model's and the feed's, before an attached
+    loss' flattening), ``axis`` the class axis of ``scores`` (1, or -1 for the last), and
+    the labels reach the loss through input ``slot`` of ``reader`` (the loss node itself,
+    or its ``flat_labels`` Reshape), which the graph's check rewires."""
+
+    who: str
+    scores: str
+    labels: str
+    axis: int
+    ignore_index: int | None
+    reader: onnx.NodeProto
+    slot: int
+
+
+def _views(graph: onnx.GraphProto) -> Iterator[_View]:
+    """Each loss node of ``graph`` as a :class:`_View`."""
+    made = {o: n for n in graph.node for o in n.output}
+    for k, node in enumerate(_loss_nodes(graph)):
+        who, ii = _who(node, k), _ignore_index(node)
+        flat, src = made.get(node.input[1]), made.get(node.input[0])
+        if flat is not None and src is not None and node.name \
+                and flat.op_type == src.op_type == "Reshape" \
+                and flat.name == f"{node.name}/flat_labels" \
+                and src.name == f"{node.name}/flat_scores":
+            yield _View(who, src.input[0], flat.input[0], -1, ii, flat, 0)
+        else:
+            yield _View(who, node.input[0], node.input[1], 1, ii, node, 1)
+
+
 def guard_labels(graph: onnx.GraphProto, prefix: str = "trainops/labels") -> None:
     """Check the labels of every SoftmaxCrossEntropyLoss / NegativeLogLikelihoodLoss node
     of ``graph`` in the graph itself (in place; the nodes are appended, so no node moves):
-    each label a class index in ``[0, C)`` (``C`` the size of the scores' axis 1) or the
-    node's ignore_index, the labels shaped as the scores without axis 1 (ONNX's ops would
-    read -1 as the last class and broadcast one label over the batch). The node then reads
-    the labels as int64 plus the check's 0 (:func:`guard`), so it and everything after it
-    wait for the check, which fails the run naming the labels otherwise."""
-    for k, node in enumerate(_loss_nodes(graph)):
-        logits, labels = node.input[0], node.input[1]
-        ii = _ignore_index(node)
+    each label a class index in ``[0, C)`` (``C`` the size of the scores' class axis) or
+    the node's ignore_index, the labels shaped as the scores without that axis (ONNX's ops
+    would read -1 as the last class and broadcast one label over the batch). The loss
+    then reads the labels as int64 plus the check's 0 (:func:`guard`), so it and everything
+    after it wait for the check, which fails the run naming the labels otherwise."""
+    for k, view in enumerate(list(_views(graph))):
+        logits, labels, ii, axis = view.scores, view.labels, view.ignore_index, view.axis
         p = f"{prefix}/{k}"
-        what = (f"{_who(node, k)}: labels {labels!r}: expected {_expected(ii)} (C: the size "
-                f"of axis 1 of {logits!r}) and the shape of {logits!r} without that axis")
+        what = (f"{view.who}: labels {labels!r}: expected {_expected(ii)} (C: the size "
+                f"of axis {axis} of {logits!r}) and the shape of {logits!r} without that "
+                "axis")
 
         def at(name, p=p):  # this check's own tensor ``name``
             return f"{p}/{name}"
@@ -237,29 +154,33 @@ def guard_labels(graph: onnx.GraphProto, prefix: str = "trainops/labels") -> Non
         def op(op_type, ins, out, **kw):
             return helper.make_node(op_type, ins, [at(out)], name=at(out), **kw)
 
-        nodes = [const("zero", 0), const("one", 1), const("at0", [0]), const("at1", [1]),
-                 const("at2", [2]), const("end", [2**63 - 1]),
+        nodes = [const("zero", 0), const("axis", axis), const("at0", [0]),
                  op("Cast", [labels], "labels", to=TensorProto.INT64),
                  op("Shape", [logits], "logits_shape"),
-                 op("Gather", [at("logits_shape"), at("one")], "classes", axis=0),
-                 op("Slice", [at("logits_shape"), at("at0"), at("at1")], "batch"),
-                 op("Slice", [at("logits_shape"), at("at2"), at("end")], "rest"),
-                 op("Concat", [at("batch"), at("rest")], "want", axis=0),
-                 op("Shape", [labels], "got"),
-                 # [rank, d0, d1, ...] of each: a rank that differs is caught too (here,
-                 # or as this Equal's broadcasting error, which names the check as well)
-                 op("Shape", [at("want")], "want_rank"), op("Shape", [at("got")], "got_rank"),
-                 op("Concat", [at("want_rank"), at("want")], "want_all", axis=0),
-                 op("Concat", [at("got_rank"), at("got")], "got_all", axis=0),
-                 helper.make_node("Equal", [at("got_all"), at("want_all")], [at("same")],
-                                  name=CHECK + what + " (its shape)"),
-                 op("Not", [at("same")], "differ"),
-                 op("Cast", [at("differ")], "differ_int", to=TensorProto.INT64),
-                 op("ReduceSum", [at("differ_int")], "bad_dims", keepdims=0),
-                 op("Less", [at("labels"), at("zero")], "negative"),
-                 op("Less", [at("labels"), at("classes")], "below_c"),
-                 op("Not", [at("below_c")], "too_large"),
-                 op("Or", [at("negative"), at("too_large")], "outside")]
+                 op("Gather", [at("logits_shape"), at("axis")], "classes", axis=0)]
+        if axis == 1:  # the shape without axis 1: [d0] + [d2, ...]
+            nodes += [const("at1", [1]), const("at2", [2]), const("end", [2**63 - 1]),
+                      op("Slice", [at("logits_shape"), at("at0"), at("at1")], "batch"),
+                      op("Slice", [at("logits_shape"), at("at2"), at("end")], "rest"),
+                      op("Concat", [at("batch"), at("rest")], "want", axis=0)]
+        else:  # without the last axis
+            nodes += [const("last", [-1]),
+                      op("Slice", [at("logits_shape"), at("at0"), at("last")], "want")]
+        nodes += [op("Shape", [labels], "got"),
+                  # [rank, d0, d1, ...] of each: a rank that differs is caught too (here,
+                  # or as this Equal's broadcasting error, which names the check as well)
+                  op("Shape", [at("want")], "want_rank"), op("Shape", [at("got")], "got_rank"),
+                  op("Concat", [at("want_rank"), at("want")], "want_all", axis=0),
+                  op("Concat", [at("got_rank"), at("got")], "got_all", axis=0),
+                  helper.make_node("Equal", [at("got_all"), at("want_all")], [at("same")],
+                                   name=CHECK + what + " (its shape)"),
+                  op("Not", [at("same")], "differ"),
+                  op("Cast", [at("differ")], "differ_int", to=TensorProto.INT64),
+                  op("ReduceSum", [at("differ_int")], "bad_dims", keepdims=0),
+                  op("Less", [at("labels"), at("zero")], "negative"),
+                  op("Less", [at("labels"), at("classes")], "below_c"),
+                  op("Not", [at("below_c")], "too_large"),
+                  op("Or", [at("negative"), at("too_large")], "outside")]
         bad = at("outside")
         if ii is not None:
             nodes += [const("ignore_index", ii),
@@ -274,7 +195,7 @@ def guard_labels(graph: onnx.GraphProto, prefix: str = "trainops/labels") -> Non
         checks, ok = guard(at("bad"), what, at("guard"))
         nodes += checks + [op("Add", [at("labels"), ok], "checked")]
         graph.node.extend(nodes)
-        node.input[1] = at("checked")
+        view.reader.input[view.slot] = at("checked")
 
 
 def _dims(vi) -> list | None:
@@ -291,29 +212,28 @@ def label_check(model: onnx.ModelProto) -> Callable[[Mapping[str, Any]], None] |
     model: a :mod:`trainops.losses` loss attached, or the model's own) whose labels are a
     data input: ValueError naming the loss, the labels input, the first label outside
     ``[0, C)`` (and not the ignore_index), its position, its value and ``C``; or the
-    labels' shape and the one expected, from the scores' declared or inferred dims (a
-    named dim takes its size from the fed input that has it). What the shapes cannot tell
-    before the run (``C`` or a dim unknown until then) is left to the graph's own check
+    labels' shape and the one expected (the scores' without their class axis), from the
+    scores' declared or inferred dims (a named dim takes its size from the fed input that
+    has it). What the shapes cannot tell before the run (``C`` or a dim unknown until then) is left to the graph's own check
     (:func:`guard_labels`). None when no loss node reads a data input."""
     g = model.graph
     inits = {i.name for i in g.initializer}
     data = {i.name: _dims(i) for i in g.input if i.name not in inits}
-    nodes = [(k, n) for k, n in enumerate(_loss_nodes(g)) if n.input[1] in data]
-    if not nodes:
+    views = [v for v in _views(g) if v.labels in data]
+    if not views:
         return None
-    from .autodiff import infer
+    from ..autodiff import infer
 
     shapes = {v.name: _dims(v) for v in list(infer(model).graph.value_info)
               + list(g.input) + list(g.output)}
     checks = []
-    for k, node in nodes:
-        dims = shapes.get(node.input[0])
+    for v in views:
+        dims = shapes.get(v.scores)
         if dims is not None and len(dims) < 2:
             dims = None
-        classes = dims[1] if dims is not None and isinstance(dims[1], int) and dims[1] > 0 \
-            else None
-        checks.append((_who(node, k), node.input[0], node.input[1], dims, classes,
-                       _ignore_index(node)))
+        c = None if dims is None else dims[v.axis]
+        classes = c if isinstance(c, int) and c > 0 else None
+        checks.append((v.who, v.scores, v.labels, dims, classes, v.ignore_index, v.axis))
 
     def check(feeds: Mapping[str, Any]) -> None:
         bound: dict[str, tuple[int, str]] = {}  # a named dim takes its size from a feed
@@ -324,13 +244,13 @@ def label_check(model: onnx.ModelProto) -> Callable[[Mapping[str, Any]], None] |
             for d, n in zip(ds, np.shape(x)):
                 if isinstance(d, str):
                     bound.setdefault(d, (int(n), name))
-        for who, logits, labels, dims, classes, ii in checks:
+        for who, logits, labels, dims, classes, ii, axis in checks:
             y = np.asarray(feeds[labels])
             if y.dtype.kind not in "iu":
                 raise ValueError(f"{who}: labels {labels!r}: expected int64 class indices, "
                                  f"got {y.dtype}")
             if dims is not None:
-                want = dims[:1] + dims[2:]
+                want = dims[:1] + dims[2:] if axis == 1 else dims[:-1]
                 expect = [d if isinstance(d, int) else bound.get(d, (None,))[0] for d in want]
                 if y.ndim != len(want) or any(e is not None and e != n
                                               for e, n in zip(expect, y.shape)):
@@ -340,8 +260,8 @@ def label_check(model: onnx.ModelProto) -> Callable[[Mapping[str, Any]], None] |
                     raise ValueError(
                         f"{who}: labels {labels!r} has shape {list(y.shape)}: expected "
                         f"[{said}], the shape of {logits!r} {dims} without its class axis "
-                        f"(axis 1){' (' + ', '.join(why) + ')' if why else ''}: one label "
-                        "per position, never broadcast")
+                        f"(axis {axis}){' (' + ', '.join(why) + ')' if why else ''}: one "
+                        "label per position, never broadcast")
             if classes is None or y.size == 0:
                 continue
             flat = y.reshape(-1)
@@ -354,36 +274,6 @@ def label_check(model: onnx.ModelProto) -> Callable[[Mapping[str, Any]], None] |
                 raise ValueError(
                     f"{who}: labels {labels!r}{at} = {int(flat[k])}: expected "
                     f"{_expected(ii, classes)} ({logits!r} has {classes} classes, its axis "
-                    "1)")
+                    f"{axis})")
 
     return check
-
-
-def from_dict(d: Mapping[str, Any]) -> Loss:
-    """The :class:`Loss` :meth:`Loss.to_dict` described."""
-    return Loss(d["kind"], d.get("output"), d["target"], d.get("reduction", "mean"),
-                d.get("ignore_index"))
-
-
-def cross_entropy(logits: str | None = None, labels: str = "labels",
-                  reduction: str = "mean", ignore_index: int | None = None) -> Loss:
-    """Softmax cross-entropy of ``logits`` (``[N, C, ...]``, None: the first output)
-    against int64 class indices fed as ``labels``, each in ``[0, C)`` or ``ignore_index``
-    (None: none; PyTorch's default is -100), which contributes nothing (nor to the mean's
-    count)."""
-    return Loss("cross_entropy", logits, labels, reduction, ignore_index)
-
-
-def nll(log_probs: str | None = None, labels: str = "labels",
-        reduction: str = "mean", ignore_index: int | None = None) -> Loss:
-    """Negative log-likelihood of ``log_probs`` (``[N, C, ...]``, e.g. a LogSoftmax
-    output; None: the first output) at the int64 class indices fed as ``labels``, each in
-    ``[0, C)`` or ``ignore_index`` (as :func:`cross_entropy`)."""
-    return Loss("nll", log_probs, labels, reduction, ignore_index)
-
-
-def mse(output: str | None = None, target: str = "target",
-        reduction: str = "mean") -> Loss:
-    """Mean (or summed) squared error between ``output`` (None: the first output) and the
-    data input ``target`` (the output's type and shape)."""
-    return Loss("mse", output, target, reduction)
