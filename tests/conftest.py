@@ -37,6 +37,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: minutes-long (VGG-19's 144M parameters); runs "
                                        "only with TRAINOPS_SLOW_TESTS=1 (CI sets it for one "
                                        "of its runs)")
+    config.addinivalue_line("markers", "torch: needs torch, torchvision and transformers "
+                                       "(tests/test_torch_bridge.py); skipped without them, "
+                                       "run by scripts/test-torch")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -19,6 +19,6 @@ parameters that have ``requires_grad=True``.
 
 from __future__ import annotations
 
-from .export import OPSET, export
+from .exporter import OPSET, export
 
 __all__ = ["OPSET", "export"]

@@ -121,6 +121,36 @@ def _match(model, names: dict, after: dict):
     return found, copied
 
 
+def _rename(model, wanted: dict, meta: dict) -> None:
+    """Renames each initializer of ``wanted`` (name -> the torch name of its tensor) to that
+    name where no other tensor of the graph has it (the exporter's names carry the
+    wrapper's ``module.`` prefix), in the nodes that read it (subgraphs too) and in
+    ``meta``."""
+    taken = {i.name for i in model.graph.input} | {o for n in model.graph.node for o in n.output}
+    taken |= {i.name for i in model.graph.initializer}
+    rename = {}
+    for old, new in wanted.items():
+        if old != new and new not in taken:
+            rename[old] = new
+            taken.add(new)
+    if not rename:
+        return
+
+    def visit(graph):
+        for n in graph.node:
+            n.input[:] = [rename.get(i, i) for i in n.input]
+            for a in n.attribute:
+                for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                    visit(g)
+
+    visit(model.graph)
+    for i in model.graph.initializer:
+        i.name = rename.get(i.name, i.name)
+    for entries in meta.values():
+        for e in entries.values():
+            e["initializer"] = rename.get(e["initializer"], e["initializer"])
+
+
 def export(module: torch.nn.Module, args, f=None, *, kwargs: dict | None = None,
            dynamic_axes: dict | None = None) -> onnx.ModelProto:
     """``module`` as an ONNX model faithful to ``module.train()`` (see
@@ -179,6 +209,7 @@ def export(module: torch.nn.Module, args, f=None, *, kwargs: dict | None = None,
                 meta["params"][n] = {"initializer": init.name, "transposed": transposed}
             elif kind == "buffers":
                 meta["buffers"][n] = {"initializer": init.name}
+    _rename(model, {init.name: names[key][2][0] for key, (init, _) in found.items()}, meta)
     order = {n: i for i, (n, _) in enumerate(module.named_parameters(remove_duplicate=False))}
     meta["params"] = dict(sorted(meta["params"].items(), key=lambda kv: order[kv[0]]))
     torch_meta.write(model, meta)
