@@ -90,7 +90,12 @@ class Builder:
     def op(self, op_type: str, inputs: Sequence[str], outputs: int | Sequence[str] = 1,
            **attrs) -> Any:
         """Emit one node; returns its output name (or list of names when ``outputs`` > 1
-        or a list)."""
+        or a list). A Cast of a tensor known to have the target type already is no node:
+        its input is returned (onnxruntime removes such a Cast, and where it precedes a
+        ``Mul(it, Div(1, b))`` the removal leaves the Mul naming it: an invalid model)."""
+        to = attrs.get("to") if op_type == "Cast" else None
+        if to is not None and outputs == 1 and self.types.get(inputs[0]) == to:
+            return inputs[0]
         if isinstance(outputs, int):
             names = [self.fresh(op_type) for _ in range(outputs)]
         else:
@@ -99,6 +104,8 @@ class Builder:
         attrs = {k: v for k, v in attrs.items() if v is not None}
         self.nodes.append(helper.make_node(op_type, list(inputs), names,
                                            name=self.fresh(op_type + "_node"), **attrs))
+        if to is not None:
+            self.types.setdefault(names[0], to)
         if isinstance(outputs, int) and outputs == 1:
             return names[0]
         return names

@@ -4,7 +4,9 @@ The rules emit one op's gradient at a time, so the graph they make carries work 
 two neighbouring nodes removes. Every rewrite here keeps every remaining value bit for bit
 (no arithmetic is reordered; only copies, layout changes and identity arithmetic go):
 
-- ``Identity``; ``Transpose`` with the identity permutation; ``Transpose(Transpose(x, p),
+- ``Identity`` and a ``Cast``/``CastLike`` to its input's type (onnxruntime's removal of
+  one before a ``Mul(it, Div(1, b))`` leaves the Mul naming it: an invalid model);
+  ``Transpose`` with the identity permutation; ``Transpose(Transpose(x, p),
   q)``: ``x`` when the permutations cancel, else one ``Transpose`` when the inner one has
   no other reader;
 - reshape chains: a ``Reshape`` to a constant target (no 0 entries) reads past a
@@ -129,6 +131,10 @@ class _Pass:
             return None
         y = node.output[0]
         x = node.input[0] if node.input else ""
+        if op in ("Cast", "CastLike"):  # to the type x has: a copy
+            to = _attr(node, "to") if op == "Cast" else self.types.get(node.input[-1])
+            if to is not None and to == self.types.get(x):
+                return self.to_alias(node, x) or None
         if op == "Identity":
             return self.to_alias(node, x) or None
         if op == "Transpose":
@@ -380,10 +386,7 @@ def simplify_backward(nodes: Sequence[onnx.NodeProto], known: Known,
     ``constants``: name -> value of the graph's initializers that are not parameters.
     Nodes are not modified in place: a changed node is a new one."""
     consts: dict[str, Any] = dict(constants or {})
-    for n in nodes:
-        value = constant_value(n)
-        if value is not None:
-            consts[n.output[0]] = value
+    consts.update((n.output[0], v) for n in nodes if (v := constant_value(n)) is not None)
     out = list(nodes)
     compose = False  # Transpose pairs compose once no pair cancels (composing the first
     for _ in range(rounds):  # pair of x -> a -> b -> a' would hide that a' is a)
