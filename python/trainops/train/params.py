@@ -4,9 +4,9 @@ The rule: a float initializer is a parameter when an op reads it as a WEIGHT:
 
 - at a weight position of a layer op (:data:`WEIGHT_INPUTS`): Conv/ConvTranspose W and
   B, Gemm's A/B/C, MatMul's operands, the scale and bias of BatchNormalization,
-  InstanceNormalization, LayerNormalization and GroupNormalization, Gather's data (an
-  embedding table), RNN/GRU/LSTM W, R, B (and LSTM's peepholes P), PRelu's slope, Einsum's
-  operands;
+  InstanceNormalization, LayerNormalization and GroupNormalization, Gather's and
+  GatherND's data (an embedding or position table), RNN/GRU/LSTM W, R, B (and LSTM's
+  peepholes P), PRelu's slope, Einsum's operands;
 - as an operand of elementwise Add/Sub/Mul/Div when it has more than one element (a bias,
   a per-channel scale, a positional embedding), or when it is a one-element tensor of
   rank >= 1 added to the output of a layer op of :data:`WEIGHT_INPUTS` (the bias of
@@ -17,10 +17,21 @@ The rule: a float initializer is a parameter when an op reads it as a WEIGHT:
   such: how exporters write ``W.T``, and torch's RNN weights in ONNX's gate order when
   constants are not folded).
 
+Such a read counts only when the op's result reaches a graph output as values (not only
+as a shape, an index, a Where condition or a comparison's operand), and when some other
+operand is not made of positions alone (frequencies times ``Cast(Range(...))``: rotary
+tables, ALiBi slopes). A constant the exporter named itself (``onnx::Mul_12``,
+``/x/Constant_output_0``, ``val_12``: :func:`.exported.exporter_named`) counts only at a
+layer op's weight position (a weight the exporter folded, transposed), never
+elementwise (a mask, a folded table, a setting).
+
 Never a parameter: integer and bool initializers, anything read only as a shape, axes,
-pads, ratio, scale factor, exponent or clip bound, and the BatchNormalization running
-statistics (state: :mod:`.batchnorm`). ``Trainer(params=[...])`` trains any float
-initializers instead.
+pads, ratio, scale factor, exponent or clip bound, the BatchNormalization running
+statistics (state: :mod:`.batchnorm`), and what :func:`.export_checks.not_torch_params`
+finds torch does not train (buffers and constants the dynamo exporter recorded, masks,
+frozen sine/cosine tables, a zero ``[1, N]`` logits bias). Where the export merged or
+folded torch's parameters, :func:`.export_checks.warn_unfaithful` warns.
+``Trainer(params=[...])`` trains any float initializers instead.
 """
 
 from __future__ import annotations
