@@ -37,7 +37,7 @@ ORIGINAL_KEY = "pkg.torch.onnx.original_node_name"
 _PLACEHOLDER_KIND = {"p_": "PARAMETER", "b_": "BUFFER", "c_": "CONSTANT_TENSOR"}
 
 _EXPORTER_NAME = re.compile(
-    r"^(onnx::.*|/.*_output_\d+|_?val_\d+|_tensor_constant\d*|lifted_tensor_\d+|\d+)$")
+    r"^(onnx::.*|/.*_output_\d+|_?val_\d+|_tensor_constant\d*|lifted_tensor_\d+)$")
 
 
 def exporter_named(name: str) -> bool:
@@ -130,27 +130,36 @@ def _arange(value: np.ndarray) -> bool:
 
 
 def index_like(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> set[str]:
-    """The tensors computed from integers only: integer and bool graph inputs,
-    initializers and Constants, a float constant holding ``0, 1, ..., n-1`` (positions
-    folded to float), Shape/Size of anything, and every result of such tensors alone
-    (a Cast of positions to float included)."""
-    out = {i.name for i in graph.input if i.type.tensor_type.elem_type in _INTS}
+    """The tensors computed from positions: Shape, Size and Range results, integer graph
+    inputs (ids, positions), integer constants of two or more elements (a stored
+    ``position_ids``) and float ones holding ``0, 1, ..., n-1`` (positions folded to
+    float), and every result of such tensors and integer scalars alone (a Cast of
+    positions to float included). An integer scalar alone is no position: a weight times
+    ``Cast(2)`` stays a weight."""
+    ints = {i.name for i in graph.input if i.type.tensor_type.elem_type in _INTS}
+    out = set(ints)
+
+    def constant(name, t):
+        if t.data_type in _INTS:
+            ints.add(name)
+            if int(np.prod(t.dims, dtype=np.int64)) >= 2:
+                out.add(name)
+        elif t.data_type in _FLOATS and _arange(numpy_helper.to_array(t)):
+            out.add(name)
+
     for init in graph.initializer:
-        if init.data_type in _INTS or (init.data_type in _FLOATS
-                                       and _arange(numpy_helper.to_array(init))):
-            out.add(init.name)
+        constant(init.name, init)
     for n in nodes:
         if n.op_type == "Constant":
             v = next((a.t for a in n.attribute if a.name == "value"), None)
-            if v is not None and (v.data_type in _INTS
-                                  or (v.data_type in _FLOATS
-                                      and _arange(numpy_helper.to_array(v)))):
-                out.update(n.output)
-            elif any(a.name.startswith("value_int") for a in n.attribute):
-                out.update(n.output)
+            if v is not None:
+                constant(n.output[0], v)
+            elif any(a.name in ("value_int", "value_ints") for a in n.attribute):
+                ints.add(n.output[0])
             continue
         ins = [i for i in n.input if i]
-        if n.op_type in ("Shape", "Size") or (ins and all(i in out for i in ins)):
+        if n.op_type in ("Shape", "Size", "Range") or (
+                ins and all(i in out or i in ints for i in ins) and any(i in out for i in ins)):
             out.update(o for o in n.output if o)
     return out
 
