@@ -93,3 +93,26 @@ def test_gather_nd_needs_the_index_tuple_length():
               {"x": rng.standard_normal((3, 2)), "i": np.array([[1, 0]], np.int64)}, ["x"],
               opset=18, symbolic={"i": [1, "K"]})
 
+
+
+@pytest.mark.parametrize("reduction", ["none", "add"])
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_scatter_elements(reduction, axis):
+    opset = at("ScatterElements", 18)
+    idx = np.array([[1, 0, 2], [2, -3, 1]], np.int64)  # distinct along each axis, a negative
+    if axis == 0:
+        idx = np.array([[1, 0, 2], [2, 1, 0]], np.int64)
+    kw = {} if reduction == "none" else {"reduction": reduction}
+    check([node("ScatterElements", ["x", "i", "u"], axis=axis, **kw)],
+          {"x": rng.standard_normal((3, 3)), "i": idx, "u": rng.standard_normal((2, 3))},
+          ["x", "u"], opset=opset)
+
+
+@pytest.mark.parametrize("upper", [0, 1])
+@pytest.mark.parametrize("k", [None, -1, 2])
+def test_trilu(upper, k):
+    opset = at("Trilu", 14)
+    ins = {"x": rng.standard_normal((2, 3, 4))}
+    if k is not None:
+        ins["k"] = np.array(k, np.int64)
+    check([node("Trilu", list(ins), upper=upper)], ins, ["x"], opset=opset)

@@ -1,12 +1,13 @@
-"""The gradient of ONNX's Attention (opset 23; trainops.autodiff.rules_attention).
+"""The gradients of opset 23's transformer ops (trainops.autodiff.rules_transformer):
+Attention, RMSNormalization, RotaryEmbedding.
 
 Reference: central finite differences in float64 of the forward graph run by onnx's own
-reference implementation (onnx.reference, which follows the spec's function body), with the
-expanded backward graph run by the same evaluator in float64 (onnxruntime has float32
-kernels only for Attention); the tolerance is gradcheck's float64 one (a central difference
-with step 1e-6 is off by O(1e-12) from curvature and O(1e-10) from rounding, relative to the
-loss). Then onnxruntime runs a few expanded models in float32 against its own float32
-finite differences (helpers.gradcheck.check)."""
+reference implementation (onnx.reference, which follows the spec), with the expanded
+backward graph run by the same evaluator in float64 (onnxruntime has float32 kernels only
+for Attention and RotaryEmbedding); the tolerance is gradcheck's float64 one (a central
+difference with step 1e-6 is off by O(1e-12) from curvature and O(1e-10) from rounding,
+relative to the loss). Then onnxruntime runs expanded models against its own finite
+differences (helpers.gradcheck.check: float64 where it has the kernel, else float32)."""
 
 from __future__ import annotations
 
@@ -130,3 +131,58 @@ def test_refusals_name_the_node():
              helper.make_node("Add", ["qk", "qk"], ["y"])]
     with pytest.raises(GradientError, match=r"Attention node 'attn'.*qk_matmul_output"):
         reference_grads(nodes, qkv((1, 1, 2, 4), (1, 1, 3, 4), (1, 1, 3, 4)), ["q"])
+
+
+# --- RMSNormalization ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("axis,scale_shape", [(-1, (4,)), (1, (3, 4)), (1, (1, 4)),
+                                              (2, (4,))], ids=str)
+def test_rms_normalization(axis, scale_shape):
+    feeds = {"x": rng.standard_normal((2, 3, 4)), "s": rng.standard_normal(scale_shape)}
+    nodes = [helper.make_node("RMSNormalization", ["x", "s"], ["y"], axis=axis, epsilon=1e-3)]
+    reference_grads(nodes, feeds, ["x", "s"])
+    at("RMSNormalization", 23)
+    check(nodes, feeds, ["x", "s"], opset=23)
+
+
+# --- RotaryEmbedding ------------------------------------------------------------------------
+
+def rotary_caches(positions, half):
+    angles = np.arange(positions)[:, None] * (0.7 ** np.arange(half))[None, :]
+    return np.cos(angles), np.sin(angles)
+
+
+ROTARY = {  # X shape, attributes, position_ids or None (caches per batch and position)
+    "4d_positions": ((2, 2, 3, 8), {}, np.array([[0, 1, 2], [4, 2, 5]], np.int64)),
+    "3d_interleaved_partial": ((2, 3, 12), dict(num_heads=2, interleaved=1,
+                                                rotary_embedding_dim=4),
+                               np.array([[0, 1, 2], [3, 3, 1]], np.int64)),
+    "4d_caches_per_position": ((2, 2, 3, 8), {}, None),
+}
+
+
+@pytest.mark.parametrize("case", sorted(ROTARY))
+def test_rotary_embedding(case):
+    shape, kw, pos = ROTARY[case]
+    half = kw.get("rotary_embedding_dim", shape[-1] if len(shape) == 4 else 6) // 2
+    cos, sin = rotary_caches(6, half)
+    feeds = {"x": rng.standard_normal(shape)}
+    if pos is None:  # caches [batch, seq, half] given directly
+        cos, sin = np.stack([cos[:3], cos[2:5]]), np.stack([sin[:3], sin[2:5]])
+    feeds.update(cos=cos, sin=sin)
+    ins = ["x", "cos", "sin"]
+    if pos is not None:
+        feeds["pos"] = pos
+        ins.append("pos")
+    nodes = [helper.make_node("RotaryEmbedding", ins, ["y"], **kw)]
+    reference_grads(nodes, feeds, ["x"])
+    at("RotaryEmbedding", 23)
+    check(nodes, feeds, ["x"], opset=23, dtypes=(np.float32,))
+
+
+def test_rotary_caches_get_no_gradient():
+    cos, sin = rotary_caches(3, 2)
+    feeds = {"x": rng.standard_normal((1, 1, 3, 4)), "cos": cos[None], "sin": sin[None]}
+    nodes = [helper.make_node("RotaryEmbedding", ["x", "cos", "sin"], ["y"], name="rope")]
+    with pytest.raises(GradientError, match=r"RotaryEmbedding node 'rope'.*cos_cache"):
+        reference_grads(nodes, feeds, ["x", "cos"])

@@ -17,8 +17,8 @@ from .graph import Builder, GradientError, infer
 from .hygiene import toposort
 from .rules import RULES
 # the rules_*.py modules register their rules into RULES
-from . import (rules_attention, rules_elementwise, rules_index, rules_nn,  # noqa: F401,E402
-               rules_reduce, rules_resize, rules_rnn, rules_tensor)
+from . import (rules_elementwise, rules_index, rules_nn,  # noqa: F401,E402
+               rules_reduce, rules_resize, rules_rnn, rules_tensor, rules_transformer)
 
 __all__ = ["expand_gradients", "build_backward", "GradientError", "RULES", "Builder",
            "infer", "toposort"]

@@ -1,5 +1,5 @@
-"""Gradient rules for index-tuple gathers and scatters: GatherND and ScatterND.
-Registered into :data:`.rules.RULES`.
+"""Gradient rules for gathers, scatters and masks by position: GatherND, ScatterND,
+ScatterElements and Trilu. Registered into :data:`.rules.RULES`.
 
 torch's dynamo exporter writes advanced indexing (``weight[positions]`` after a transpose,
 Whisper's and GPT-2's position tables) as GatherND. Its gradient adds dY into zeros at the
@@ -80,3 +80,29 @@ def scatter_nd(c: Ctx):
     if c.need(2):
         out[2] = b.op("GatherND", [c.gy, full])
     return out
+
+
+@rule("ScatterElements")
+def scatter_elements(c: Ctx):
+    """As ScatterND along one axis: data gets dY with the written positions zeroed (none)
+    or dY (add); updates get dY gathered there (GatherElements). mul/max/min are refused."""
+    b = c.b
+    data, idx, upd = c.x(0), c.x(1), c.x(2)
+    axis = int(c.attr("axis", 0))
+    reduction = c.attr("reduction", "none")
+    if reduction not in ("none", "add"):
+        raise c.fail(f"reduction={reduction!r}: only 'none' and 'add' have a gradient rule")
+    out: list = [None, None, None]
+    if c.need(0):
+        out[0] = c.gy if reduction == "add" else \
+            b.op("ScatterElements", [c.gy, idx, b.zeros_like(upd)], axis=axis)
+    if c.need(2):
+        out[2] = b.op("GatherElements", [c.gy, idx], axis=axis)
+    return out
+
+
+@rule("Trilu")
+def trilu(c: Ctx):
+    """The same triangle of dY (Trilu is a mask)."""
+    ins = [c.gy] + ([c.x(1)] if c.x(1) else [])
+    return [c.b.op("Trilu", ins, upper=int(c.attr("upper", 1))), None]

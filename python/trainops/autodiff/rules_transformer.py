@@ -1,10 +1,11 @@
-"""The gradient of ONNX's fused ``Attention`` (opset 23), which torch's exporter writes for
-``scaled_dot_product_attention`` at ``opset_version=23`` (ViT, Llama, BART, Whisper,
-ModernBERT). Registered into :data:`.rules.RULES`.
+"""Gradient rules for the fused transformer ops of opset 23 that torch's exporter writes at
+``opset_version=23``: Attention (``scaled_dot_product_attention``; ViT, Llama, BART, Whisper,
+ModernBERT), RMSNormalization (``torch.nn.RMSNorm``) and RotaryEmbedding. Registered into
+:data:`.rules.RULES`.
 
-The rule recomputes the probabilities ``P = Softmax(softcap(Q K^T * scale) + bias)`` from the
-inputs (the node does not output them) and emits the standard backward of the chain:
-``dV = P^T dY``, ``dZ = P * (dY V^T - rowsum(P * dY V^T))``, the softcap's
+Attention: the rule recomputes the probabilities ``P = Softmax(softcap(Q K^T * scale) +
+bias)`` from the inputs (the node does not output them) and emits the standard backward of
+the chain: ``dV = P^T dY``, ``dZ = P * (dY V^T - rowsum(P * dY V^T))``, the softcap's
 ``1 - tanh^2``, ``dQ = dZ K * scale``, ``dK = dZ^T Q * scale``. Handled as the spec
 computes them: 3-D inputs (``q_num_heads``/``kv_num_heads``), grouped-query heads (the
 key/value heads' gradients summed over their group), ``scale`` (default
@@ -167,3 +168,59 @@ def _bias(c: Ctx, mask: str | None, q4: str, kr: str) -> tuple[str | None, bool]
         causal = b.op("Where", [b.op("LessOrEqual", [j, i]), zero, ninf])
         bias = causal if bias is None else b.op("Add", [bias, causal])
     return bias, padded
+
+
+@rule("RMSNormalization")
+def rms_normalization(c: Ctx):
+    """``x^ = x / sqrt(mean(x^2) + eps)`` over the axes from ``axis`` on, ``y = x^ * scale``:
+    ``dx = (g - x^ mean(g x^)) / sqrt(mean(x^2) + eps)`` with ``g = dY * scale``, and
+    ``dscale = dY x^`` summed to scale's shape. float16/bfloat16 inputs are computed in
+    float32 (``stash_type`` 1, the default), as the forward does."""
+    b = c.b
+    x, scale = c.x(0), c.x(1)
+    r = c.rank(x)
+    axis = int(c.attr("axis", -1))
+    axis = axis + r if axis < 0 else axis
+    axes = list(range(axis, r))
+    dt = b.dtype(x)
+    low = (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+    ct = onnx.TensorProto.FLOAT if dt in low and int(c.attr("stash_type", 1)) == 1 else dt
+    if ct == onnx.TensorProto.BFLOAT16:
+        raise c.fail("bfloat16 with stash_type 0 (computed in bfloat16) is not supported")
+    np_ct = onnx.helper.tensor_dtype_to_np_dtype(ct)
+
+    def to(v: str, t: int) -> str:
+        return v if b.dtype(v) == t else b.op("Cast", [v], to=t)
+
+    # (dY has x's type; the Builder records no types for the gradients it emits.)
+    xc, sc = to(x, ct), to(scale, ct)
+    gy = c.gy if ct == dt else b.op("Cast", [c.gy], to=ct)
+    eps = b.const(np.asarray(float(c.attr("epsilon", 1e-5)), np_ct), hint="epsilon")
+    ms = b.reduce("ReduceMean", b.op("Mul", [xc, xc]), axes, keepdims=1)
+    inv = b.op("Reciprocal", [b.op("Sqrt", [b.op("Add", [ms, eps])])])
+    xh = b.op("Mul", [xc, inv])
+    out: list = [None, None]
+    if c.need(0):
+        g = b.op("Mul", [gy, sc])
+        m = b.reduce("ReduceMean", b.op("Mul", [g, xh]), axes, keepdims=1)
+        gx = b.op("Mul", [inv, b.op("Sub", [g, b.op("Mul", [xh, m])])])
+        out[0] = gx if ct == dt else b.op("Cast", [gx], to=dt)
+    if c.need(1):
+        gs = b.unbroadcast(b.op("Mul", [gy, xh]), b.shape(x), scale)
+        out[1] = to(gs, b.dtype(scale)) if b.dtype(scale) != ct else gs
+    return out
+
+
+@rule("RotaryEmbedding")
+def rotary_embedding(c: Ctx):
+    """A rotation of each pair by the position's angle: its gradient is the rotation back,
+    the same op with ``-sin``. The caches (computed from positions) get none: refused when
+    they need one."""
+    b = c.b
+    if c.need(1) or c.need(2):
+        raise c.fail("a gradient into cos_cache/sin_cache is not supported (they should "
+                     "depend on positions only)")
+    attrs = {a: c.attr(a) for a in ("interleaved", "num_heads", "rotary_embedding_dim")
+             if c.attr(a) is not None}
+    ins = [c.gy, c.x(1), b.op("Neg", [c.x(2)])] + ([c.x(3)] if c.x(3) else [])
+    return [b.op("RotaryEmbedding", ins, **attrs)] + [None] * (len(c.node.input) - 1)
