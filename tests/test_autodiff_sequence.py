@@ -260,3 +260,22 @@ def test_trainer_trains_through_split_to_sequence(library_path):
     for _ in range(40):
         last = tr.step({"x": x, "t": t})
     assert last < 0.5 * first
+
+
+@pytest.mark.parametrize("opset", [11, 12])
+def test_opset_11_and_12_forms(opset):
+    """Before opset 13 Split, Squeeze and Unsqueeze take attributes; the rewrite writes
+    those forms (the backward then upgrades the model where a rule needs 13)."""
+    nodes = [node("SplitToSequence", ["x"], ["seq"], axis=1, keepdims=0),
+             ints("p0", 0), ints("p1", 2),
+             node("SequenceAt", ["seq", "p0"], ["a"]), node("SequenceAt", ["seq", "p1"], ["b"]),
+             node("Mul", ["a", "b"], ["ab"]),
+             node("SequenceConstruct", ["ab", "a"], ["s2"]),
+             node("ConcatFromSequence", ["s2"], ["y"], axis=-1, new_axis=1),
+             ints("sz", [1, 2]),
+             node("SplitToSequence", ["x", "sz"], ["seq2"], axis=1)]
+    x = rng.standard_normal((2, 3, 4))
+    want, got, r, _ = forward_both(nodes, {"x": x}, opset)
+    np.testing.assert_array_equal(got, want)
+    assert {n.op_type for n in r.graph.node} >= {"Split", "Squeeze", "Unsqueeze", "Concat"}
+    check(nodes, {"x": x}, ["x"], opset=opset)
