@@ -279,3 +279,28 @@ def test_opset_11_and_12_forms(opset):
     np.testing.assert_array_equal(got, want)
     assert {n.op_type for n in r.graph.node} >= {"Split", "Squeeze", "Unsqueeze", "Concat"}
     check(nodes, {"x": x}, ["x"], opset=opset)
+
+
+def test_positions_in_any_constant_form_and_parts_of_a_kept_split():
+    """A position written as Constant(value_int=...) (torch's dynamo exporter writes the
+    scalar forms too) is a constant; a part of a SplitToSequence whose sequence is a graph
+    output, read through a SequenceInsert, stays a SequenceAt (the parts are not split out
+    twice), and the model computes what it did."""
+    nodes = [node("SplitToSequence", ["x"], ["seq"], axis=0),
+             helper.make_node("Constant", [], ["p"], value_int=-1),
+             node("SequenceAt", ["seq", "p"], ["a"]),
+             node("SequenceInsert", ["seq", "a"], ["seq2"]),
+             helper.make_node("Constant", [], ["q"], value_int=1),
+             node("SequenceAt", ["seq2", "q"], ["y"])]
+    x = rng.standard_normal((3, 2)).astype(np.float32)
+    vi = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2])]
+    outs = [helper.make_tensor_value_info("y", TensorProto.FLOAT, None),
+            helper.make_tensor_sequence_value_info("seq", TensorProto.FLOAT, None)]
+    m = make_model(nodes, vi, outs)
+    want = session(m).run(["y"], {"x": x})[0]
+    assert unsequence(m) == 0
+    np.testing.assert_array_equal(session(m).run(["y"], {"x": x})[0], want)
+    m2 = make_model(nodes, vi, outs[:1])  # the sequence no graph output: all of it goes
+    assert unsequence(m2) == 4  # SplitToSequence, SequenceInsert, both SequenceAt
+    assert [n.op_type for n in m2.graph.node if "Sequence" in n.op_type] == []
+    np.testing.assert_array_equal(session(m2).run(["y"], {"x": x})[0], want)

@@ -32,6 +32,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .constants import constant_type, constant_value
 from .graph import captures, default_opset, infer
 
 __all__ = ["SEQUENCE_OPS", "unsequence"]
@@ -80,11 +81,10 @@ def unsequence(model: onnx.ModelProto) -> int:
     consts = {i.name: numpy_helper.to_array(i) for i in g.initializer
               if i.data_type in (onnx.TensorProto.INT64, onnx.TensorProto.INT32)}
     for n in nodes:
-        if n.op_type == "Constant" and n.domain in ("", "ai.onnx"):
-            for a in n.attribute:
-                if a.name == "value" and a.t.data_type in (onnx.TensorProto.INT64,
-                                                            onnx.TensorProto.INT32):
-                    consts[n.output[0]] = numpy_helper.to_array(a.t)
+        if constant_type(n) in (onnx.TensorProto.INT64, onnx.TensorProto.INT32):
+            v = constant_value(n)  # any of Constant's forms (value, value_int(s), ...)
+            if v is not None:
+                consts[n.output[0]] = v
 
     def const_int(name: str) -> int | None:
         v = consts.get(name) if name else None
@@ -96,7 +96,6 @@ def unsequence(model: onnx.ModelProto) -> int:
     elems: dict[str, list] = {}
     splits: dict[int, _Split] = {}
     plan: dict[int, object] = {}  # id(reader) -> its replacement recipe
-    readers: dict[int, str] = {}  # id(reader) -> the sequence it reads
     for n in nodes:
         if n.domain not in ("", "ai.onnx"):
             continue
@@ -133,9 +132,6 @@ def unsequence(model: onnx.ModelProto) -> int:
             plan[id(n)] = len(src)
     if not plan:
         return 0
-    for n in nodes:
-        if id(n) in plan:
-            readers[id(n)] = n.input[0]
 
     # Sequences something still reads as a sequence keep their makers (and theirs).
     seq_producer = {n.output[0]: n for n in nodes if n.output and n.output[0] in elems}
@@ -152,12 +148,13 @@ def unsequence(model: onnx.ModelProto) -> int:
                 kept.add(i)
                 stack.append(i)
 
-    # Readers of a kept sequence of SplitToSequence parts stay as they are (the parts are
-    # not split out a second time); elements that are tensors of the graph are read directly.
-    def has_part(recipe) -> bool:
-        return any(isinstance(e, _Part) for e in
-                   (recipe if isinstance(recipe, list) else [recipe]))
-    plan = {k: v for k, v in plan.items() if readers[k] not in kept or not has_part(v)}
+    # Readers of the parts of a SplitToSequence whose sequence is kept stay as they are (the
+    # parts are not split out a second time); elements that are tensors of the graph, or
+    # parts of a SplitToSequence that goes, are read directly.
+    def kept_part(recipe) -> bool:
+        return any(isinstance(e, _Part) and e.maker.output[0] in kept
+                   for e in (recipe if isinstance(recipe, list) else [recipe]))
+    plan = {k: v for k, v in plan.items() if not kept_part(v)}
     if not plan:
         return 0
     taken = {i for n in nodes for i in list(n.input) + list(n.output)} | kept
