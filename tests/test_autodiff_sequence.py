@@ -304,3 +304,20 @@ def test_positions_in_any_constant_form_and_parts_of_a_kept_split():
     assert unsequence(m2) == 4  # SplitToSequence, SequenceInsert, both SequenceAt
     assert [n.op_type for n in m2.graph.node if "Sequence" in n.op_type] == []
     np.testing.assert_array_equal(session(m2).run(["y"], {"x": x})[0], want)
+
+
+def test_sizes_and_positions_computed_from_static_shapes():
+    """torch.chunk of a dimension: the split size is Shape -> Gather -> Div, the position
+    an integer Sub; both are folded into constants before the rewrite."""
+    nodes = [node("Shape", ["x"], ["sh"]), ints("ax", 1),
+             node("Gather", ["sh", "ax"], ["d"], axis=0), ints("two", 2),
+             node("Div", ["d", "two"], ["half"]),
+             node("SplitToSequence", ["x", "half"], ["seq"], axis=1),
+             ints("one", 1), node("Sub", ["one", "one"], ["p0"]),
+             node("SequenceAt", ["seq", "p0"], ["a"]), node("SequenceAt", ["seq", "one"], ["b"]),
+             node("Tanh", ["b"], ["tb"]), node("Mul", ["a", "tb"], ["y"])]
+    x = rng.standard_normal((2, 6))
+    want, got, r, _ = forward_both(nodes, {"x": x}, 17)
+    np.testing.assert_array_equal(got, want)
+    assert not any("Sequence" in n.op_type for n in r.graph.node)
+    check(nodes, {"x": x}, ["x"], opset=17)

@@ -18,11 +18,13 @@ a list of tensors with a name, which this pass takes apart:
   ``ConcatFromSequence`` a ``Concat`` (of ``Unsqueeze`` d elements for ``new_axis=1``),
   ``SequenceLength`` a ``Constant``.
 
-A sequence that anything else reads (a ``SequenceAt`` at a position known only at run
-time, a graph output, a subgraph, ``SequenceMap``, ...) keeps its makers, so the model
-computes what it did; a gradient through it is then refused by the backward pass (no rule
-for the op, naming the node). The tensors of the rewritten graph are bit for bit those of
-the sequence ops (copies and Split's slices).
+Split sizes and positions computed from static shapes are folded into constants first
+(:func:`~.fold.fold_shape_constants`). A sequence that anything else reads (a
+``SequenceAt`` at a position known only at run time, a graph output, a subgraph,
+``SequenceMap``, ...) keeps its makers, so the model computes what it did; a gradient
+through it is then refused by the backward pass (no rule for the op, naming the node).
+The tensors of the rewritten graph are bit for bit those of the sequence ops (copies and
+Split's slices).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from .constants import constant_type, constant_value
+from .fold import fold_shape_constants
 from .graph import captures, default_opset, infer
 
 __all__ = ["SEQUENCE_OPS", "unsequence"]
@@ -68,6 +71,9 @@ def unsequence(model: onnx.ModelProto) -> int:
     if not any(n.op_type in SEQUENCE_OPS and n.domain in ("", "ai.onnx") for n in g.node):
         return 0
     opset = default_opset(model)
+    # Split sizes and positions computed from static shapes (torch.chunk of a dimension)
+    # become Constants first; the importer folds after this pass, too late for them.
+    fold_shape_constants(model)
     nodes = list(g.node)  # one wrapper per node: the passes below key them by id()
     inferred = infer(model).graph
     shapes = {}
