@@ -4,7 +4,7 @@ Run with a Python that has torch, torchvision, transformers and onnxscript (neve
 project's own venv; neither the package nor the tests import this file):
 
     /work/torchvenv/bin/python scripts/make_torch_fixtures.py [--out /work/exports]
-        [--data tests/data/torch_models] [--only resnet18,gpt2] [--commit]
+        [--data tests/data/torch_models] [--only resnet18,gpt2] [--commit] [--refs-only]
 
 For each architecture (tiny configs, random weights, seeded; dropout 0 since a dropout
 mask cannot match torch's) in train mode:
@@ -18,12 +18,18 @@ mask cannot match torch's) in train mode:
 - DATA/<arch>.npz: the torch reference: fixed inputs and labels, then 10 steps of
   torch.optim.AdamW(lr=1e-3, weight_decay=0.01) on F.cross_entropy of the logits
   (flattened to [B*T, V] for token logits), storing each step's loss (float64 of torch's
-  float32 loss, taken before that step's update), the final parameters by the exported
+  float32 loss, taken before that step's update; token labels hold -100, torch's default
+  ignore_index, where they do not count), the final parameters by the exported
   module's names, and the final buffers (BatchNorm running statistics);
-- with --commit, the exports the tests use are copied into DATA too.
+- with --commit, the exports the tests use are copied into DATA too, gzipped
+  (DATA/<arch>.<exporter>.onnx.gz).
 
 Keys of the npz: ``input:<name>`` (by forward's argument names), ``labels``, ``losses``,
-``losses64`` (the same run in float64), ``param:<name>``, ``buffer:<name>``, ``steps``, ``lr``, ``weight_decay``.
+``losses64`` (the same run in float64), ``param:<name>`` (those that require grad),
+``frozen`` (the parameter names that do not), ``dev64:<name>`` / ``rms64:<name>`` (the
+largest / root-mean-square difference between a final float32 parameter or buffer and the
+float64 run's), ``aliases`` (``"other=name"``: a
+tied parameter's other names), ``buffer:<name>``, ``steps``, ``lr``, ``weight_decay``.
 """
 
 from __future__ import annotations
@@ -48,6 +54,7 @@ BATCH = 2
 SEQ = 8
 VOCAB = 96
 CLASSES = 10
+IGNORE = -100  # F.cross_entropy's default ignore_index
 EXPORTERS = ("dynamo", "dynamo_noopt", "classic")
 # What the tests read (tests/data/torch_models): classic and dynamo_noopt everywhere, the
 # optimised dynamo export for the vision models (BatchNorm folded / the refusal test).
@@ -57,7 +64,7 @@ COMMITTED = {a: (EXPORTERS if a in VISION else ("dynamo_noopt", "classic"))
                                 "bart", "whisper")}
 
 
-# --- vision models (torchvision), images [2, 3, 32, 32] -> logits [2, 10] ---
+# --- vision models (torchvision), images [2, 3, 32, 32] (ResNet: 64x64) -> logits [2, 10] ---
 
 def resnet18():
     """torchvision's ResNet with resnet18's BasicBlock [2, 2, 2, 2] topology, its widths cut
@@ -122,7 +129,7 @@ def convnext():
 class Logits(nn.Module):
     """A transformers model whose one output is its logits, its inputs the named ids."""
 
-    def __init__(self, model, names, mask=False):
+    def __init__(self, model, names, mask: str | None = None):
         super().__init__()
         self.m = model
         self.names = names
@@ -133,8 +140,8 @@ class Logits(nn.Module):
 
     def forward(self, *args):
         kw = dict(zip(self.names, args))
-        if self.mask:
-            kw["attention_mask"] = torch.ones_like(args[0])
+        if self.mask:  # the mask of the (decoder's) token ids, the last argument
+            kw[self.mask] = torch.ones_like(args[-1])
         return self.m(**kw).logits
 
 
@@ -176,7 +183,7 @@ def gpt2():
     cfg = _small(GPT2Config, vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2,
                  n_head=2, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
                  bos_token_id=1, eos_token_id=2)
-    return Logits(GPT2LMHeadModel(cfg), ("input_ids",), mask=True)
+    return Logits(GPT2LMHeadModel(cfg), ("input_ids",), mask="attention_mask")
 
 
 def llama():
@@ -185,7 +192,7 @@ def llama():
                  num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                  max_position_embeddings=32, attention_dropout=0.0, pad_token_id=0,
                  bos_token_id=1, eos_token_id=2)
-    return Logits(LlamaForCausalLM(cfg), ("input_ids",), mask=True)
+    return Logits(LlamaForCausalLM(cfg), ("input_ids",), mask="attention_mask")
 
 
 def t5():
@@ -217,7 +224,8 @@ def whisper():
                  attention_dropout=0.0, activation_dropout=0.0, pad_token_id=0,
                  bos_token_id=1, eos_token_id=2, decoder_start_token_id=1,
                  suppress_tokens=None, begin_suppress_tokens=None)
-    return Logits(WhisperForConditionalGeneration(cfg), ("input_features", "decoder_input_ids"))
+    return Logits(WhisperForConditionalGeneration(cfg), ("input_features", "decoder_input_ids"),
+                  mask="decoder_attention_mask")
 
 
 ARCHS = {"resnet18": resnet18, "mobilenet_v3_small": mobilenet_v3_small,
@@ -230,7 +238,11 @@ def inputs_for(arch: str, model) -> tuple[dict, np.ndarray]:
     """Fixed inputs (by forward's argument names) and labels, from a seed of their own."""
     g = torch.Generator().manual_seed(1)
     if arch in VISION:
-        x = torch.randn(BATCH, 3, 32, 32, generator=g)
+        # ResNet's last stage is at stride 32: at 32x32 its BatchNorms would normalise 2
+        # values per channel (+-1 whatever the input), whose gradients are rounding noise
+        # that AdamW turns into full steps (float32 and float64 runs part after 2 steps).
+        size = 64 if arch == "resnet18" else 32
+        x = torch.randn(BATCH, 3, size, size, generator=g)
         return {"x": x}, torch.randint(0, CLASSES, (BATCH,), generator=g)
     feeds = {}
     for name in model.names:
@@ -239,7 +251,13 @@ def inputs_for(arch: str, model) -> tuple[dict, np.ndarray]:
                                       2 * model.m.config.max_source_positions, generator=g)
         else:  # ids past the special tokens 0..2
             feeds[name] = torch.randint(3, VOCAB, (BATCH, SEQ), generator=g)
-    return feeds, torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    labels = torch.randint(0, VOCAB, (BATCH, SEQ), generator=g)
+    # As transformers' losses are fed: positions that do not count (a masked LM's unmasked
+    # tokens, padding) hold -100, F.cross_entropy's default ignore_index; the mean is over
+    # the others.
+    labels[torch.rand(BATCH, SEQ, generator=g) < 0.25] = IGNORE
+    labels[:, 0] = IGNORE
+    return feeds, labels
 
 
 def loss_of(logits, labels):
@@ -290,10 +308,31 @@ def reference(model, feeds: dict, labels) -> dict:
     out["lr"] = np.float64(LR)
     out["weight_decay"] = np.float64(WEIGHT_DECAY)
     for k, v in model.named_parameters():
-        out[f"param:{k}"] = v.detach().numpy().copy()
+        if v.requires_grad:  # what torch trains (Whisper's encoder positions are frozen)
+            out[f"param:{k}"] = v.detach().numpy().copy()
+    out["frozen"] = np.asarray([k for k, v in model.named_parameters() if not v.requires_grad],
+                               dtype=np.str_)
+    # Tied parameters (an LM head sharing the embedding) appear once above, under their
+    # first name; an export may name the shared initializer after another user of it.
+    first, aliases = {}, []
+    for k, v in model.named_parameters(remove_duplicate=False):
+        if id(v) in first:
+            aliases.append(f"{k}={first[id(v)]}")
+        else:
+            first[id(v)] = k
+    out["aliases"] = np.asarray(aliases, dtype=np.str_)
     for k, v in model.named_buffers():
-        if "running_" in k or "num_batches_tracked" in k:
+        if is_statistic(k):
             out[f"buffer:{k}"] = v.detach().numpy().copy()
+    # How far each final float32 tensor is from the float64 run's, at most (one number a
+    # tensor, to keep the file small): the float32 rounding of this run, per tensor.
+    exact = dict(wide.named_parameters())
+    exact.update(wide.named_buffers())
+    for key in [k for k in out if k.startswith(("param:", "buffer:"))]:
+        name = key.split(":", 1)[1]
+        d = np.abs(out[key].astype(np.float64) - exact[name].detach().numpy())
+        out[f"dev64:{name}"] = np.float64(np.max(d, initial=0.0))
+        out[f"rms64:{name}"] = np.float64(np.sqrt(np.mean(d * d)) if d.size else 0.0)
     return out
 
 
@@ -325,7 +364,7 @@ def check_initializers(path: str, state: dict) -> tuple[list[str], list[str]]:
     return reset, other
 
 
-def make(arch: str, out: str, data: str, commit: bool, log) -> None:
+def make(arch: str, out: str, data: str, commit: bool, log, refs_only: bool = False) -> None:
     torch.manual_seed(0)
     model = ARCHS[arch]()
     model.train()
@@ -333,11 +372,15 @@ def make(arch: str, out: str, data: str, commit: bool, log) -> None:
     state = copy.deepcopy(model.state_dict())
     torch.save(state, os.path.join(out, f"{arch}.pt"))
     names = tuple(feeds)
+    if refs_only:
+        exporters = ()
+    else:
+        exporters = EXPORTERS
     nparams = sum(p.numel() for p in model.parameters())
     log(f"{arch}: {type(model.m if isinstance(model, Logits) else model).__name__}, "
         f"{nparams} parameters, inputs "
         + ", ".join(f"{k} {list(v.shape)} {v.dtype}" for k, v in feeds.items()))
-    for exporter in EXPORTERS:
+    for exporter in exporters:
         path = os.path.join(out, f"{arch}.{exporter}.onnx")
         try:
             export(model, tuple(feeds.values()), names, path, exporter)
@@ -348,8 +391,11 @@ def make(arch: str, out: str, data: str, commit: bool, log) -> None:
                 + (f"; {len(moved)} initializers differ from the initial state (folded), "
                    f"e.g. {moved[0]}" if moved else ""))
         except Exception as e:  # record the exporter's failure and go on
-            log(f"  {arch}.{exporter}.onnx: EXPORT FAILED: {type(e).__name__}: "
-                f"{str(e).splitlines()[0][:300] if str(e) else ''}")
+            root = e
+            while root.__cause__ is not None:  # the exporter wraps what went wrong
+                root = root.__cause__
+            log(f"  {arch}.{exporter}.onnx: EXPORT FAILED: {type(e).__name__}, from "
+                f"{type(root).__name__}: {str(root).splitlines()[0][:300] if str(root) else ''}")
             if os.path.exists(path):
                 os.remove(path)
         model.load_state_dict(state)  # a trace in train mode moves BatchNorm's statistics
@@ -359,7 +405,7 @@ def make(arch: str, out: str, data: str, commit: bool, log) -> None:
     np.savez_compressed(os.path.join(data, f"{arch}.npz"), **ref)
     log(f"  torch losses: {np.array2string(ref['losses'], precision=5)}; float32 - float64: "
         f"{np.array2string(ref['losses'] - ref['losses64'], precision=2)}")
-    if commit:
+    if commit and not refs_only:
         for exporter in COMMITTED[arch]:
             src = os.path.join(out, f"{arch}.{exporter}.onnx")
             if os.path.exists(src):
@@ -367,26 +413,13 @@ def make(arch: str, out: str, data: str, commit: bool, log) -> None:
 
 
 def commit_copy(src: str, dst: str) -> None:
-    """The export as written, less the nodes' metadata_props (the dynamo exporter's
-    per-node stack traces and module paths: 60-80% of a tiny model's file, read by
-    nothing that trains), so the committed set stays small."""
-    import onnx
-    m = onnx.load(src)
-
-    def strip(graph):
-        for n in graph.node:
-            del n.metadata_props[:]
-            for a in n.attribute:
-                if a.type == onnx.AttributeProto.GRAPH:
-                    strip(a.g)
-                for g in a.graphs:
-                    strip(g)
-
-    strip(m.graph)
-    for f in m.functions:
-        for n in f.node:
-            del n.metadata_props[:]
-    onnx.save(m, dst)
+    """The export byte for byte, gzipped (``dst`` + ``.gz``): the dynamo exporter's per-node
+    metadata (stack traces, module paths, the rewrite rules that folded a BatchNorm, which
+    trainops reads) is most of a tiny model's file and compresses ten times."""
+    import gzip
+    with open(src, "rb") as f, open(dst + ".gz", "wb") as raw, \
+            gzip.GzipFile("", "wb", 9, raw, mtime=0) as g:  # the same bytes on every run
+        g.write(f.read())
 
 
 def main() -> None:
@@ -395,6 +428,8 @@ def main() -> None:
     ap.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "..", "tests",
                                                    "data", "torch_models"))
     ap.add_argument("--only", default="")
+    ap.add_argument("--refs-only", action="store_true",
+                    help="the torch references only (the exports already in --out)")
     ap.add_argument("--commit", action="store_true",
                     help="copy the exports the tests use into --data")
     a = ap.parse_args()
@@ -414,11 +449,13 @@ def main() -> None:
         f"state_dict; references in {os.path.abspath(a.data)}")
     for arch in archs:
         try:
-            make(arch, a.out, a.data, a.commit, log)
+            make(arch, a.out, a.data, a.commit, log, a.refs_only)
         except Exception as e:
             log(f"{arch}: FAILED: {type(e).__name__}: {e}")
             traceback.print_exc(file=sys.stderr)
-    os.replace(readme + ".part", readme if not a.only else readme + "." + a.only.replace(",", "_"))
+    done = readme if not (a.only or a.refs_only) else \
+        f"{readme}.{'refs.' if a.refs_only else ''}{a.only.replace(',', '_') or 'all'}"
+    os.replace(readme + ".part", done)
 
 
 if __name__ == "__main__":
