@@ -226,6 +226,51 @@ def test_language_model_sgd_step(library_path, kw, portable):
             np.abs(tr.parameters()["W"] - want).max()
 
 
+@pytest.mark.parametrize("portable", [False, True], ids=["fused", "portable"])
+def test_shapes_known_only_at_run_time(library_path, portable):
+    """Opset 13 infers no rank for a Reshape to a computed shape: the logits' shape (and
+    the number of classes) is unknown when the loss is attached. The loss flattens by the
+    run's shape, the gradient still flows (label smoothing included), and the graph's own
+    check refuses labels of the wrong shape or class, naming them."""
+    m = lm(opset=13)
+    m.graph.node[0].output[0] = "h"
+    m.graph.node.extend([helper.make_node("Shape", ["h"], ["h_shape"]),
+                         helper.make_node("Reshape", ["h", "h_shape"], ["logits"])])
+    tr = Trainer(m, losses.cross_entropy("logits", class_axis=-1, label_smoothing=0.1),
+                 optim.Momentum(lr=0.5, alpha=0.0), threads=1, seed=0, portable=portable)
+    x = np.random.default_rng(7).standard_normal((2, 4, 3)).astype(np.float32)
+    y = np.array([[0, 1, -100, 4], [3, -100, 2, 2]])
+    w = tr.parameters()["W"].copy()
+    want, loss, bound = sgd_step(x, w, y, 0.5, label_smoothing=0.1)
+    got = tr.step({"x": x, "labels": y})
+    assert abs(got - loss) <= gamma(R + 3) * 10 * y.size, (got, loss)
+    assert np.all(np.abs(tr.parameters()["W"] - want) <= bound)
+    before = trainer_snapshot(tr)
+    for bad in (y.T.copy(), np.where(y == 4, 5, y)):
+        with pytest.raises(ValueError, match=r"cross_entropy: labels 'labels': expected a class "
+                                             r"index in \[0, C\) or the ignore_index -100 \(C: "
+                                             r"the size of axis -1 of 'logits'\)"):
+            tr.step({"x": x, "labels": bad})
+        assert_trainer_unchanged(tr, before)
+
+
+def test_mixed_float16(library_path):
+    """Under mixed_float16 the loss computes in float16: each per-target share is divided
+    before the sum (a float16 sum of many per-token losses would overflow) and the count
+    stays int64. Within float16's rounding (u = 2^-11) of the float64 loss, over the same
+    R roundings as the float32 bounds."""
+    tr = Trainer(lm(), losses.cross_entropy("logits", class_axis=-1, label_smoothing=0.1),
+                 optim.Adam(lr=0.01), threads=1, seed=0, policy="mixed_float16")
+    x = np.random.default_rng(8).standard_normal((2, 4, 3)).astype(np.float32)
+    y = np.array([[0, 1, -100, 4], [3, -100, 2, 2]])
+    w = tr.parameters()["W"].copy()
+    want = sgd_step(x, w, y, 0.0, label_smoothing=0.1)[1]
+    u16 = 2.0 ** -11
+    scale = 2 * (np.abs(x) @ np.abs(w)).max() + 1  # what the log-softmax of one target is made of
+    got = tr.step({"x": x, "labels": y})
+    assert abs(got - want) <= R * u16 / (1 - R * u16) * scale, (got, want)
+
+
 def test_labels_declared_as_the_logits_without_their_class_axis():
     """The labels input a loss adds: int64, the logits' shape without the class axis
     (was [B, V] for [B, T, V] logits, the class axis taken as 1)."""

@@ -173,11 +173,13 @@ def attach_loss(loss, model: onnx.ModelProto) -> onnx.ModelProto:
         classes = None if dims is None else dims[-1 if flat else 1]
         g.node.extend(_class_nodes(loss, out, elem, flat, classes, _opset(m)))
         labels = None if dims is None else dims[:-1] if flat else dims[:1] + dims[2:]
-        if flat:
-            targets = f"{p}/targets"  # the flattened count: one name, the same size in both
-            c = classes if classes is not None else f"{p}/classes"
+        if flat and not isinstance(classes, int):
+            # C known at run time only: the flattened tensors' rank (which onnx does not
+            # infer from a computed shape before opset 14) and their sizes as names
+            targets = f"{p}/targets"  # the same size in both
             g.value_info.extend([
-                helper.make_tensor_value_info(f"{p}/flat_scores", elem, [targets, c]),
+                helper.make_tensor_value_info(f"{p}/flat_scores", elem,
+                                              [targets, f"{p}/classes"]),
                 helper.make_tensor_value_info(f"{p}/flat_labels", TensorProto.INT64,
                                               [targets])])
         target = helper.make_tensor_value_info(loss.target, TensorProto.INT64, labels)

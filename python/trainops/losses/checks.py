@@ -214,8 +214,9 @@ def label_check(model: onnx.ModelProto) -> Callable[[Mapping[str, Any]], None] |
     ``[0, C)`` (and not the ignore_index), its position, its value and ``C``; or the
     labels' shape and the one expected (the scores' without their class axis), from the
     scores' declared or inferred dims (a named dim takes its size from the fed input that
-    has it). What the shapes cannot tell before the run (``C`` or a dim unknown until then) is left to the graph's own check
-    (:func:`guard_labels`). None when no loss node reads a data input."""
+    has it). What the shapes cannot tell before the run (``C`` or a dim unknown until
+    then) is left to the graph's own check (:func:`guard_labels`). None when no loss node
+    reads a data input."""
     g = model.graph
     inits = {i.name for i in g.initializer}
     data = {i.name: _dims(i) for i in g.input if i.name not in inits}
