@@ -105,7 +105,7 @@ def _batches(kind, seed=0):
                 torch.randint(0, 40, (2, 8), generator=g)
         else:
             shape, classes = {"bn_cnn": ((4, 3, 6, 6), 4), "mlp": ((8, 5), 3),
-                              "resnet18": ((4, 3, 32, 32), 4)}[kind]
+                              "resnet18": ((4, 3, 64, 64), 4)}[kind]
             x, y = torch.randn(shape, generator=g), torch.randint(0, classes, shape[:1], generator=g)
         out.append((x, y))
     return out
@@ -128,6 +128,7 @@ def make(kind):
 
 KINDS = ["bn_cnn", "mlp", "resnet18", "bert", "gpt2"]
 RULED = {"bn_cnn", "mlp", "resnet18"}  # every op has a rule in helpers.rounding
+SHALLOW = {"bn_cnn", "mlp"}  # whose forward's worst-case bound is of use
 
 
 def _meta(model):
@@ -259,3 +260,382 @@ def test_state_dict_needs_the_metadata(library_path):
     tr = Trainer(model, losses.cross_entropy("output"), optim.AdamW(lr=LR), seed=0, threads=1)
     with pytest.raises(ValueError, match="not exported by trainops.torch.export"):
         tr.state_dict()
+
+
+# -- training against torch ------------------------------------------------------------------
+
+def _logits(module, x):
+    out = module(x)
+    return out.logits if hasattr(out, "logits") else out
+
+
+def _by_initializer(meta, values: dict, kind="params") -> dict:
+    """``{initializer: float32 array in the ONNX orientation}`` from torch tensors by torch
+    name (tied names give one entry)."""
+    out = {}
+    for name, e in meta[kind].items():
+        if name in values and e["initializer"] not in out:
+            v = values[name].detach().numpy()
+            out[e["initializer"]] = np.array(v.T if e.get("transposed") else v, F32)
+    return out
+
+
+def torch_run(module, meta, batches):
+    """torch.optim.AdamW (LR, WD, torch's other defaults) on the trainable parameters:
+    ``(losses, states)`` with ``states[t]`` the parameters ``x``, moments ``M``, ``V``
+    and running statistics after step t (``states[0]``: before the first)."""
+    params = [p for p in module.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=LR, weight_decay=WD)
+    named = dict(module.named_parameters(remove_duplicate=False))
+
+    def snap():
+        out = {"x": _by_initializer(meta, named),
+               "stats": _by_initializer(meta, dict(module.named_buffers()), "buffers")}
+        for key, slot in (("M", "exp_avg"), ("V", "exp_avg_sq")):
+            out[key] = _by_initializer(meta, {n: opt.state[p][slot] if p in opt.state else
+                                              torch.zeros_like(p) for n, p in named.items()})
+        out["stats"] = {k: v for k, v in out["stats"].items() if v.dtype.kind == "f"}
+        return out
+
+    states, out = [snap()], []
+    for x, y in batches:
+        opt.zero_grad()
+        loss = torch.nn.functional.cross_entropy(_logits(module, x), y)
+        loss.backward()
+        opt.step()
+        out.append(loss.item())
+        states.append(snap())
+    return out, states
+
+
+def trainops_run(tr, batches, x_name):
+    def snap():
+        st = tr.optimizer_state()
+        x = tr.parameters()
+        return {"x": x, "stats": tr.running_stats(),
+                **{s: {k: st[f"trainops/{s}/{k}"] for k in x} for s in ("M", "V")}}
+
+    states, out = [snap()], []
+    for x, y in batches:
+        out.append(tr.step({x_name: x.numpy(), "labels": y.numpy()}))
+        states.append(snap())
+    return out, states
+
+
+def assert_adamw_agree(grads, run_a, run_b, what=""):
+    """:func:`helpers.adam_pair.assert_runs_agree`'s argument for torch's AdamW, after every
+    step, from ``grads(t, xa, xb) -> (loss bound, D)`` (D: per parameter, how far the two
+    runs' gradients at step t may be apart):
+
+    - ``M = beta1 M + (1 - beta1) g`` moves apart by beta1 times the previous bound plus
+      (1 - beta1) D, plus each run's roundings of the lerp (its difference and product:
+      2u (|M| + |M_prev|), and the sum: u |M|);
+    - ``sqrt(V)``, the 2-norm of (sqrt(beta2) sqrt(V_prev), sqrt(1 - beta2) g), moves by
+      sqrt(beta2) times the previous bound plus sqrt(1 - beta2) D (Minkowski), plus
+      gamma_3 of each run's value (V's two roundings and the square root's);
+    - the update ``r M / (sqrt(V) + eps')``, with ``r = lr sqrt(1 - beta2^t) / (1 -
+      beta1^t)`` and ``eps' = eps sqrt(1 - beta2^t)`` (torch's ``step_size`` and
+      ``denom``), differs by at most ``r (dM / (S_a + eps') + |M_b| dS / ((S_a + eps')(S_b
+      + eps')))`` and never by more than both updates' sizes together, plus gamma_8 of
+      each (the square root, the division by sqrt(1 - beta2^t), + eps, the quotient, the
+      step size and the constants' own roundings to float32);
+    - the parameters: the decay ``x (1 - lr wd)`` scales the previous bound and rounds
+      (the factor and the product: gamma_3 of each run's previous value with the update's
+      subtraction from it), the update's subtraction rounds once (u |x|)."""
+    (la, sa), (lb, sb) = run_a, run_b
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    names = list(sa[0]["x"])
+    assert sorted(names) == sorted(sb[0]["x"]), (names, list(sb[0]["x"]))
+    bx, bm, bs = ({k: np.zeros(sa[0]["x"][k].shape) for k in names} for _ in range(3))
+    worst = {k: {"x": 0.0, "M": 0.0, "sqrt(V)": 0.0} for k in names}
+    worst["loss"] = 0.0
+    for t in range(1, len(la) + 1):
+        lbound, Ds = grads(t, sa[t - 1]["x"], sb[t - 1]["x"])
+        within_loss(worst, what, t, la[t - 1], lb[t - 1], lbound)
+        rate = LR * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        epsh = eps * np.sqrt(1 - b2 ** t)
+        for k in names:
+            D = Ds[k]
+            Ma, Mb, Mpa, Mpb = (s[i]["M"][k].astype(np.float64)
+                                for i in (t, t - 1) for s in (sa, sb))
+            Sa, Sb = (np.sqrt(s[t]["V"][k].astype(np.float64)) for s in (sa, sb))
+            bm[k] = b1 * bm[k] + (1 - b1) * D \
+                + U * (1 + gamma(2)) * (3 * (np.abs(Ma) + np.abs(Mb)) + 2 * (np.abs(Mpa) + np.abs(Mpb)))
+            bs[k] = np.sqrt(b2) * bs[k] + np.sqrt(1 - b2) * D + gamma(3) * (Sa + Sb)
+            ua, ub = rate * np.abs(Ma) / (Sa + epsh), rate * np.abs(Mb) / (Sb + epsh)
+            du = np.minimum(rate * (bm[k] / (Sa + epsh)
+                                    + np.abs(Mb) * bs[k] / ((Sa + epsh) * (Sb + epsh))), ua + ub)
+            xpa, xpb, xa, xb = (s[i]["x"][k].astype(np.float64)
+                                for i in (t - 1, t) for s in (sa, sb))
+            bx[k] = bx[k] * (1 - LR * WD) + du + gamma(8) * (ua + ub) \
+                + gamma(3) * (np.abs(xpa) + np.abs(xpb)) + U * (np.abs(xa) + np.abs(xb))
+            within(worst[k], f"{what}step {t}, {k}", (("M", np.abs(Ma - Mb), bm[k]),
+                                                      ("sqrt(V)", np.abs(Sa - Sb), bs[k]),
+                                                      ("x", np.abs(xa - xb), bx[k])))
+    return worst
+
+
+def with_loss(model, out):
+    """``model`` with ``loss = SoftmaxCrossEntropyLoss(out, labels)`` (mean: torch's
+    ``cross_entropy``), the form :mod:`helpers.rounding` bounds."""
+    from onnx import TensorProto, helper
+
+    m = copy.deepcopy(model)
+    m.graph.input.append(helper.make_tensor_value_info("labels", TensorProto.INT64, None))
+    m.graph.node.append(helper.make_node("SoftmaxCrossEntropyLoss", [out, "labels"], ["loss"]))
+    del m.graph.output[:]
+    m.graph.output.append(helper.make_tensor_value_info("loss", TensorProto.FLOAT, []))
+    return m
+
+
+def rounding_grads(model, loss, feeds_at, carried=True):
+    """``grads`` for :func:`assert_adamw_agree` from :mod:`helpers.rounding`.
+
+    ``carried`` (shallow models): each run's whole step (forward errors carried: torch's
+    kernels and onnxruntime's differ in the forward too) within a bound of the float64
+    step at its own parameters, so ``D = E_a + E_b + |g64(x_a) - g64(x_b)|`` and the
+    losses within ``e_a + e_b`` plus the exact change: a theorem, given the allowances for
+    the elementary functions. In a deep model (ResNet-18) that worst case, every rounding
+    of every layer aligned, compounds out of use (BatchNorm's variance is no longer
+    resolved); there, as :func:`helpers.adam_pair.grad_difference` models it, the two
+    forwards' differences (other kernels, other summation orders) are roundings of the
+    magnitudes of the backward's own, counted as one more ``E_a + E_b``: ``D = 2 (E_a +
+    E_b) + |g64(x_a) - g64(x_b)|``, E each backward's bound at the forward's values (a
+    model, not a theorem)."""
+    def grads(t, xa, xb):
+        (La, eLa, ga, Ea), (Lb, eLb, gb, Eb) = pair_bounds(model, xa, xb, feeds_at(t), loss,
+                                                           forward_errors=carried)
+        k = 1 if carried else 2
+        return abs(La - Lb) + k * (eLa + eLb), \
+            {p: k * (Ea[p] + Eb[p]) + np.abs(ga[p] - gb[p]) for p in ga}
+    return grads
+
+
+def _step64(module, meta, x, batch, dtype):
+    """The loss and gradients (by initializer, ONNX orientation, float64) of a copy of
+    ``module`` in ``dtype`` at the parameters ``x`` (by initializer) on ``batch``."""
+    m = copy.deepcopy(module).to(dtype)
+    named = dict(m.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for name, e in meta["params"].items():
+            v = torch.from_numpy(np.asarray(x[e["initializer"]]))
+            named[name].copy_(v.T if e["transposed"] else v)
+    m.zero_grad()
+    loss = torch.nn.functional.cross_entropy(_logits(m, batch[0].to(dtype) if
+                                                     batch[0].is_floating_point() else batch[0]),
+                                             batch[1])
+    loss.backward()
+    return float(loss.detach()), {k: np.asarray(v, np.float64) for k, v in
+                         ((e["initializer"], (named[n].grad.T if e["transposed"] else
+                                              named[n].grad).double().numpy())
+                          for n, e in meta["params"].items())}
+
+
+def torch_model_grads(module, meta, batches):
+    """``grads`` for :func:`assert_adamw_agree` where :mod:`helpers.rounding` has no rule
+    for some op (the transformers' Erf, Gather, Where, ...): a MODEL, not a theorem. The
+    exact change between the two runs' parameters comes from torch in float64 (``|g64(x_a)
+    - g64(x_b)|``, ``|L64(x_a) - L64(x_b)|``); each run's own rounding is taken as at most
+    twice the largest error torch's float32 step makes on that tensor at ``x_b`` against
+    float64 (``E``: the same ops, summed in other orders), plus u of the tensor's largest
+    gradient (where torch happens to be exact); two runs: ``D = |g64(x_a) - g64(x_b)| +
+    4 (E + u max|g64|)``, and likewise for the loss."""
+    def grads(t, xa, xb):
+        La, ga = _step64(module, meta, xa, batches[t - 1], torch.float64)
+        Lb, gb = _step64(module, meta, xb, batches[t - 1], torch.float64)
+        L32, g32 = _step64(module, meta, xb, batches[t - 1], torch.float32)
+        D = {k: np.abs(ga[k] - gb[k]) + 4 * (np.abs(g32[k] - gb[k]).max() + U * np.abs(gb[k]).max())
+             for k in ga}
+        return abs(La - Lb) + 4 * (abs(L32 - Lb) + U * abs(Lb)), D
+    return grads
+
+
+def assert_stats_agree(model, feeds_at, sa, sb, what="", carried=True):
+    """The BatchNorm running statistics of the two runs after every step: ``new = m old +
+    (1 - m) batch_stat`` (the variance times n / (n - 1)) move apart by m times the previous
+    bound plus (1 - m) times how far the two batch statistics may be apart (the exact
+    change between the runs' parameters, from the float64 forward, plus each run's
+    distance to it: its forward errors carried, :func:`helpers.rounding.batch_stats`),
+    plus gamma_3 of each run's three roundings. Without ``carried`` (a deep model, see
+    :func:`rounding_grads`) each run's distance is modelled as twice the local roundings
+    of the forward (:func:`helpers.rounding.forward`'s widths)."""
+    bns = [n for n in model.graph.node if n.op_type == "BatchNormalization"]
+    assert bns
+    bound = {}
+    for t in range(1, len(sa)):
+        va, wa = forward(model, sa[t - 1]["x"], feeds_at(t), forward_errors=carried)
+        vb, wb = forward(model, sb[t - 1]["x"], feeds_at(t), forward_errors=carried)
+        for n in bns:
+            mom = float(F32(next((a.f for a in n.attribute if a.name == "momentum"), 0.9)))
+            ma, vra, wma, wva, cnt = batch_stats(va[n.input[0]], wa[n.input[0]])
+            mb, vrb, wmb, wvb, _ = batch_stats(vb[n.input[0]], wb[n.input[0]])
+            for name, da, db, w, scale in ((n.input[3], ma, mb, wma + wmb, 1.0),
+                                           (n.input[4], vra, vrb, wva + wvb, cnt / (cnt - 1))):
+                olda, oldb = (s[t - 1]["stats"][name].astype(np.float64) for s in (sa, sb))
+                newa, newb = (s[t]["stats"][name].astype(np.float64) for s in (sa, sb))
+                rounding = gamma(3) * (mom * (np.abs(olda) + np.abs(oldb))
+                                       + (1 - mom) * scale * (np.abs(da) + np.abs(db)))
+                bound[name] = mom * bound.get(name, 0.0) \
+                    + (1 - mom) * scale * (np.abs(da - db) + w) * (1 + gamma(3)) + rounding
+                got = np.abs(newa - newb)
+                assert (got <= bound[name]).all(), (
+                    f"{what}step {t}, {name}: running statistics differ by {got.max():.3g}, "
+                    f"bound {bound[name][np.argmax(got - bound[name])]:.3g}")
+
+
+def _batch_stats(module, meta, x, batch, dtype) -> dict:
+    """Each BatchNorm's batch mean and unbiased variance (by the running statistics'
+    initializers, float64) in a copy of ``module`` in ``dtype`` at the parameters ``x``:
+    its running statistics after one forward with momentum 1."""
+    m = copy.deepcopy(module).to(dtype)
+    named = dict(m.named_parameters(remove_duplicate=False))
+    with torch.no_grad():
+        for name, e in meta["params"].items():
+            named[name].copy_(torch.from_numpy(np.asarray(x[e["initializer"]])))
+        for bn in m.modules():
+            if isinstance(bn, nn.modules.batchnorm._BatchNorm):
+                bn.momentum = 1.0
+        m(batch[0].to(dtype))
+    bufs = dict(m.named_buffers())
+    return {e["initializer"]: bufs[n].double().numpy() for n, e in meta["buffers"].items()
+            if "running" in n}
+
+
+def assert_stats_agree_model(module, meta, batches, sa, sb, what=""):
+    """The running statistics where :func:`assert_stats_agree`'s forward bound is out of use
+    (a deep model): ``new = (1 - m) old + m batch_stat`` (torch's momentum m), the batch
+    statistics' difference modelled as :func:`torch_model_grads` models the gradients'
+    (the exact change from torch in float64, plus four times torch's own float32 error on
+    that tensor, plus u of its largest value), plus gamma_3 of each run's roundings."""
+    mom = {n: bn.momentum for n, bn in module.named_modules()
+           if isinstance(bn, nn.modules.batchnorm._BatchNorm)}
+    bound = {}
+    for t in range(1, len(sa)):
+        a64 = _batch_stats(module, meta, sa[t - 1]["x"], batches[t - 1], torch.float64)
+        b64 = _batch_stats(module, meta, sb[t - 1]["x"], batches[t - 1], torch.float64)
+        b32 = _batch_stats(module, meta, sb[t - 1]["x"], batches[t - 1], torch.float32)
+        for name, e in meta["buffers"].items():
+            k = e["initializer"]
+            if k not in a64:
+                continue
+            m = mom[name.rsplit(".", 1)[0]]
+            olda, oldb, newa, newb = (s[i]["stats"][k].astype(np.float64)
+                                      for i in (t - 1, t) for s in (sa, sb))
+            width = np.abs(a64[k] - b64[k]) + 4 * (np.abs(b32[k] - b64[k]).max()
+                                                  + U * np.abs(b64[k]).max())
+            bound[k] = (1 - m) * bound.get(k, 0.0) + m * width * (1 + gamma(3)) + gamma(3) * (
+                (1 - m) * (np.abs(olda) + np.abs(oldb)) + m * (np.abs(a64[k]) + np.abs(b64[k])))
+            got = np.abs(newa - newb)
+            assert (got <= bound[k]).all(), (
+                f"{what}step {t}, {name}: running statistics differ by {got.max():.3g}, "
+                f"bound {bound[k][np.argmax(got - bound[k])]:.3g}")
+
+
+# ResNet-18 at 64x64: trainops' gradients of layer2.0 and every layer before it are wrong
+# (23% of the largest element in layer2.0.conv2.weight at the first step), while the export
+# is faithful (helpers.rounding's float64 backward of the exported graph matches torch's
+# float64 one to 1e-12). It goes away when the BatchNorms' weights are not all equal, so it
+# is a trainops autodiff/runtime bug, not the bridge's: strict, so the fix shows here.
+RESNET_BUG = pytest.mark.xfail(strict=True, reason="trainops' ResNet-18 gradients before "
+                               "layer2.1 are wrong when BatchNorm weights are equal (not the "
+                               "export's: its float64 gradients are torch's)")
+
+
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=RESNET_BUG) if k == "resnet18" else k
+                                  for k in KINDS])
+def test_trains_as_torch_adamw(library_path, kind):
+    """trainops' AdamW on the export against torch.optim.AdamW on the module, STEPS steps
+    on the same batches: losses, moments, parameters and running statistics within the
+    rounding-derived bounds after every step; the frozen parameters stay as they were."""
+    module, out, x_name = make(kind)
+    batches = _batches(kind)
+    model = tt.export(module, (batches[0][0],))
+    meta = _meta(model)
+    reference = copy.deepcopy(module)  # the module as exported, for the float64 steps
+    tr = Trainer(model, losses.cross_entropy(out), optim.AdamW(lr=LR, weight_decay=WD),
+                 seed=0, threads=1)
+    ours = trainops_run(tr, batches, x_name)
+    theirs = torch_run(module, meta, batches)
+
+    def feeds_at(t):
+        x, y = batches[t - 1]
+        return {x_name: x.numpy(), "labels": y.numpy()}
+
+    if kind in SHALLOW:
+        graph = with_loss(import_model(model), out)
+        grads = rounding_grads(graph, "loss", feeds_at)
+    else:
+        grads = torch_model_grads(reference, meta, batches)
+    assert_adamw_agree(grads, ours, theirs, f"{kind}: ")
+    if kind == "bn_cnn":
+        assert_stats_agree(graph, feeds_at, ours[1], theirs[1], f"{kind}: ")
+    if kind == "resnet18":
+        assert_stats_agree_model(reference, meta, batches, ours[1], theirs[1], f"{kind}: ")
+    # it trained: every parameter moved, the frozen ones did not
+    for k, x0 in ours[1][0]["x"].items():
+        assert not np.array_equal(ours[1][-1]["x"][k], x0), k
+    exported = tr.export()
+    for name, p in reference.named_parameters():
+        if not p.requires_grad:
+            np.testing.assert_array_equal(_onnx_value(exported, name), p.detach().numpy())
+            np.testing.assert_array_equal(dict(module.named_parameters())[name].detach(), p.detach())
+
+
+
+# -- the round trip --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["mlp", "bn_cnn", "gpt2"])
+def test_state_dict_puts_the_trained_model_back(library_path, kind):
+    """Train in trainops, ``module.load_state_dict(trainer.state_dict(), strict=False)``:
+    the module holds the trainer's values bit for bit (torch's orientation, both names of
+    tied parameters, the running statistics), and in eval mode its logits are
+    onnxruntime's on ``trainer.export()``: within the forward's rounding bound for the MLP
+    (:func:`helpers.rounding.forward`, errors carried: each float32 evaluation within its
+    width of the float64 values, a theorem), and for the others (ops without a rule there:
+    BatchNorm's inference form, the transformer) within the model of
+    :func:`torch_model_grads`: four times torch's own float32 error against float64 plus
+    u of the largest logit."""
+    module, out, x_name = make(kind)
+    batches = _batches(kind)
+    model = tt.export(module, (batches[0][0],))
+    tr = Trainer(model, losses.cross_entropy(out), optim.AdamW(lr=1e-2, weight_decay=WD),
+                 seed=0, threads=1)
+    trainops_run(tr, batches[:3], x_name)
+    sd = tr.state_dict()
+    meta = _meta(model)
+    assert set(sd) == set(meta["params"]) | set(meta["buffers"])
+    result = module.load_state_dict(sd, strict=False)
+    assert not result.unexpected_keys
+    params, stats = tr.parameters(), tr.running_stats()
+    state = module.state_dict(keep_vars=False)
+    for name, e in meta["params"].items():
+        want = params[e["initializer"]]
+        np.testing.assert_array_equal(state[name].numpy(), want.T if e["transposed"] else want)
+    for name, e in meta["buffers"].items():
+        if e["initializer"] in stats:
+            np.testing.assert_array_equal(state[name].numpy(), stats[e["initializer"]])
+    assert kind != "bn_cnn" or stats  # the running statistics were trained and came back
+    if kind == "gpt2":
+        assert module.gpt.lm_head.weight is module.gpt.transformer.wte.weight  # still tied
+
+    module.eval()
+    x = batches[-1][0]
+    exported = tr.export()
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    session = ort.InferenceSession(exported.SerializeToString(), so,
+                                   providers=["CPUExecutionProvider"])
+    got = session.run([out], {x_name: x.numpy()})[0].astype(np.float64)
+    with torch.no_grad():
+        want = _logits(module, x).double().numpy()
+        want64 = _logits(copy.deepcopy(module).double(),
+                         x.double() if x.is_floating_point() else x).numpy()
+    if kind == "mlp":
+        vals, width = forward(exported, {}, {x_name: x.numpy()}, forward_errors=True)
+        bound = 2 * width[out]
+        np.testing.assert_allclose(vals[out], want64, rtol=1e-12, atol=1e-12)
+    else:
+        bound = 4 * (np.abs(want - want64).max() + U * np.abs(want64).max())
+    diff = np.abs(got - want)
+    assert (diff <= bound).all(), f"{kind}: logits differ by {diff.max():.3g} (bound " \
+                                  f"{np.broadcast_to(bound, diff.shape)[np.argmax(diff - bound)]:.3g})"

@@ -25,7 +25,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..train import torch_meta
-from .wrap import Preserved, Wrapped, input_names
+from .wrap import Preserved, Wrapped, input_names, padding_rows
 
 __all__ = ["OPSET", "export"]
 
@@ -172,8 +172,8 @@ def export(module: torch.nn.Module, args, f=None, *, kwargs: dict | None = None,
     kwargs = dict(kwargs or {})
     names_in, tensors = input_names(module, args, kwargs)
     names = _names(module)
-    with Preserved(module) as saved:
-        real = {id(t): v for t, v in saved.values}
+    saved = Preserved(module)
+    with saved, padding_rows(module, saved.real()):
         module.train()
         wrapped = Wrapped(module, args, kwargs)
         with torch.no_grad():
@@ -194,6 +194,7 @@ def export(module: torch.nn.Module, args, f=None, *, kwargs: dict | None = None,
         raise ValueError(f"trainops.torch.export: the exporter folded or copied the "
                          f"parameters {bad} (no initializer of their own holds them), so "
                          "the export would not train as the module does")
+    real = saved.real()
     meta = {"params": {}, "buffers": {}}
     inits = {i.name: i for i in model.graph.initializer}
     for key, (init, transposed) in found.items():

@@ -1,15 +1,17 @@
 """The module as the exporter sees it (:class:`Wrapped`): its tensor arguments as named
 inputs (named after ``forward``'s parameters), its result flattened to named tensors (a
 tuple, a dict or a transformers ``ModelOutput``: ``logits`` first), and the module's
-state around an export saved and put back (:class:`Preserved`)."""
+state around an export saved and put back (:class:`Preserved`); embeddings with a
+``padding_idx`` written so that their padding row gets no gradient (:func:`padding_rows`)."""
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
 
-__all__ = ["Preserved", "Wrapped", "input_names"]
+__all__ = ["Preserved", "Wrapped", "input_names", "padding_rows"]
 
 
 def input_names(module: torch.nn.Module, args: tuple, kwargs: dict) -> tuple[list, list]:
@@ -105,6 +107,10 @@ class Preserved:
         self.modes = [(m, m.training) for m in self.module.modules()]
         return self
 
+    def real(self) -> dict:
+        """id(tensor) -> its saved value."""
+        return {id(t): v for t, v in self.values}
+
     def __exit__(self, *exc):
         with torch.no_grad():
             for t, v in self.values:
@@ -122,3 +128,32 @@ def _tensors(module: torch.nn.Module) -> list:
             seen.add(id(t))
             out.append(t)
     return out
+
+
+@contextlib.contextmanager
+def padding_rows(module: torch.nn.Module, real: dict):
+    """While exporting, each ``nn.Embedding`` of ``module`` with a ``padding_idx`` looks up
+    ``where(ids == padding_idx, row, weight[ids])``, ``row`` a constant copy of the
+    padding row's value at the call (``real``: id(tensor) -> value): torch's embedding
+    gives that row no gradient, which a plain Gather of the weight would. (torch's weight
+    decay still shrinks a non-zero padding row; the constant keeps its value.)"""
+    patched = []
+
+    def lookup(emb, row):
+        def forward(ids):
+            out = torch.nn.functional.embedding(ids, emb.weight, None, emb.max_norm,
+                                                emb.norm_type, emb.scale_grad_by_freq,
+                                                emb.sparse)
+            return torch.where((ids == emb.padding_idx).unsqueeze(-1), row, out)
+        return forward
+
+    try:
+        for m in module.modules():
+            if isinstance(m, torch.nn.Embedding) and m.padding_idx is not None:
+                row = real[id(m.weight)][m.padding_idx].detach().clone()
+                m.forward = lookup(m, row)
+                patched.append(m)
+        yield
+    finally:
+        for m in patched:
+            del m.forward
