@@ -197,6 +197,10 @@ def test_inputs_outputs_and_kwargs_are_named(library_path):
     outs = [o.name for o in model.graph.output]
     assert outs[0] == "logits" and outs[1:] == [f"hidden_states_{i}" for i in range(3)]
 
+    gpt = Lm().gpt  # a ModelOutput with a cache object: only its tensors, logits first
+    model = tt.export(gpt, (ids,))
+    assert [o.name for o in model.graph.output] == ["logits"]
+
     class Pair(nn.Module):
         def __init__(self):
             super().__init__()
@@ -240,6 +244,11 @@ def test_export_saves_and_refuses_what_it_cannot_map(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match=r"folded or copied the parameters \['head.weight'\]"):
         tt.export(module, (x,))
     monkeypatch.undo()
+
+    cumulative = BnCnn()
+    cumulative.bn.momentum = None  # 1/num_batches_tracked: no fixed ONNX momentum
+    with pytest.raises(ValueError, match="bn has momentum=None"):
+        tt.export(cumulative, (torch.randn(2, 3, 4, 4),))
 
     class Unused(nn.Module):  # an unused parameter is left out, not an error
         def __init__(self):

@@ -55,19 +55,42 @@ def _bytes(t: torch.Tensor) -> bytes:
     return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
 
 
-def _fill(tensors: list, seed: int = 0x7261696E) -> None:
+def _fill(tensors: list, counters: set, seed: int = 0x7261696E) -> None:
     """Gives each floating tensor of ``tensors`` distinct values: seeded uniform values in
     [1, 2), the first element ``1 + k * 2**-20`` unique to the k-th tensor (so no two
-    tensors share their bytes), and each ``num_batches_tracked`` a distinct count."""
+    tensors share their bytes), and each BatchNorm's ``num_batches_tracked`` (``counters``:
+    their ids; the forward does not read them when momentum is set) a distinct count.
+    Other integer buffers (position ids, ...) keep their values: the forward reads them."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for k, t in enumerate(tensors):
             if t.is_floating_point():
                 v = 1 + torch.rand(t.shape, generator=gen, dtype=torch.float64)
-                v.reshape(-1)[:1] = 1 + (k + 1) * 2.0 ** -20
+                # 16-bit types cannot tell 1 + k 2**-20 apart: the integer k + 1 instead
+                # (exact up to 2048 in float16, 256 in bfloat16)
+                wide = torch.finfo(t.dtype).bits > 16
+                v.reshape(-1)[:1] = 1 + (k + 1) * 2.0 ** -20 if wide else k + 1
                 t.copy_(v.to(t.dtype))
-            elif t.dtype == torch.int64 and t.dim() == 0:
+            elif id(t) in counters:
                 t.fill_(1_000_003 + 7919 * k)
+
+
+def _counters(module) -> set:
+    """The ids of the BatchNorms' ``num_batches_tracked``; ValueError for a BatchNorm that
+    tracks running statistics with ``momentum=None`` (a cumulative average, its factor
+    1/num_batches_tracked changing every step): ONNX's BatchNormalization has one fixed
+    momentum, so no export trains it as torch does."""
+    out = set()
+    for name, m in module.named_modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            if m.momentum is None:
+                raise ValueError(f"trainops.torch.export: {name or type(m).__name__} has "
+                                 "momentum=None (a cumulative average of the batch "
+                                 "statistics): ONNX's BatchNormalization has one fixed "
+                                 "momentum; give it a number (torch's default is 0.1)")
+            if m.num_batches_tracked is not None:
+                out.add(id(m.num_batches_tracked))
+    return out
 
 
 def _used(wrapped, tensors, missing: list) -> list:
@@ -172,18 +195,24 @@ def export(module: torch.nn.Module, args, f=None, *, kwargs: dict | None = None,
     kwargs = dict(kwargs or {})
     names_in, tensors = input_names(module, args, kwargs)
     names = _names(module)
+    counters = _counters(module)
     saved = Preserved(module)
     with saved, padding_rows(module, saved.real()):
         module.train()
         wrapped = Wrapped(module, args, kwargs)
         with torch.no_grad():
             wrapped(*tensors)  # the output names
-        _fill([t for _, t, _ in names.values()])
+        _fill([t for _, t, _ in names.values()], counters)
         filled = {key: _bytes(t) for key, (_, t, _) in names.items()}
+        if len(set(filled.values())) < len(filled):
+            same = [names[k][2][0] for k, b in filled.items()
+                    if list(filled.values()).count(b) > 1]
+            raise ValueError(f"trainops.torch.export: cannot tell the tensors {same} apart "
+                             "by their values (one-element 16-bit parameters?)")
         model = _onnx_export(wrapped, tensors, names_in, wrapped.output_names, dynamic_axes)
         after = {key: _bytes(t) for key, (kind, t, _) in names.items()
                  if kind == "buffers" and _bytes(t) != filled[key]}
-        _fill([t for _, t, _ in names.values()])  # the filled values again, to find them
+        _fill([t for _, t, _ in names.values()], counters)  # again, to find them
         found, copied = _match(model, names, after)
         missing = [t for key, (kind, t, _) in names.items() if kind == "params"
                    and key not in found and key not in copied and t.is_floating_point()]
