@@ -648,3 +648,21 @@ def test_state_dict_puts_the_trained_model_back(library_path, kind):
     diff = np.abs(got - want)
     assert (diff <= bound).all(), f"{kind}: logits differ by {diff.max():.3g} (bound " \
                                   f"{np.broadcast_to(bound, diff.shape)[np.argmax(diff - bound)]:.3g})"
+
+
+def test_state_dict_survives_checkpoints_and_artifacts(library_path, tmp_path):
+    """The metadata travels with the model a checkpoint and the training artifacts store:
+    a trainer resumed from either gives the same state_dict, bit for bit."""
+    module, out, x_name = make("bn_cnn")
+    batches = _batches("bn_cnn")
+    tr = Trainer(tt.export(module, (batches[0][0],)), losses.cross_entropy(out),
+                 optim.AdamW(lr=1e-2), seed=0, threads=1)
+    trainops_run(tr, batches[:2], x_name)
+    want = tr.state_dict()
+    tr.save(tmp_path / "ckpt.safetensors")
+    tr.save_artifacts(tmp_path / "artifacts")
+    for other in (Trainer.load(tmp_path / "ckpt.safetensors"),
+                  Trainer.from_artifacts(tmp_path / "artifacts")):
+        got = other.state_dict()
+        assert sorted(got) == sorted(want)
+        assert all(torch.equal(got[k], want[k]) for k in want)
