@@ -42,7 +42,16 @@ OPSET = 17
 def _onnx_export(wrapped, tensors, names, outputs, dynamic_axes) -> onnx.ModelProto:
     buf = io.BytesIO()
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # the classic exporter's deprecation notice
+        # Known and harmless here: the classic exporter's deprecation notices (the docs say
+        # it once), its dropping of num_batches_tracked's increment (a count the Trainer
+        # does not keep), and BatchNorm's batch-size check in torch.nn.functional (a
+        # Python bool of the input's shape). Any other TracerWarning (a trace that may
+        # not generalise) still reaches the user.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        warnings.filterwarnings("ignore", r"ONNX Preprocess - Removing mutation .*"
+                                r"num_batches_tracked")
+        warnings.filterwarnings("ignore", category=torch.jit.TracerWarning,
+                                module="torch.nn.functional")
         torch.onnx.export(wrapped, tuple(tensors), buf, dynamo=False, opset_version=OPSET,
                           input_names=names, output_names=outputs, dynamic_axes=dynamic_axes,
                           training=torch.onnx.TrainingMode.TRAINING,
