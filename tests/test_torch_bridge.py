@@ -211,9 +211,14 @@ def test_inputs_outputs_and_kwargs_are_named(library_path):
         def forward(self, a, b):
             return self.lin(a), self.lin(b).sum()
 
-    model = tt.export(Pair(), (torch.randn(4, 3), torch.randn(1, 3)))
+    model = tt.export(Pair(), (torch.randn(4, 3), torch.randn(1, 3)),
+                      dynamic_axes={"a": {0: "batch"}, "output_0": {0: "batch"}})
     assert [i.name for i in model.graph.input] == ["a", "b"]
     assert [o.name for o in model.graph.output] == ["output_0", "output_1"]
+    assert model.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    tr = Trainer(model, losses.mse("output_0"), optim.AdamW(lr=LR), seed=0, threads=1)
+    tr.step({"a": np.ones((7, 3), F32), "b": np.ones((1, 3), F32),
+             "target": np.zeros((7, 2), F32)})  # another batch size than the example's
 
 
 def test_export_saves_and_refuses_what_it_cannot_map(tmp_path, monkeypatch):
