@@ -208,6 +208,23 @@ def test_mixed_float16_trains_with_float32_master_weights(library_path):
     assert float(sess.run(["loss"], feeds)[0]) < 0.3 * losses[0]
 
 
+def test_mixed_float16_with_the_exporters_float32_value_info(library_path):
+    """torch's dynamo exporter records every intermediate's type in value_info. Under
+    mixed_float16 those tensors are float16, and the stale float32 entries made onnxruntime
+    refuse the step graph; the same model without them is the reference, bit for bit."""
+    plain = mlp_model()
+    recorded = mlp_model()
+    recorded.graph.value_info.extend([
+        helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", H]) for n in ("h", "h1", "a1")])
+    feeds = data(n=32)
+    runs = [Trainer(m, "loss", optim.Adam(lr=0.05), policy="mixed_float16", threads=1)
+            for m in (plain, recorded)]
+    losses = [[t.step(feeds) for _ in range(3)] for t in runs]
+    assert losses[0] == losses[1]
+    for name, value in runs[0].parameters().items():
+        np.testing.assert_array_equal(runs[1].parameters()[name], value)
+
+
 def test_mixed_float16_skips_overflowing_steps(library_path):
     # A loss times 1e4 overflows float16 gradients at the initial scale 2**15.
     big = helper.make_node("Mul", ["a1", "k"], ["a1k"])

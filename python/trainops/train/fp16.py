@@ -49,6 +49,12 @@ def to_fp16_graph(graph: onnx.GraphProto, params: list[str], data_inputs: list[s
             if a.type == onnx.AttributeProto.TENSOR and a.t.data_type == TensorProto.FLOAT:
                 a.t.CopyFrom(numpy_helper.from_array(
                     numpy_helper.to_array(a.t).astype(np.float16), a.t.name))
+    # Exporters record intermediate types (torch's dynamo exporter: every tensor's); the
+    # float32 ones are float16 now, and a stale entry makes onnxruntime refuse the graph
+    # ("type mismatch"): they go, and shape inference writes them again.
+    kept = [vi for vi in graph.value_info if vi.type.tensor_type.elem_type != TensorProto.FLOAT]
+    del graph.value_info[:]
+    graph.value_info.extend(kept)
     # The casts go last so the model's nodes keep their positions (Philox node keys depend
     # on them); the caller sorts the graph before inferring it.
     graph.node.extend(pre)
