@@ -12,8 +12,9 @@ The gradients' difference ``D`` comes from :mod:`helpers.rounding` for the shall
 whose every op it has a rule for (each run's whole step, forward errors carried, within a
 bound of the float64 step: a theorem); for ResNet-18 (where that worst case compounds out
 of use) and the transformers (whose ops it lacks), from a model stated at
-:func:`torch_model_grads`. ResNet-18's comparison is an expected failure: trainops'
-gradients there are wrong (see ``RESNET_BUG``), not the export.
+:func:`torch_model_grads`. ResNet-18's comparison is an expected failure: a ReLU input
+within float32 rounding of 0 makes either float32 gradient 23% off the float64 one (see
+``RESNET_KINK``), which that model does not allow for.
 """
 
 from __future__ import annotations
@@ -547,19 +548,24 @@ def assert_stats_agree_model(module, meta, batches, sa, sb, what=""):
                 f"bound {bound[k][np.argmax(got - bound[k])]:.3g}")
 
 
-# ResNet-18 at 64x64: trainops' gradients of layer2.0 and every layer before it are wrong
-# (23% of the largest element in layer2.0.conv2.weight at the first step), while the export
-# is faithful (helpers.rounding's float64 backward of the exported graph matches torch's
-# float64 one to 1e-12). It goes away when the BatchNorms' weights are not all equal, or when
-# only layer2.0.conv2.weight is trained (not with layer1.0.conv1.weight too), and comes back
-# for that one parameter alone when onnxruntime's graph optimizations are off: a trainops
-# step-graph bug, not the bridge's. Strict, so the fix shows here.
-RESNET_BUG = pytest.mark.xfail(strict=True, reason="trainops' ResNet-18 gradients before "
-                               "layer2.1 are wrong when BatchNorm weights are equal (not the "
-                               "export's: its float64 gradients are torch's)")
+# ResNet-18 at 64x64, first step: one input of layer2.0's last ReLU (sample 2, channel 117,
+# row 5, column 3) is -3.8e-6 in float64, the sum of two BatchNorm outputs of 0.845 that
+# cancel; onnxruntime's float32 forward has +1.8e-7 there (within its rounding: every
+# BatchNorm output of trainops is as close to float64 as torch's float32 ones), so its ReLU
+# passes the gradient that float64's blocks, and layer2.0.conv2.weight's gradient is 23%
+# (of its largest element) off float64's; the layers before it, 2-25%. Not a trainops bug:
+# torch float32 in channels_last memory format rounds that sum to +2.4e-6 and is off by the
+# same 23%, and float64 with that one input moved by +1e-5 matches trainops' gradients to
+# 3e-6. Whether the sum's sign flips depends on the kernels (graph optimizations, which
+# parameters train, the CPU), so not strict. The comparison's model has no allowance for a
+# ReLU input inside the forward's error of 0.
+RESNET_KINK = pytest.mark.xfail(strict=False, reason="a ReLU input within float32 rounding of "
+                                "0 (-3.8e-6 in float64) takes the other branch: the gradients "
+                                "before layer2.1 differ from float64's by up to 23%, as torch "
+                                "float32's do in channels_last")
 
 
-@pytest.mark.parametrize("kind", [pytest.param(k, marks=RESNET_BUG) if k == "resnet18" else k
+@pytest.mark.parametrize("kind", [pytest.param(k, marks=RESNET_KINK) if k == "resnet18" else k
                                   for k in KINDS])
 def test_trains_as_torch_adamw(library_path, kind):
     """trainops' AdamW on the export against torch.optim.AdamW on the module, STEPS steps
