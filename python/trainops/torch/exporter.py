@@ -25,6 +25,7 @@ import onnx
 from onnx import numpy_helper
 
 from ..train import torch_meta
+from .check import quiet_dropout, reference, verify
 from .wrap import Preserved, Wrapped, input_names, padding_rows
 
 __all__ = ["OPSET", "export"]
@@ -65,11 +66,11 @@ def _bytes(t: torch.Tensor) -> bytes:
 
 
 def _fill(tensors: list, counters: set, seed: int = 0x7261696E) -> None:
-    """Gives each floating tensor of ``tensors`` distinct values: seeded uniform values in
-    [1, 2), the first element ``1 + k * 2**-20`` unique to the k-th tensor (so no two
-    tensors share their bytes), and each BatchNorm's ``num_batches_tracked`` (``counters``:
-    their ids; the forward does not read them when momentum is set) a distinct count.
-    Other integer buffers (position ids, ...) keep their values: the forward reads them."""
+    """Gives each floating tensor of ``tensors`` (those safe to fill, :func:`_fillable`)
+    distinct values: seeded uniform values in [1, 2), the first element ``1 + k * 2**-20``
+    unique to the k-th tensor (so no two tensors share their bytes), and each BatchNorm's
+    ``num_batches_tracked`` (``counters``: their ids; the forward does not read them when
+    momentum is set) a distinct count."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for k, t in enumerate(tensors):
@@ -82,6 +83,22 @@ def _fill(tensors: list, counters: set, seed: int = 0x7261696E) -> None:
                 t.copy_(v.to(t.dtype))
             elif id(t) in counters:
                 t.fill_(1_000_003 + 7919 * k)
+
+
+def _fillable(module, counters: set) -> set:
+    """The ids of the tensors whose values the training-mode forward only multiplies into
+    the graph or does not read, so that filling them cannot change what the trace records:
+    the floating parameters, and each tracking BatchNorm's running statistics and
+    ``num_batches_tracked`` (``counters``; in training mode BatchNorm normalises by the
+    batch's statistics and only updates these). Every other buffer keeps its real value
+    while tracing: a forward may compute with it (rotary embeddings' ``inv_freq``, position
+    ids, masks), and the tracer would bake what it computed from a filled value into a
+    constant."""
+    out = {id(p) for p in module.parameters() if p.is_floating_point()} | set(counters)
+    for m in module.modules():
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.track_running_stats:
+            out |= {id(t) for t in (m.running_mean, m.running_var) if t is not None}
+    return out
 
 
 def _counters(module) -> set:
@@ -131,25 +148,36 @@ def _names(module) -> dict:
     return out
 
 
-def _match(model, names: dict, after: dict):
+def _match(model, names: dict, filled: set, real: dict, after: dict):
     """``{id: (initializer, transposed)}`` for each torch tensor found in ``model`` by its
-    bytes (the filled values, or ``after[id]``: a buffer's value once the export's trace
-    updated it), and the ids found in more than one initializer."""
+    bytes, and the ids of filled tensors found in more than one initializer. A filled
+    tensor (``filled``: ids) is found by its filled values or ``after[id]`` (a buffer's
+    value once the export's trace updated it), a 2-D parameter also as its transpose; any
+    other buffer by its real value (``real[id]``) or ``after[id]``, only where that is
+    unambiguous: one initializer holds it and no other tensor is found there (two equal
+    buffers, or a real value that happens to equal another's, are left out)."""
     index: dict = {}
     for init in model.graph.initializer:
         index.setdefault(numpy_helper.to_array(init).tobytes(), []).append(init)
-    found, copied = {}, []
+    found, copied, claims = {}, [], {}
     for key, (kind, t, _) in names.items():
+        mine = _bytes(t) if key in filled else _bytes(real[key])
         hits = []
-        for b in dict.fromkeys([_bytes(t), after.get(key, b"")]):
+        for b in dict.fromkeys([mine, after.get(key, b"")]):
             hits += [(i, False) for i in index.get(b, []) if list(i.dims) == list(t.shape)]
-        if t.dim() == 2 and t.shape[0] != 1 and t.shape[1] != 1:
+        if kind == "params" and t.dim() == 2 and t.shape[0] != 1 and t.shape[1] != 1:
             hits += [(i, True) for i in index.get(_bytes(t.T), [])
                      if list(i.dims) == [t.shape[1], t.shape[0]]]
+        for i, _ in hits:
+            claims.setdefault(i.name, set()).add(key)
         if len({i.name for i, _ in hits}) > 1:
-            copied.append(key)
+            if key in filled:
+                copied.append(key)
         elif hits:
             found[key] = hits[0]
+    for key in [k for k in found if k not in filled]:
+        if len(claims[found[key][0].name]) > 1:
+            del found[key]
     return found, copied
 
 
@@ -206,23 +234,27 @@ def export(module: torch.nn.Module, args, f=None, *, kwargs: dict | None = None,
     names = _names(module)
     counters = _counters(module)
     saved = Preserved(module)
+    wrapped = Wrapped(module, args, kwargs)
+    with saved:  # the module's own outputs from its real state (and the output names)
+        module.train()
+        want = reference(wrapped, tensors)
     with saved, padding_rows(module, saved.real()):
         module.train()
-        wrapped = Wrapped(module, args, kwargs)
-        with torch.no_grad():
-            wrapped(*tensors)  # the output names
-        _fill([t for _, t, _ in names.values()], counters)
-        filled = {key: _bytes(t) for key, (_, t, _) in names.items()}
+        fillable = _fillable(module, counters)
+        targets = [t for key, (_, t, _) in names.items() if key in fillable]
+        _fill(targets, counters)
+        filled = {key: _bytes(t) for key, (_, t, _) in names.items() if key in fillable}
         if len(set(filled.values())) < len(filled):
             same = [names[k][2][0] for k, b in filled.items()
                     if list(filled.values()).count(b) > 1]
             raise ValueError(f"trainops.torch.export: cannot tell the tensors {same} apart "
                              "by their values (one-element 16-bit parameters?)")
         model = _onnx_export(wrapped, tensors, names_in, wrapped.output_names, dynamic_axes)
-        after = {key: _bytes(t) for key, (kind, t, _) in names.items()
-                 if kind == "buffers" and _bytes(t) != filled[key]}
-        _fill([t for _, t, _ in names.values()], counters)  # again, to find them
-        found, copied = _match(model, names, after)
+        real = saved.real()
+        after = {key: _bytes(t) for key, (kind, t, _) in names.items() if kind == "buffers"
+                 and _bytes(t) != filled.get(key, _bytes(real[key]))}
+        _fill(targets, counters)  # again, to find them
+        found, copied = _match(model, names, set(filled), real, after)
         missing = [t for key, (kind, t, _) in names.items() if kind == "params"
                    and key not in found and key not in copied and t.is_floating_point()]
         folded = _used(wrapped, tensors, missing) if missing else []
@@ -232,7 +264,6 @@ def export(module: torch.nn.Module, args, f=None, *, kwargs: dict | None = None,
         raise ValueError(f"trainops.torch.export: the exporter folded or copied the "
                          f"parameters {bad} (no initializer of their own holds them), so "
                          "the export would not train as the module does")
-    real = saved.real()
     meta = {"params": {}, "buffers": {}}
     inits = {i.name: i for i in model.graph.initializer}
     for key, (init, transposed) in found.items():
@@ -252,6 +283,9 @@ def export(module: torch.nn.Module, args, f=None, *, kwargs: dict | None = None,
     order = {n: i for i, (n, _) in enumerate(module.named_parameters(remove_duplicate=False))}
     meta["params"] = dict(sorted(meta["params"].items(), key=lambda kv: order[kv[0]]))
     torch_meta.write(model, meta)
+    with saved, quiet_dropout(module):
+        module.train()
+        verify(model, names_in, tensors, want, rerun=lambda: reference(wrapped, tensors, False)[0])
     if f is not None:
         from ..train.atomic import write_files
 
