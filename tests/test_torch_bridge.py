@@ -88,6 +88,46 @@ class Lm(nn.Module):
         return self.gpt(input_ids).logits.transpose(1, 2)
 
 
+class Llama(nn.Module):
+    """A tiny Llama (rotary position embeddings: its ``inv_freq`` is a non-persistent buffer
+    the forward computes the angles from), logits' class axis second as in :class:`Lm`."""
+
+    def __init__(self):
+        super().__init__()
+        self.llama = transformers.LlamaForCausalLM(transformers.LlamaConfig(
+            vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+            num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+            attention_dropout=0.0, use_cache=False, pad_token_id=0, bos_token_id=1,
+            eos_token_id=2))
+
+    def forward(self, input_ids):  # the mask given: without it transformers looks for packed
+        # sequences with aten::diff, which the exporter does not have
+        mask = torch.ones_like(input_ids)
+        return self.llama(input_ids, attention_mask=mask).logits.transpose(1, 2)
+
+
+class Rotary(nn.Module):
+    """Buffers the forward computes with: ``freq`` non-persistent (the exporter records
+    what is computed from it as a constant), ``scale`` persistent (an initializer); and a
+    BatchNorm with running statistics away from their initial values."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("freq", torch.tensor([1.0, 0.1, 0.01, 0.001]), persistent=False)
+        self.register_buffer("scale", torch.linspace(0.5, 1.5, 8))
+        self.lin = nn.Linear(8, 3)
+        self.bn = nn.BatchNorm1d(8)
+        with torch.no_grad():
+            self.bn.running_mean.copy_(torch.linspace(-1, 1, 8))
+            self.bn.running_var.copy_(torch.linspace(0.5, 2, 8))
+
+    def forward(self, x):  # x: (batch, positions, 8)
+        pos = torch.arange(x.shape[1], dtype=x.dtype)
+        angles = pos[:, None] * self.freq[None, :]
+        x = x * torch.cat([angles.cos(), angles.sin()], -1) * self.scale
+        return self.lin(self.bn(x.transpose(1, 2)).transpose(1, 2)).transpose(1, 2)
+
+
 def bert():
     """A tiny BertForSequenceClassification (3 labels); dropout 0, so that both sides
     compute the same function (their dropout masks would differ)."""
@@ -102,7 +142,7 @@ def _batches(kind, seed=0):
     g = torch.Generator().manual_seed(seed)
     out = []
     for _ in range(STEPS):
-        if kind in ("bert", "gpt2"):
+        if kind in ("bert", "gpt2", "llama"):
             x = torch.randint(0, 40, (2, 8), generator=g)
             y = torch.randint(0, 3, (2,), generator=g) if kind == "bert" else \
                 torch.randint(0, 40, (2, 8), generator=g)
@@ -126,10 +166,12 @@ def make(kind):
         return torchvision.models.resnet18(num_classes=4).train(), "output", "x"
     if kind == "bert":
         return bert().train(), "logits", "input_ids"
+    if kind == "llama":
+        return Llama().train(), "output", "input_ids"
     return Lm().train(), "output", "input_ids"
 
 
-KINDS = ["bn_cnn", "mlp", "resnet18", "bert", "gpt2"]
+KINDS = ["bn_cnn", "mlp", "resnet18", "bert", "gpt2", "llama"]
 RULED = {"bn_cnn", "mlp", "resnet18"}  # every op has a rule in helpers.rounding
 SHALLOW = {"bn_cnn", "mlp"}  # whose forward's worst-case bound is of use
 
@@ -268,6 +310,90 @@ def test_export_saves_and_refuses_what_it_cannot_map(tmp_path, monkeypatch):
 
     assert list(_meta(tt.export(Unused(), (torch.randn(2, 3),)))["params"]) == \
         ["lin.weight", "lin.bias"]
+
+
+def _torch_bound(module, x, want):
+    """How far another float32 evaluation of ``module`` (train mode) at ``x`` may be from
+    torch's ``want``: the model of :func:`torch_model_grads`, four times torch's own float32
+    error against a float64 copy plus u of the largest output."""
+    with torch.no_grad():
+        want64 = _logits(copy.deepcopy(module).double(),
+                         x.double() if x.is_floating_point() else x).numpy()
+    return 4 * (np.abs(want - want64).max() + U * np.abs(want64).max())
+
+
+@pytest.mark.parametrize("kind", ["llama", "rotary"])
+def test_export_computes_what_the_module_computes(kind):
+    """onnxruntime's outputs of the export (a plain InferenceSession) are the module's own
+    training-mode outputs within float32 rounding (:func:`_torch_bound`), for buffers the
+    forward computes with: Llama's rotary ``inv_freq`` (non-persistent: what is computed
+    from it becomes a constant of the graph, which must hold the real angles, not ones
+    from the values the export fills parameters with); a persistent buffer used as a
+    factor (an initializer holding its value, named in the metadata); BatchNorm's running
+    statistics (an initializer each, their values put back in the module too)."""
+    if kind == "llama":
+        module, out, _ = make("llama")
+        x = _batches("llama")[0][0]
+    else:
+        torch.manual_seed(1)
+        module, out, x = Rotary().train(), "output", torch.randn(4, 5, 8)
+    before = {k: v.clone() for k, v in module.state_dict().items()}
+    bufs = {n: b.clone() for n, b in module.named_buffers()}
+    model = tt.export(module, (x,))
+    assert all(torch.equal(before[k], v) for k, v in module.state_dict().items())
+    assert all(torch.equal(bufs[n], b) for n, b in module.named_buffers())
+    meta = _meta(model)
+    if kind == "llama":
+        assert not meta["buffers"]  # inv_freq: not an initializer (computed into a constant)
+    else:
+        assert set(meta["buffers"]) == {"scale", "bn.running_mean", "bn.running_var"}
+        for name, e in meta["buffers"].items():
+            np.testing.assert_array_equal(_onnx_value(model, e["initializer"]),
+                                          bufs[name].numpy())
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if kind == "rotary":  # onnxruntime's optimizations rewrite training-mode BatchNorm
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(model.SerializeToString(), so,
+                                   providers=["CPUExecutionProvider"])
+    got = session.run([out], {model.graph.input[0].name: x.numpy()})[0].astype(np.float64)
+    with torch.no_grad():
+        want = _logits(module, x).double().numpy()
+    module.load_state_dict(before)  # the forward moved the running statistics
+    bound = _torch_bound(module, x, want)
+    diff = np.abs(got - want)
+    assert diff.max() <= bound, f"{kind}: outputs differ by {diff.max():.3g}, bound {bound:.3g}"
+
+
+def test_export_refuses_a_graph_that_computes_something_else(monkeypatch):
+    """The export's own check: with every buffer filled while tracing (as the bridge once
+    did), the constant computed from the non-persistent ``freq`` holds the fill values'
+    angles, and the export refuses, naming the output; active dropout modules are quiet
+    for the check (and stay in training mode); a forward random without them (functional
+    dropout) cannot be checked: a warning."""
+    exporter = sys.modules["trainops.torch.exporter"]
+    real = exporter._fillable
+    monkeypatch.setattr(exporter, "_fillable", lambda module, counters: real(
+        module, counters) | {id(b) for b in module.buffers() if b.is_floating_point()})
+    with pytest.raises(ValueError, match="onnxruntime's outputs of the export are not the "
+                       r"module's training-mode outputs: output differs by"):
+        tt.export(Rotary().train(), (torch.randn(4, 5, 8),))
+    monkeypatch.undo()
+
+    drop = nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5)).train()
+    model = tt.export(drop, (torch.randn(4, 3),))
+    assert drop[1].training and any(n.op_type == "Dropout" for n in model.graph.node)
+
+    class Functional(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 3)
+
+        def forward(self, x):
+            return nn.functional.dropout(self.lin(x), 0.5, training=True)
+
+    with pytest.warns(UserWarning, match="could not be checked"):
+        tt.export(Functional(), (torch.randn(64, 3),))
 
 
 def test_state_dict_needs_the_metadata(library_path):

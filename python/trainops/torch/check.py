@@ -68,16 +68,22 @@ def quiet_dropout(module: torch.nn.Module):
             m.training = True
 
 
-def reference(wrapped, tensors, widths: bool = True) -> tuple[list, list]:
+def reference(wrapped, tensors):
     """``(outputs, widths)``: the module's outputs (``wrapped``:
     :class:`~trainops.torch.wrap.Wrapped`) on ``tensors``, its dropout modules quiet, as
     float64 or integer numpy arrays, and for each floating output how far another float32
-    evaluation may be from it (see ``SPREAD``; None for the others). Without ``widths``
-    only the outputs (``widths`` all None)."""
+    evaluation may be from it (see ``SPREAD``; None for the others). None, with a warning,
+    when two runs of the forward differ (random without its dropout modules: functional
+    dropout, or a nondeterministic kernel): there is nothing to check against."""
     with quiet_dropout(wrapped.module), torch.no_grad():
         outs = [_numpy(o) for o in wrapped(*tensors)]
-    if not widths:
-        return outs, [None] * len(outs)
+        again = [_numpy(o) for o in wrapped(*tensors)]
+    if any(not np.array_equal(a, b, equal_nan=True) for a, b in zip(outs, again)):
+        warnings.warn("trainops.torch.export: two runs of the module's forward differ even "
+                      "with its dropout modules in eval mode (functional dropout? a "
+                      "nondeterministic kernel?), so the export could not be checked "
+                      "against it", stacklevel=3)
+        return None
     try:
         copy64 = copy.deepcopy(wrapped).double()
         with quiet_dropout(copy64.module), torch.no_grad():
@@ -122,20 +128,20 @@ def _quiet(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def verify(model: onnx.ModelProto, names: list, tensors: list, want: tuple,
-           rerun=None) -> None:
+def verify(model: onnx.ModelProto, names: list, tensors: list, want: tuple | None) -> None:
     """Runs ``model`` (dropout quiet) in onnxruntime on ``tensors`` (fed as ``names``) and
     compares each output with ``want`` (:func:`reference`'s outputs and widths): floating
     outputs within their widths, others exactly. ValueError naming the output that differs
-    most (relative to its width). ``rerun()``: the reference outputs again; when they differ
-    from ``want``'s own (a random forward, such as functional dropout), nothing can be
-    checked: a warning says so.
+    most (relative to its width). Nothing to check when ``want`` is None (a random
+    forward).
 
     onnxruntime runs with its graph optimizations off: the check is of the graph, and
     onnxruntime 1.32's basic optimizations change what a BatchNormalization in training
     mode computes after a Conv (ResNet-18's logits by 0.34 of 1.3)."""
     import onnxruntime as ort
 
+    if want is None:
+        return
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
@@ -161,13 +167,6 @@ def verify(model: onnx.ModelProto, names: list, tensors: list, want: tuple,
             worst = problem
     if worst is None:
         return
-    if rerun is not None:
-        again = rerun()
-        if any(not np.array_equal(a, b, equal_nan=True) for a, b in zip(again, want[0])):
-            warnings.warn("trainops.torch.export: the module's forward is random even with "
-                          "its dropout modules in eval mode (functional dropout?), so the "
-                          "export could not be checked against it", stacklevel=3)
-            return
     raise ValueError("trainops.torch.export: onnxruntime's outputs of the export are not "
                      f"the module's training-mode outputs: {worst[1]}. The export computes "
                      "something else than the module (a value the forward computes from a "
