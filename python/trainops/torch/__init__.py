@@ -14,7 +14,8 @@ running statistics as initializers, Dropout in training mode, every parameter an
 initializer of its own (tied parameters one), nothing trainable folded into a constant;
 ``model.metadata_props["trainops.torch"]`` maps the module's parameter and buffer names to
 the initializers (:mod:`trainops.train.torch_meta`), so the Trainer trains exactly the
-parameters that have ``requires_grad=True``.
+parameters that have ``requires_grad=True``. The export is checked: onnxruntime's outputs
+of it on the example inputs must be the module's own (:mod:`trainops.torch.check`).
 """
 
 from __future__ import annotations

@@ -2,15 +2,19 @@
 ``module.train()`` does (see :mod:`trainops.torch`).
 
 How parameters are found in the exported graph, whatever names the exporter gives them:
-before exporting, every floating parameter and buffer of the module is given distinct
-values (seeded random values, the first element of each tensor unique), so that each
-initializer of the export can be told apart by its bytes. Each torch tensor's initializer
-is the one holding its bytes (or, for a 2-D tensor, its transpose's: ``transposed``);
-the module's real values are then written into those initializers and the module's own
-state is put back. A used parameter found nowhere was folded into something else (a
-constant, another weight): an error naming it, as training that export could not be
-faithful; one found twice was copied: the same. Tied parameters are one tensor, so one
-initializer under both names.
+before exporting, every floating parameter and every tracking BatchNorm's running
+statistics (:func:`_fillable`: tensors the training-mode forward only multiplies in or
+does not read) are given distinct values (seeded random values, the first element of
+each tensor unique), so that each initializer of the export can be told apart by its
+bytes. Each torch tensor's initializer is the one holding its bytes (or, for a 2-D
+parameter, its transpose's: ``transposed``); the module's real values are then written
+into those initializers and the module's own state is put back. A used parameter found
+nowhere was folded into something else (a constant, another weight): an error naming it,
+as training that export could not be faithful; one found twice was copied: the same. Tied
+parameters are one tensor, so one initializer under both names. Other buffers keep their
+real values (the forward may compute with them) and are named where their value picks
+out one initializer. Last, :mod:`.check` runs the export in onnxruntime against the
+module's own outputs.
 """
 
 from __future__ import annotations
@@ -224,7 +228,8 @@ def export(module: torch.nn.Module, args, f=None, *, kwargs: dict | None = None,
     tensors are kept as given); ``dynamic_axes``: as ``torch.onnx.export``'s; ``f``: a
     path to save the model to as well (atomically). The module is left as it was: its
     values (running statistics and ``num_batches_tracked`` too) and every submodule's
-    train/eval flag. ValueError naming the parameters the exporter folded or copied."""
+    train/eval flag. ValueError naming the parameters the exporter folded or copied, or
+    the output onnxruntime computes differently from the module (:mod:`.check`)."""
     if not isinstance(module, torch.nn.Module):
         raise TypeError(f"trainops.torch.export: expected a torch.nn.Module, got "
                         f"{type(module).__name__}")
