@@ -3,10 +3,11 @@ values written back) on the example inputs, and its outputs must be the module's
 training-mode outputs, computed before the export from the same state.
 
 Why: the export finds the parameters by filling them with other values while tracing
-(:mod:`trainops.torch.exporter`); whatever the forward computes from a filled tensor
-rather than only multiplying it into the graph, the tracer records as a constant of the
-fill values. The filling is limited to the tensors known to be safe, and this check turns
-any other such case (and any exporter fault that changes what the graph computes) into an
+(:mod:`trainops.torch.exporter`); where the tracer records as a constant something the
+forward computed from a filled tensor (a non-persistent buffer is no initializer, so the
+rotary angles computed from one become a constant), that constant holds the fill values'
+result. The filling is limited to the tensors known to be safe, and this check turns any
+other such case (and any exporter fault that changes what the graph computes) into an
 error instead of a model that trains something else.
 """
 
@@ -38,7 +39,7 @@ U = 2.0 ** -24  # float32's unit roundoff
 # What this check exists to catch is a graph that computes something else (a constant
 # baked from fill values in [1, 2) instead of the real ones): that changes the outputs
 # by what the wrong constant contributes, hundreds of u at least in the cases seen
-# (ModernBERT: 600 u of its largest logit, Llama: 10**5), where the faithful exports of
+# (ModernBERT: 600 u of its largest logit, Llama: 1.7 * 10**5 u), where the faithful exports of
 # 13 architectures differ by at most about 50 u, within their widths.
 SPREAD = 4
 # Where no float64 copy can run (an op without a float64 kernel), the width falls back to
