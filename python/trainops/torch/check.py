@@ -137,8 +137,9 @@ def verify(model: onnx.ModelProto, names: list, tensors: list, want: tuple | Non
     forward).
 
     onnxruntime runs with its graph optimizations off: the check is of the graph, and
-    onnxruntime 1.32's basic optimizations change what a BatchNormalization in training
-    mode computes after a Conv (ResNet-18's logits by 0.34 of 1.3)."""
+    onnxruntime 1.32's basic ones change what training-mode BatchNormalization computes
+    (its ConstantSharing, which merges equal initializers such as fresh BatchNorms'
+    statistics, moves ResNet-18's logits by 0.34 of 1.3)."""
     import onnxruntime as ort
 
     if want is None:
