@@ -303,6 +303,33 @@ def test_every_label_ignored(library_path, portable):
 
 
 @pytest.mark.parametrize("portable", [False, True], ids=["fused", "portable"])
+@pytest.mark.parametrize("op_type", ["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"])
+def test_every_label_ignored_by_the_models_own_loss(library_path, portable, op_type):
+    """A model that computes its own loss (ONNX's op, mean, ignore_index): every target
+    ignored is 0/0, NaN, and PyTorch's gradient is 0. The backward divided dY by the zero
+    count (inf * 0 per row: NaN weights after one step, fused kernel and standard form
+    alike); the weights now stay as they were."""
+    w0 = np.random.default_rng(5).standard_normal((3, 4)).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "W"], ["logits"]),
+             helper.make_node(op_type, ["logits", "t"], ["loss"], ignore_index=-100)]
+    g = helper.make_graph(nodes, "own_loss", [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3]),
+        helper.make_tensor_value_info("t", TensorProto.INT64, ["N"])],
+        [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+        initializer=[numpy_helper.from_array(w0, "W")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = IR_VERSION
+    tr = Trainer(model, "loss", optim.AdamW(lr=0.1, weight_decay=0.0), threads=1,
+                 portable=portable)
+    x = np.random.default_rng(6).standard_normal((5, 3)).astype(np.float32)
+    assert np.isnan(tr.step({"x": x, "t": np.full(5, -100, np.int64)}))
+    assert np.array_equal(tr.parameters()["W"], w0)
+    # one kept target: the gradient is the whole of it, as an ordinary step
+    assert np.isfinite(tr.step({"x": x, "t": np.array([-100, -100, 2, -100, -100])}))
+    assert np.all(np.isfinite(tr.parameters()["W"])) and not np.array_equal(tr.parameters()["W"], w0)
+
+
+@pytest.mark.parametrize("portable", [False, True], ids=["fused", "portable"])
 def test_bad_labels_are_refused_naming_the_input(library_path, portable):
     """[B, T, V] labels: a class index in [0, V) or the ignore_index, shaped [B, T] (a
     [T, B] tensor of the same size is refused, not reshaped): the Trainer's check before

@@ -1011,7 +1011,12 @@ def _loss_scale(c: Ctx, w: str, like: str) -> str:
     if reduction == "sum":
         return b.op("Mul", [c.gy, w])
     if reduction == "mean":
+        # Every target ignored (or weighted 0): the loss is 0/0, NaN, and PyTorch's gradient
+        # is 0; dividing by the zero total would give inf * 0 = NaN and poison the weights.
+        # The total is taken as 1 there, so the gradient is dY * 0.
         total = b.reduce("ReduceSum", w, None, keepdims=0)
+        zero, one = b.scalar(0.0, like), b.scalar(1.0, like)
+        total = b.op("Where", [b.op("Equal", [total, zero]), one, total])
         return b.op("Mul", [b.op("Div", [c.gy, total]), w])
     raise c.fail(f"reduction={reduction!r} is not one of none, mean, sum")
 

@@ -224,8 +224,10 @@ pub enum LossScale<'a> {
 /// the row's [`LossScale`] and 0 for a row whose label is `ignore`. Labels must be in
 /// `0..classes` or `ignore` (the caller checks). `softmax` in `f32` (`f32::exp`, the row sum in
 /// `f64`); `mean` divides by the count of rows kept in `f32` (the standard form's
-/// `ReduceSum` of the weights, exact below 2^24 rows), so all rows ignored gives NaN as
-/// the standard form does. Within `4 eps (p + 1) |s|` of [`cross_entropy_reference`].
+/// `ReduceSum` of the weights, exact below 2^24 rows). All rows ignored gives a zero
+/// gradient, as PyTorch's (the loss is 0/0; dividing by the zero count would make every
+/// row inf * 0, NaN, and the weights NaN after the update). Within `4 eps (p + 1) |s|` of
+/// [`cross_entropy_reference`].
 pub fn cross_entropy_grad(
     scores: &[f32],
     classes: usize,
@@ -254,7 +256,10 @@ pub fn cross_entropy_grad(
     let common = match scale {
         LossScale::EachRow(_) => 0.0,
         LossScale::Sum(g) => g,
-        LossScale::Mean(g) => g / labels.iter().filter(|&&l| kept(l)).count() as f32,
+        LossScale::Mean(g) => match labels.iter().filter(|&&l| kept(l)).count() {
+            0 => 0.0,
+            n => g / n as f32,
+        },
     };
     let per = (CHUNK / classes).max(1);
     let items: Vec<(usize, &mut [f32])> = dx.chunks_mut(per * classes).enumerate().map(|(b, d)| (b * per, d)).collect();
@@ -307,7 +312,7 @@ pub fn cross_entropy_reference(
         let s = match scale {
             LossScale::EachRow(g) => f64::from(g[i]),
             LossScale::Sum(g) => f64::from(g),
-            LossScale::Mean(g) => f64::from(g) / count,
+            LossScale::Mean(g) => f64::from(g) / count.max(1.0),
         };
         let s = s * if kept(label) { 1.0 } else { 0.0 };
         for j in 0..classes {
