@@ -214,7 +214,7 @@ def main() -> None:
         out[f"names:{export}"] = np.asarray([names[export][p] for p, _, _ in mapping])
         save_file({names[export][p]: init[p] for p, _, _ in mapping},
                   os.path.join(a.data, f"llama.{export}.initial.safetensors"),
-                  metadata={"rank": str(RANK), "alpha": str(float(ALPHA))})
+                  metadata={"rank": str(RANK), "alpha": str(ALPHA)})
     # The npz's adapter keys: the classic names (the bridge's are listed beside them, in
     # the same order, under names:bridge).
     for p, _, _ in mapping:
