@@ -16,7 +16,7 @@ the submodules ``trainops.optim`` and ``trainops.distributed`` (data-parallel tr
 MPI, ``trainops.CollectiveTimeout``); ``trainops.make_reproducible`` and the submodule
 ``trainops.random`` (seeded Philox states, :mod:`trainops.random`); ``trainops.configure``
 and the submodule ``trainops.device`` (the CPU door or the plugin execution provider, device
-tensors). Other submodules (``trainops.models``, ``trainops.onnx_defs``, ...) are imported as
+tensors); ``trainops.LoRA`` (low-rank adapters for the Trainer, :mod:`trainops.lora`). Other submodules (``trainops.models``, ``trainops.onnx_defs``, ...) are imported as
 usual.
 """
 
@@ -42,6 +42,7 @@ _LAZY = {
     "CollectiveTimeout": "distributed",
     "make_reproducible": "random",
     "configure": "device",
+    "LoRA": "lora",
 }
 # Submodules that read as attributes without an explicit import (``trainops.optim.Adam``).
 _LAZY_MODULES = ("optim", "autodiff", "distributed", "random", "device", "losses")

@@ -4,6 +4,8 @@ the weights, optimizer state and running statistics it holds, :meth:`export`, ch
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 
 import onnx
@@ -12,6 +14,7 @@ from onnx import numpy_helper
 from .. import losses as _losses
 from . import artifacts as _artifacts
 from . import checkpoint as _checkpoint
+from . import torch_meta as _torch_meta
 
 __all__ = ["TrainerResults"]
 
@@ -20,6 +23,40 @@ class TrainerResults:
     """What a :class:`~trainops.train.Trainer` gives back and saves (its state is read and
     written through ``self._arrays``, :class:`~trainops.train.buffers.Buffers`: host buffers
     bound in place on the CPU, device memory copied on demand on a device)."""
+
+    def _state_names(self) -> list[str]:
+        """Every state's input name (what a checkpoint holds)."""
+        if self.step_graph is not None:
+            return [e.input for e in self.step_graph.states]
+        return list(self._arrays)  # the distributed runtime's arrays are all states
+
+    @property
+    def _model_bytes(self) -> bytes:
+        """The serialized model the Trainer was built from (what a checkpoint stores); a
+        ModelProto changed since then is refused (its bytes no longer hash to
+        ``model_sha256``), as a checkpoint must name the model that was trained."""
+        src = self._source_model
+        data = src if isinstance(src, bytes) else src.SerializeToString()
+        if hashlib.sha256(data).hexdigest() != self.model_sha256:
+            raise RuntimeError("Trainer: the ModelProto it was built from has been changed "
+                               "since, so the checkpoint cannot store the model that was "
+                               "trained; pass Trainer a copy (or the model's bytes) if the "
+                               "proto is to be edited while training")
+        return data
+
+    def _states(self) -> dict[str, np.ndarray]:
+        """Every state's value (what a checkpoint holds), by its input name: the buffers
+        themselves on the host, copies from a device."""
+        return {n: self._arrays[n] for n in self._state_names()}
+
+    def _state_specs(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
+        """Every state's ``(dtype, shape)`` by its input name, with no copy."""
+        return {n: self._arrays.spec(n) for n in self._state_names()}
+
+    def state_dict(self) -> dict:
+        """The trained weights and running statistics as torch tensors by the torch module's
+        names, for a :func:`trainops.torch.export` model (:func:`.torch_meta.state_dict`)."""
+        return _torch_meta.state_dict(self._model, {**self.parameters(), **self.running_stats()})
 
     # -- results -------------------------------------------------------------------------
     def _copy(self, name: str) -> np.ndarray:
@@ -69,19 +106,52 @@ class TrainerResults:
         """The loss as a checkpoint stores it: a tensor name or a loss' ``to_dict()``."""
         return self.loss.to_dict() if isinstance(self.loss, _losses.Loss) else self.loss
 
-    def export(self) -> onnx.ModelProto:
+    def export(self, merge: bool = True) -> onnx.ModelProto:
         """The model as imported (inference graph, a :mod:`trainops.losses` loss left out)
         with the trained weights and running statistics: no trainops op, so plain
         onnxruntime runs it. Dropout nodes are in inference mode (as PyTorch's
         ``model.eval()``: their ``training_mode`` input removed), BatchNormalization nodes
-        in the inference form with the running statistics."""
+        in the inference form with the running statistics.
+
+        With ``lora``: ``merge=True`` folds each adapter into its weight
+        (``W + (alpha / rank) B A``, in float64, rounded once); ``merge=False`` keeps the
+        adapters, their tensors graph inputs with the trained values as defaults
+        (:mod:`trainops.lora.merge`)."""
         m = _artifacts.inference_mode(self._model)
         params = self.parameters()
         params.update(self.running_stats())
         for init in m.graph.initializer:
             if init.name in params:
                 init.CopyFrom(numpy_helper.from_array(params[init.name], init.name))
+        if getattr(self, "lora", None) is not None:
+            from ..lora import merge as _merge
+
+            return _merge.finish(m, merge)
+        if not merge:
+            raise ValueError("export(merge=False): this trainer has no LoRA adapters")
         return m
+
+    # -- LoRA adapters ---------------------------------------------------------------------
+    def save_adapter(self, path, format: str | None = None) -> None:
+        """The LoRA adapters to ``path``: ``.safetensors``, ``.onnx_adapter``
+        (``onnxruntime.AdapterFormat``) or, with ``format="peft"``, PEFT's file pair in
+        the folder ``path`` (:mod:`trainops.lora.adapter`). Atomic."""
+        from ..lora import adapter as _adapter
+
+        _adapter.save(self._lora_trainer("save_adapter"), path, format)
+
+    def load_adapter(self, path) -> None:
+        """Set the LoRA adapters from a ``.safetensors`` or ``.onnx_adapter`` file: names
+        and shapes checked first, ONE ValueError listing every mismatch, nothing changed
+        then. The optimizer state is kept."""
+        from ..lora import adapter as _adapter
+
+        _adapter.load(self._lora_trainer("load_adapter"), path)
+
+    def _lora_trainer(self, what: str):
+        if getattr(self, "lora", None) is None:
+            raise ValueError(f"{what}: this trainer has no LoRA adapters (Trainer(lora=...))")
+        return self
 
     # -- checkpoints ---------------------------------------------------------------------
     def save(self, path) -> None:

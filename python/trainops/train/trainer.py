@@ -33,8 +33,8 @@ import numpy as np
 from .. import losses as _losses
 from .. import optim as _optim
 from ..autodiff.importing import load as _load_model
+from ..lora import attach as _lora
 from ..random import _seed_bits
-from . import torch_meta as _torch_meta
 from . import update_options as _schedules
 from .accumulate_runtime import AccumulatingRuntime
 from .backward import data_inputs
@@ -147,6 +147,9 @@ class Trainer(TrainerResults):
       ``state_dtype="int8"`` or ``"bfloat16"`` (no standard-op form: ValueError). The CPU
       gradient kernels are used wherever every EP is the CPU's (by name or as its
       ``OrtEpDevice``) and the graph is not portable.
+    - ``lora``: a :class:`trainops.LoRA`: only its adapters train, the model frozen
+      (:mod:`trainops.lora`); ``base_dtype`` (``"float32"``) and ``recompute`` (False):
+      other values are not supported yet (NotImplementedError).
 
     Every other graph input is data, fed to :meth:`step`. ``training_model`` is the model the
     session runs: read its attributes directly (``trainer.training_model.graph``) or call it
@@ -159,11 +162,14 @@ class Trainer(TrainerResults):
                  shard_optimizer: bool = False, collective_timeout: float | None = None,
                  *, clip_grad_norm: float | None = None, accumulate: int = 1,
                  schedule=None, providers=None, portable: bool | None = None,
-                 device: str | None = None, batchnorm: str = "train",
+                 device: str | None = None, batchnorm: str = "train", lora=None,
+                 base_dtype: str = "float32", recompute: bool = False,
                  _step_graph: StepGraph | None = None):
         if batchnorm not in BATCHNORM_MODES:
             raise ValueError(f"batchnorm {batchnorm!r}: expected 'train' or 'frozen'")
         self.batchnorm = batchnorm
+        _lora.check_options(lora, base_dtype, recompute)
+        self.base_dtype, self.recompute = base_dtype, recompute
         if isinstance(model, (str, os.PathLike)):
             model = _load_model(model)  # a file that is no ONNX model: ValueError naming it
         params = check_param_names(params)
@@ -224,6 +230,7 @@ class Trainer(TrainerResults):
             from ..distributed import rank_seed
 
             key_seed = rank_seed(self.seed, self._dist.rank)
+        self.lora, params = _lora.attach(self, lora, params, loss)  # adapters only: lora/
         chosen, self.coverage = choose_params(self._train_model, self.loss_name, params,
                                               batchnorm)
         # The CPU gradient kernels wherever every EP is the CPU's (named, or its OrtEpDevice)
@@ -285,40 +292,6 @@ class Trainer(TrainerResults):
         self.skipped = 0
         if self.schedule is not None:
             self.lr = _schedules.lr_at(self.schedule, self.T)
-
-    def _state_names(self) -> list[str]:
-        """Every state's input name (what a checkpoint holds)."""
-        if self.step_graph is not None:
-            return [e.input for e in self.step_graph.states]
-        return list(self._arrays)  # the distributed runtime's arrays are all states
-
-    @property
-    def _model_bytes(self) -> bytes:
-        """The serialized model the Trainer was built from (what a checkpoint stores); a
-        ModelProto changed since then is refused (its bytes no longer hash to
-        ``model_sha256``), as a checkpoint must name the model that was trained."""
-        src = self._source_model
-        data = src if isinstance(src, bytes) else src.SerializeToString()
-        if hashlib.sha256(data).hexdigest() != self.model_sha256:
-            raise RuntimeError("Trainer: the ModelProto it was built from has been changed "
-                               "since, so the checkpoint cannot store the model that was "
-                               "trained; pass Trainer a copy (or the model's bytes) if the "
-                               "proto is to be edited while training")
-        return data
-
-    def _states(self) -> dict[str, np.ndarray]:
-        """Every state's value (what a checkpoint holds), by its input name: the buffers
-        themselves on the host, copies from a device."""
-        return {n: self._arrays[n] for n in self._state_names()}
-
-    def _state_specs(self) -> dict[str, tuple[np.dtype, tuple[int, ...]]]:
-        """Every state's ``(dtype, shape)`` by its input name, with no copy."""
-        return {n: self._arrays.spec(n) for n in self._state_names()}
-
-    def state_dict(self) -> dict:
-        """The trained weights and running statistics as torch tensors by the torch module's
-        names, for a :func:`trainops.torch.export` model (:func:`.torch_meta.state_dict`)."""
-        return _torch_meta.state_dict(self._model, {**self.parameters(), **self.running_stats()})
 
     # -- training ----------------------------------------------------------------------
     @property

@@ -1,0 +1,59 @@
+"""The Trainer's LoRA hook (:func:`attach`): the adapters injected into the imported model
+(or found there, in a model a LoRA trainer's checkpoint stored) and chosen as the only
+parameters."""
+
+from __future__ import annotations
+
+import hashlib
+
+from .. import losses as _losses
+from . import inject as _inject
+from .spec import LoRA
+
+__all__ = ["BASE_DTYPES", "attach"]
+
+BASE_DTYPES = ("float32", "int8", "int4")
+
+
+def check_options(lora, base_dtype, recompute) -> None:
+    """``base_dtype`` and ``recompute`` as given: only what is implemented is accepted."""
+    if lora is not None and not isinstance(lora, LoRA):
+        raise TypeError(f"Trainer: lora: expected a trainops.LoRA, got {type(lora).__name__}")
+    if base_dtype not in BASE_DTYPES:
+        raise ValueError(f"Trainer: base_dtype {base_dtype!r}: expected one of {BASE_DTYPES}")
+    if base_dtype != "float32":
+        raise NotImplementedError(f"Trainer: base_dtype {base_dtype!r} (a quantised frozen "
+                                  "base under LoRA) is not supported yet: use 'float32'")
+    if recompute:
+        raise NotImplementedError("Trainer: recompute=True (gradient checkpointing) is not "
+                                  "supported yet")
+
+
+def attach(trainer, lora: LoRA | None, params, loss):
+    """``(the trainer's LoRA or None, the parameters to train)``. With ``lora``: the
+    adapters are injected into ``trainer._model`` (:func:`.inject.inject`, A drawn from
+    ``trainer.seed``), the loss attached again, and the injected model becomes the model
+    the trainer was built from (what checkpoints store and ``model_sha256`` hashes), so a
+    checkpoint rebuilds a LoRA trainer. A model that carries adapters already (metadata
+    ``trainops.lora``) trains them, ``lora=None``. The parameters are the adapters,
+    exactly: ``params=`` with ``lora=`` is an error."""
+    record = _inject.read(trainer._model)
+    if lora is None and record is None:
+        return None, params
+    if lora is not None:
+        if params is not None:
+            raise ValueError("Trainer: params= with lora=: under LoRA the trained parameters "
+                             "are exactly the adapter tensors (<W>.lora_A, <W>.lora_B); "
+                             "leave params unset")
+        model = _inject.inject(trainer._model, lora, trainer.seed)
+        trainer._model = model
+        trainer._train_model = loss.attach(model) if isinstance(loss, _losses.Loss) else model
+        data = model.SerializeToString()
+        trainer._source_model = data
+        trainer.model_sha256 = hashlib.sha256(data).hexdigest()
+        record = _inject.read(model)
+    names = _inject.adapter_names(record)
+    if params is not None and sorted(params) != sorted(names):
+        raise ValueError(f"Trainer: params {list(params)}: this model carries LoRA adapters, "
+                         f"whose tensors {names} are the parameters")
+    return LoRA.from_dict(record), names
