@@ -30,7 +30,10 @@ DATA/llama.npz keys: ``input:input_ids``, ``labels``, ``rank``, ``alpha``, ``ste
 ``init:<name>``, ``final:<name>``, ``final64:<name>`` (adapters by their ONNX names:
 ``<weight initializer>.lora_A`` [rank, in], ``.lora_B`` [out, rank]), ``merged_logits`` /
 ``merged_logits64`` (PEFT's merged model after training), ``names:<export>`` (the adapter
-names in that export, in PEFT's order), ``classic_path``. DATA/llama.<export>.initial
+names in that export, in PEFT's order), ``classic_path``, ``peft_keys``
+(``"<key in PEFT's adapter_model.safetensors>=<ONNX name>"``, from save_pretrained after
+training), ``peft_config`` (adapter_config.json's r, lora_alpha, target_modules,
+lora_dropout, peft_type, bias, fan_in_fan_out, as JSON). DATA/llama.<export>.initial
 .safetensors: the initial adapters under that export's names, with metadata rank and alpha,
 for trainer.load_adapter.
 """
@@ -192,6 +195,18 @@ def main() -> None:
     losses = train(m32, ids, labels)
     losses64 = train(m64, ids, labels)
     fin32, fin64 = adapters(m32), adapters(m64)
+    # PEFT's own adapter files (save_pretrained): their keys, by the ONNX names of what
+    # they hold, and the config's fields, for Trainer.save_adapter(format="peft").
+    from safetensors.numpy import load_file
+    m32.save_pretrained(os.path.join(tmp, "peft"))
+    saved = load_file(os.path.join(tmp, "peft", "adapter_model.safetensors"))
+    with open(os.path.join(tmp, "peft", "adapter_config.json")) as f:
+        peft_config = json.load(f)
+    peft_config["target_modules"] = sorted(peft_config["target_modules"])  # a set's order
+    peft_keys = {}
+    for key, value in saved.items():
+        (match,) = [p for p in fin32 if np.array_equal(fin32[p], value)]
+        peft_keys[key] = match
     with torch.no_grad():
         merged32 = m32.merge_and_unload()
         merged32.train()
@@ -215,6 +230,11 @@ def main() -> None:
         save_file({names[export][p]: init[p] for p, _, _ in mapping},
                   os.path.join(a.data, f"llama.{export}.initial.safetensors"),
                   metadata={"rank": str(RANK), "alpha": str(ALPHA)})
+    out["peft_keys"] = np.asarray([f"{k}={names['classic'][p]}"
+                                   for k, p in sorted(peft_keys.items())])
+    out["peft_config"] = np.asarray(json.dumps(
+        {k: peft_config[k] for k in ("r", "lora_alpha", "target_modules", "lora_dropout",
+                                     "peft_type", "bias", "fan_in_fan_out")}, sort_keys=True))
     # The npz's adapter keys: the classic names (the bridge's are listed beside them, in
     # the same order, under names:bridge).
     for p, _, _ in mapping:

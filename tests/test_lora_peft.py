@@ -341,3 +341,47 @@ def test_onnxruntime_lora_adapter_is_merged_export(library_path, request, export
     # The adapters do something here: the merged logits are far from the base model's.
     base = _run(export, _session(_model(export))).astype(np.float64)
     assert _rms(base - want) > 10 * bound
+
+
+@pytest.mark.parametrize("export", _cases())
+def test_peft_folder_is_peft_save_pretrained(library_path, request, export, tmp_path):
+    """``save_adapter(folder, format="peft")`` writes PEFT's ``adapter_model.safetensors``
+    under the keys PEFT's own ``save_pretrained`` wrote (each holding the same adapter:
+    its value within the final adapters' bound of PEFT's trained one) and an
+    ``adapter_config.json`` whose r, lora_alpha, target_modules, lora_dropout, peft_type,
+    bias and fan_in_fan_out are PEFT's. The classic export carries no torch names (no
+    ``trainops.torch`` metadata): there it is refused, saying why, and nothing written."""
+    import json
+
+    from safetensors.numpy import load_file
+
+    _mark(request, export)
+    ref = _ref()
+    tr = _trained(export)[0]
+    folder = tmp_path / "peft"
+    if export == "classic":
+        with pytest.raises(ValueError, match="torch names"):
+            tr.save_adapter(str(folder), format="peft")
+        assert not folder.exists() or not any(folder.iterdir())
+        return
+    tr.save_adapter(str(folder), format="peft")
+    keys = dict(str(p).split("=", 1) for p in ref["peft_keys"])
+    to_export = dict(zip(_names("classic"), _names(export)))
+    saved = load_file(str(folder / "adapter_model.safetensors"))
+    assert sorted(saved) == sorted(keys)
+    got = tr.parameters()
+    f32, f64 = _want(export, "final"), _want(export, "final64")
+    for key, classic_name in keys.items():
+        name = to_export[classic_name]
+        assert np.array_equal(saved[key], got[name]), key
+        bound = RATIO * max(_rms(f32[name].astype(np.float64) - f64[name]),
+                            _ulp(_rms(f64[name])))
+        assert _rms(saved[key].astype(np.float64) - f64[name]) <= bound, key
+    config = json.loads((folder / "adapter_config.json").read_text())
+    want = json.loads(str(ref["peft_config"]))
+    got_config = {k: config.get(k) for k in want}
+    # PEFT keeps target_modules as a set: its JSON list's order is the set's
+    for c in (got_config, want):
+        if isinstance(c["target_modules"], list):
+            c["target_modules"] = sorted(c["target_modules"])
+    assert got_config == want
