@@ -22,16 +22,37 @@ def merged_weight(w: np.ndarray, a: np.ndarray, b: np.ndarray, scale: float,
     return (w.astype(np.float64) + delta).astype(w.dtype)
 
 
+def _drop_dropout(g: onnx.GraphProto) -> None:
+    """The adapters' Dropout nodes removed (inference: they pass their input through),
+    their consumers reading that input, the ratio initializer dropped."""
+    skip = {n.output[0]: n.input[0] for n in g.node
+            if n.name.startswith(_inject.PREFIX) and n.op_type == "Dropout"}
+    if not skip:
+        return
+    keep = [n for n in g.node if not (n.op_type == "Dropout" and n.output[0] in skip)]
+    for n in keep:
+        for i, x in enumerate(n.input):
+            if x in skip:
+                n.input[i] = skip[x]
+    del g.node[:]
+    g.node.extend(keep)
+    inits = [i for i in g.initializer if i.name != f"{_inject.PREFIX}dropout_ratio"]
+    del g.initializer[:]
+    g.initializer.extend(inits)
+
+
 def finish(model: onnx.ModelProto, merge: bool) -> onnx.ModelProto:
     """``model`` (the inference model with the trained values, adapters in place) with its
     adapters merged into the weights (``merge``: no adapter left, plain ONNX), or with the
     adapter tensors as graph inputs whose initializers (the trained values) are their
     defaults: ``onnxruntime.LoraAdapter`` files (``Trainer.save_adapter(".onnx_adapter")``)
-    or feeds replace them per run."""
+    or feeds replace them per run; the adapters' Dropout nodes (identities at inference)
+    are left out."""
     record = _inject.read(model)
     if not merge:
         m = onnx.ModelProto()
         m.CopyFrom(model)
+        _drop_dropout(m.graph)
         inits = {i.name: i for i in m.graph.initializer}
         m.graph.input.extend(
             helper.make_tensor_value_info(n, inits[n].data_type, list(inits[n].dims))
