@@ -119,7 +119,7 @@ def inject(model: onnx.ModelProto, lora: LoRA, seed: int) -> onnx.ModelProto:
             g.initializer.extend([
                 numpy_helper.from_array(initial_a(seed, w, lora.rank, fan_in, npt), a_name),
                 numpy_helper.from_array(np.zeros((fan_out, lora.rank), npt), b_name)])
-            scale = f"{PREFIX}scale/{helper.tensor_dtype_to_string(wt)}"
+            scale = f"{PREFIX}scale/{np.dtype(npt).name}"
             if scale not in taken:
                 g.initializer.append(numpy_helper.from_array(np.array(lora.scale, npt), scale))
                 taken.add(scale)
@@ -147,9 +147,8 @@ def inject(model: onnx.ModelProto, lora: LoRA, seed: int) -> onnx.ModelProto:
             helper.make_node("MatMul", [x, f"{p}A_T"], [f"{p}xA"], name=f"{p}xA"),
             helper.make_node("Transpose", [b_name], [f"{p}B_T"], name=f"{p}B_T", perm=[1, 0]),
             helper.make_node("MatMul", [f"{p}xA", f"{p}B_T"], [f"{p}xAB"], name=f"{p}xAB"),
-            helper.make_node("Mul", [f"{p}xAB", f"{PREFIX}scale/"
-                                     f"{helper.tensor_dtype_to_string(wt)}"], [f"{p}delta"],
-                             name=f"{p}delta"),
+            helper.make_node("Mul", [f"{p}xAB", f"{PREFIX}scale/{np.dtype(npt).name}"],
+                             [f"{p}delta"], name=f"{p}delta"),
             helper.make_node("Add", [f"{p}base", f"{p}delta"], [y], name=f"{p}add")]
         extra[k] = nodes
     order = []
