@@ -120,9 +120,6 @@ def test_trainer_arguments_are_checked(library_path):
         trainer(lora=trainops.LoRA(rank=2, alpha=4, targets=["q_proj", "k_proj"]))
     with pytest.raises(ValueError, match="params= with lora="):
         trainer(params=["W1"])
-    for dtype in ("int8", "int4"):
-        with pytest.raises(NotImplementedError, match="not supported yet"):
-            trainer(base_dtype=dtype)
     with pytest.raises(ValueError, match="base_dtype"):
         trainer(base_dtype="float16")
     with pytest.raises(NotImplementedError, match="recompute"):

@@ -8,6 +8,7 @@ import hashlib
 
 from .. import losses as _losses
 from . import inject as _inject
+from . import quantize as _quantize
 from .spec import LoRA
 
 __all__ = ["BASE_DTYPES", "attach"]
@@ -21,12 +22,12 @@ def check_options(lora, base_dtype, recompute) -> None:
         raise TypeError(f"Trainer: lora: expected a trainops.LoRA, got {type(lora).__name__}")
     if base_dtype not in BASE_DTYPES:
         raise ValueError(f"Trainer: base_dtype {base_dtype!r}: expected one of {BASE_DTYPES}")
-    if base_dtype != "float32":
-        raise NotImplementedError(f"Trainer: base_dtype {base_dtype!r} (a quantised frozen "
-                                  "base under LoRA) is not supported yet: use 'float32'")
-    if recompute:
-        raise NotImplementedError("Trainer: recompute=True (gradient checkpointing) is not "
-                                  "supported yet")
+    if base_dtype != "float32" and lora is None:
+        # a model a quantised LoRA trainer stored carries its base's format (attach)
+        raise ValueError(f"Trainer: base_dtype {base_dtype!r}: a quantised frozen base needs "
+                         "lora= (only the adapters can train on it)")
+    if not isinstance(recompute, bool):  # recompute=True: trainops.train.recompute
+        raise TypeError(f"Trainer: recompute: expected True or False, got {recompute!r}")
 
 
 def attach(trainer, lora: LoRA | None, params, loss):
@@ -46,12 +47,17 @@ def attach(trainer, lora: LoRA | None, params, loss):
                              "are exactly the adapter tensors (<W>.lora_A, <W>.lora_B); "
                              "leave params unset")
         model = _inject.inject(trainer._model, lora, trainer.seed)
+        if trainer.base_dtype != "float32":  # the frozen base held quantised: .quantize
+            model = _quantize.quantize(model, trainer.base_dtype,
+                                       _inject.adapter_names(_inject.read(model)))
         trainer._model = model
         trainer._train_model = loss.attach(model) if isinstance(loss, _losses.Loss) else model
         data = model.SerializeToString()
         trainer._source_model = data
         trainer.model_sha256 = hashlib.sha256(data).hexdigest()
         record = _inject.read(model)
+    else:  # a stored LoRA trainer's model: its base as it was (.quantize's record)
+        trainer.base_dtype = (_quantize.read(trainer._model) or {}).get("dtype", "float32")
     names = _inject.adapter_names(record)
     if params is not None and sorted(params) != sorted(names):
         raise ValueError(f"Trainer: params {list(params)}: this model carries LoRA adapters, "

@@ -8,6 +8,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from . import inject as _inject
+from . import quantize as _quantize
 
 __all__ = ["finish", "merged_weight"]
 
@@ -47,7 +48,10 @@ def finish(model: onnx.ModelProto, merge: bool) -> onnx.ModelProto:
     adapter tensors as graph inputs whose initializers (the trained values) are their
     defaults: ``onnxruntime.LoraAdapter`` files (``Trainer.save_adapter(".onnx_adapter")``)
     or feeds replace them per run; the adapters' Dropout nodes (identities at inference)
-    are left out."""
+    are left out. A quantised base (``base_dtype`` int8 / int4) is float32 again in both:
+    its dequantised values, which the adapters trained against, and which
+    ``merge=True`` adds ``scale * B A`` to."""
+    model = _quantize.dequantize(model)
     record = _inject.read(model)
     if not merge:
         m = onnx.ModelProto()

@@ -75,7 +75,10 @@ class TrainerResults:
         """Bytes this process holds for training: ``parameters``, ``gradients`` (the
         buffers ONNX Runtime writes them to; with ``comm``, plus this rank's reduced
         slice under ``shard_optimizer``) and ``optimizer_state`` (1/N of the whole under
-        ``shard_optimizer``)."""
+        ``shard_optimizer``). With ``lora``, the frozen model too: ``frozen`` (the MatMul /
+        Gemm weights, as ``base_dtype`` holds them: quantised data and scales),
+        ``embeddings`` (Gather tables) and ``frozen_other``
+        (:func:`trainops.lora.quantize.frozen_bytes`)."""
         if self._dist is not None:
             return self.runtime.memory()
         params = sum(self._arrays.nbytes(p) for p in self.param_names)
@@ -85,6 +88,10 @@ class TrainerResults:
         if self.accumulate > 1:
             out["accumulation"] = sum(self._arrays.nbytes(e.input)
                                       for e in self.step_graph.of_kind("grad_accum"))
+        if getattr(self, "lora", None) is not None:
+            from ..lora import quantize as _quantize
+
+            out.update(_quantize.frozen_bytes(self._model, self.param_names))
         return out
 
     def parameters(self) -> dict[str, np.ndarray]:
