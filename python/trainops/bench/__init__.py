@@ -15,7 +15,8 @@ size runs in one process, interleaved, and is reported as a ratio to a baseline 
   ``MemoryCeiling``), :mod:`.optim` (PyTorch-style optimizers, AdamW, against their
   ceiling and torch's fused step), :mod:`.train` (a training
   step against PyTorch eager: a target with its own command line, ``Target(...,
-  command=)``), :mod:`.distributed` (data-parallel scaling over MPI, likewise).
+  command=)``), :mod:`.lora` (a LoRA fine-tuning step against PyTorch + PEFT, likewise),
+  :mod:`.distributed` (data-parallel scaling over MPI, likewise).
 
 Adding a target is one module here that defines ``TARGET = Target(name, help, build,
 add_arguments, default_sizes, after)``, where ``build(nbytes, args)`` returns the
@@ -43,6 +44,7 @@ TARGETS: dict[str, str] = {
     "optim": "optim",
     "random": "distributions",
     "train": "train",
+    "lora": "lora",
     "distributed": "distributed",
 }
 
