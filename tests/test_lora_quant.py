@@ -269,3 +269,23 @@ def test_committed_exports(library_path, arch):
     assert np.all(np.isfinite(logits))
     assert TensorProto.INT8 in {i.data_type for i in tr.training_model.graph.initializer} or \
         dtype == "int4"
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int4"])
+def test_onnxruntime_keeps_the_weights_quantised(tmp_path, dtype):
+    """onnxruntime's constant folding (on by default) leaves DequantizeLinear alone, so
+    the session's initializers are the quantised data: no float32 weight folded back."""
+    tr = trainer(base_dtype=dtype)
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "opt.onnx")
+    so.log_severity_level = 3
+    ort.InferenceSession(tr._model.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    import onnx
+
+    inits = onnx.load(str(tmp_path / "opt.onnx")).graph.initializer
+    shapes = {(4, 6), (6, 4), (5, 6), (6, 5), (3, 5), (5, 3)}
+    assert not [i.name for i in inits if i.data_type == TensorProto.FLOAT
+                and tuple(i.dims) in shapes and "lora" not in i.name]
+    kind = TensorProto.INT8 if dtype == "int8" else TensorProto.UINT8
+    assert sorted(i.name for i in inits if i.data_type == kind) == \
+        [f"{qz.PREFIX}{w}/q" for w in ("W1", "W2", "W3")]
