@@ -289,3 +289,26 @@ def test_onnxruntime_keeps_the_weights_quantised(tmp_path, dtype):
     kind = TensorProto.INT8 if dtype == "int8" else TensorProto.UINT8
     assert sorted(i.name for i in inits if i.data_type == kind) == \
         [f"{qz.PREFIX}{w}/q" for w in ("W1", "W2", "W3")]
+
+
+def test_state_dict_gives_the_dequantised_base(library_path, monkeypatch):
+    """A model with a trainops.torch record (torch names): state_dict() of an int8 trainer
+    has the dequantised weights under their torch names (torch stubbed: from_numpy is the
+    identity, so no torch is needed)."""
+    import sys
+    import types
+
+    from trainops.train import torch_meta
+
+    model = mlp()
+    torch_meta.write(model, {"params": {"q.weight": {"initializer": "W1", "transposed": True},
+                                        "v.weight": {"initializer": "W2", "transposed": False},
+                                        "o.bias": {"initializer": "b3", "transposed": False}},
+                             "buffers": {}})
+    tr = trainer(model=model, base_dtype="int8")
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(from_numpy=lambda a: a))
+    got = tr.state_dict()
+    deq = {i.name: numpy_helper.to_array(i) for i in dequantised_mlp()["int8"].graph.initializer}
+    assert got["q.weight"].tobytes() == deq["W1"].T.copy().tobytes()
+    assert got["v.weight"].tobytes() == deq["W2"].tobytes()
+    assert got["o.bias"].tobytes() == deq["b3"].tobytes()

@@ -56,7 +56,12 @@ class TrainerResults:
     def state_dict(self) -> dict:
         """The trained weights and running statistics as torch tensors by the torch module's
         names, for a :func:`trainops.torch.export` model (:func:`.torch_meta.state_dict`)."""
-        return _torch_meta.state_dict(self._model, {**self.parameters(), **self.running_stats()})
+        model = self._model
+        if getattr(self, "base_dtype", "float32") != "float32":  # LoRA on a quantised base:
+            from ..lora import quantize as _quantize  # its weights dequantised, as export's
+
+            model = _quantize.dequantize(model)
+        return _torch_meta.state_dict(model, {**self.parameters(), **self.running_stats()})
 
     # -- results -------------------------------------------------------------------------
     def _copy(self, name: str) -> np.ndarray:
