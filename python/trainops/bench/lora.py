@@ -225,9 +225,12 @@ def _spawn(python: str, call: str, timeout: float) -> dict:
 
 
 def _has_torch(python: str) -> str | None:
-    r = subprocess.run([python, "-c", "import torch, peft, transformers; print(torch.__version__, "
-                        "peft.__version__, transformers.__version__)"],
-                       capture_output=True, text=True)
+    try:
+        r = subprocess.run([python, "-c", "import torch, peft, transformers; print("
+                            "torch.__version__, peft.__version__, transformers.__version__)"],
+                           capture_output=True, text=True)
+    except OSError:  # no such interpreter
+        return None
     return r.stdout.strip() if r.returncode == 0 else None
 
 
