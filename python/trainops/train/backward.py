@@ -196,6 +196,13 @@ def forward_backward(model: onnx.ModelProto, options: StepOptions) -> Backward:
     forward, bnodes = merge_recomputations(forward, list(b.nodes))
     nodes = merge_gru_train(_simplified(src, g, forward + bnodes, values, ptypes, copies,
                                         set(grads) | {loss} | {e.output for e in rng + bn}, opset))
+    if options.recompute:  # gradient checkpointing of the repeated blocks (.recompute)
+        from .recompute import recompute_blocks
+
+        nodes = recompute_blocks(nodes, {o for n in forward for o in n.output},
+                                 {i.name for i in g.input} | {i.name for i in g.initializer}
+                                 | set(values) | set(copies.values()),
+                                 set(grads) | {loss} | {e.output for e in rng + bn}, opset)
     return Backward(g, nodes, grads, inferred, ptypes, values, copies,
                     loss_t, rng, inputs, opset, bn)
 

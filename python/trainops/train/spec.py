@@ -90,6 +90,7 @@ class StepOptions:
       convolution's, ReLU's, MaxPool's, ...) where a rule has one for the tensors' type;
       False: standard ONNX ops only (the Trainer sets it for the CPU placement alone: the
       kernels are CPU kernels).
+    - ``recompute``: gradient checkpointing of the repeated blocks (:mod:`.recompute`).
     """
 
     loss: str
@@ -101,6 +102,7 @@ class StepOptions:
     accumulate: int = 1
     batchnorm: str = "train"
     fused: bool = False
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         self.policy = check_policy(self.policy, self.optimizer)

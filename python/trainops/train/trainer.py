@@ -148,8 +148,11 @@ class Trainer(TrainerResults):
       gradient kernels are used wherever every EP is the CPU's (by name or as its
       ``OrtEpDevice``) and the graph is not portable.
     - ``lora``: a :class:`trainops.LoRA`: only its adapters train, the model frozen
-      (:mod:`trainops.lora`); ``base_dtype`` (``"float32"``) and ``recompute`` (False):
-      other values are not supported yet (NotImplementedError).
+      (:mod:`trainops.lora`); ``base_dtype`` (``"float32"``): other values are not
+      supported yet (NotImplementedError).
+    - ``recompute``: True: gradient checkpointing, each repeated block's (transformer
+      layer's) activations computed again in the backward instead of kept, the same bits
+      (:mod:`trainops.train.recompute`); ValueError for a model without repeated blocks.
 
     Every other graph input is data, fed to :meth:`step`. ``training_model`` is the model the
     session runs: read its attributes directly (``trainer.training_model.graph``) or call it
@@ -237,7 +240,8 @@ class Trainer(TrainerResults):
         # and the graph is not rewritten to standard ops.
         options = StepOptions(self.loss_name, self.optimizer, chosen, self.policy, key_seed,
                               self.clip_grad_norm, self.accumulate, batchnorm,
-                              fused=self.placement.fuses_grads and fused_grads_enabled())
+                              fused=self.placement.fuses_grads and fused_grads_enabled(),
+                              recompute=bool(recompute))
         self.input_names = data_inputs(self._train_model)
         # The labels of a cross_entropy / nll loss, checked before each run (the graph
         # checks them too, on every placement: losses.label_check).
