@@ -61,9 +61,11 @@ def _tokens(node: onnx.NodeProto) -> list[str]:
                 scopes = ast.literal_eval(p.value)
             except (ValueError, SyntaxError):
                 continue
-            if scopes:
-                return [t for s in scopes[-1:] for t in str(s).split(".")]
+            if scopes:  # the innermost module's: the last entry may be the op's own name
+                return str(max(scopes, key=lambda s: str(s).count("."))).split(".")
     name = node.name or (node.output[0] if node.output else "")
+    if name.startswith(f"{_P}/") and not name.startswith(f"{_P}/lora/"):
+        return []  # trainops' own nodes (the loss, ...): not the model's modules
     return [t for seg in name.split("/") for t in seg.split(".")]
 
 
