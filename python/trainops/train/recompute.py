@@ -129,7 +129,7 @@ def recompute_blocks(nodes: list, forward_outputs: set[str], available: set[str]
         for i in n.input:
             readers.setdefault(i, []).append(k)
     order = sorted(blocks)
-    members = {b: {fwd[j] for j in blocks[b]} for b in order}
+    members = _absorb(nodes, fwd, producer, {b: {fwd[j] for j in blocks[b]} for b in order})
     wanted, grad_readers, outside = {}, {}, {}
     for b in order:
         inside = {o for k in members[b] for o in nodes[k].output if o}
@@ -168,6 +168,21 @@ def recompute_blocks(nodes: list, forward_outputs: set[str], available: set[str]
             n = m
         out.append(n)
     return toposort(out + extra, available)
+
+
+def _absorb(nodes, fwd: list[int], producer, members: dict[int, set]) -> dict[int, set]:
+    """``members`` with each forward node that names no block (a node without a name
+    scope, one LoRA added to a dynamo export, the glue after a block) in the block of its
+    inputs' producers, where they are all of one block."""
+    label = {k: b for b, ks in members.items() for k in ks}
+    for k in fwd:  # topological: producers first
+        if k in label or block_of(nodes[k]) is not None:
+            continue
+        found = {label.get(producer.get(i)) for i in nodes[k].input if producer.get(i) in label}
+        if len(found) == 1:
+            label[k] = found.pop()
+            members[label[k]].add(k)
+    return members
 
 
 def _anchor(nodes, fset, producer, mine: list[int], nxt: list[int]) -> str | None:
