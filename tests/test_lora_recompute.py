@@ -127,5 +127,8 @@ def test_no_repeated_blocks(library_path):
     with pytest.raises(ValueError, match="no repeated blocks"):
         Trainer(mlp(), losses.mse("y"), threads=1, seed=0, recompute=True,
                 lora=trainops.LoRA(rank=1, targets=["w"]))
+    with pytest.raises(NotImplementedError, match="mixed_float16"):
+        Trainer(exported("llama"), losses.cross_entropy("logits", class_axis=-1),
+                optimizer=optim.Adam(lr=1e-2), policy="mixed_float16", recompute=True)
     with pytest.raises(TypeError, match="recompute"):
         Trainer(mlp(), losses.mse("y"), threads=1, seed=0, recompute="yes")
