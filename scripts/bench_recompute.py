@@ -5,8 +5,8 @@
 
 ``--export`` writes an 8-layer Llama (LlamaConfig: hidden 128, 4 heads, 2 KV heads, MLP
 256, vocab 96, random weights) with the classic exporter (opset 17, training mode), inputs
-``input_ids`` and ``attention_mask`` of 4 x 256 tokens (fixed shapes). The measurement runs each setting in a
-fresh process: the growth of its peak RSS (Linux ``VmHWM``, reset through
+``input_ids`` and ``attention_mask`` of 4 x 256 tokens (fixed shapes). The measurement runs
+each setting in a fresh process: the growth of its peak RSS (Linux ``VmHWM``, reset through
 ``/proc/self/clear_refs``) over three steps from the built trainer, and the losses and
 adapters, which must be the same bits.
 """
@@ -97,8 +97,8 @@ def main() -> None:
         return
     runs = []
     for rc in ("0", "1"):
-        out = subprocess.run([sys.executable, __file__, a.model, "--one", rc, "--dropout", str(a.dropout), "--threads",
-                              str(a.threads)], check=True, capture_output=True, text=True)
+        out = subprocess.run([sys.executable, __file__, a.model, "--one", rc, "--dropout",
+                              str(a.dropout), "--threads", str(a.threads)], check=True, capture_output=True, text=True)
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(runs[-1]))
     same = runs[0]["losses"] == runs[1]["losses"] and \
