@@ -98,7 +98,8 @@ def main() -> None:
     runs = []
     for rc in ("0", "1"):
         out = subprocess.run([sys.executable, __file__, a.model, "--one", rc, "--dropout",
-                              str(a.dropout), "--threads", str(a.threads)], check=True, capture_output=True, text=True)
+                              str(a.dropout), "--threads", str(a.threads)],
+                             check=True, capture_output=True, text=True)
         runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         print(json.dumps(runs[-1]))
     same = runs[0]["losses"] == runs[1]["losses"] and \
