@@ -11,7 +11,7 @@ from . import inject as _inject
 from . import quantize as _quantize
 from .spec import LoRA
 
-__all__ = ["BASE_DTYPES", "attach"]
+__all__ = ["BASE_DTYPES", "attach", "finish_step"]
 
 BASE_DTYPES = ("float32", "int8", "int4")
 
@@ -63,3 +63,12 @@ def attach(trainer, lora: LoRA | None, params, loss):
         raise ValueError(f"Trainer: params {list(params)}: this model carries LoRA adapters, "
                          f"whose tensors {names} are the parameters")
     return LoRA.from_dict(record), names
+
+
+def finish_step(trainer) -> None:
+    """After the step graph is built: on a quantised base, the backward's readers of the
+    dequantised weights get their own (gated) dequantisation (:mod:`.quant_backward`)."""
+    if trainer.base_dtype != "float32" and trainer.step_graph is not None:
+        from .quant_backward import dequantise_in_backward
+
+        dequantise_in_backward(trainer.step_graph.model, trainer.loss_name)

@@ -15,16 +15,17 @@ zeros, fewer than ``nb`` pad elements per row); per block a float32 scale
 ``q = clamp(round_half_even(w / scale), -qmax, qmax)`` (in float64; a block of zeros has
 scale 0 and q 0). Stored ``[out * nb, bs]`` rows (out-major): int8 as an INT8 initializer,
 int4 as nibbles ``q + 8`` packed two per UINT8 (element ``2k`` low, ``2k + 1`` high; a row
-of odd ``bs`` padded by one), i.e. half a byte per element. Scales: ``[out * nb]``
+of odd ``bs`` padded by one), i.e. half a byte per element. Scales: ``[out * nb, 1]``
 float32.
 
-The dequantisation is standard ops (opset >= 13): int8 ``DequantizeLinear(q, scale,
-axis=0)``; int4 ``DequantizeLinear(packed, 1.0)`` then ``hi = Floor(p / 16)``, ``lo = p -
-16 hi`` interleaved, ``- 8``, ``* scale``; then Reshape to ``[out, nb * bs]``, Slice to
-``in``, and Transpose where ``W`` is stored ``[in, out]``. Each value is
+The dequantisation is standard ops (opset >= 13), ``DequantizeLinear`` first: int8
+``DequantizeLinear(q, 1.0)``; int4 ``DequantizeLinear(packed, 1/16, 136)`` and the
+nibbles split with ``Round`` / ``Sub`` / ``Mul`` and interleaved (:func:`_dequant_nodes`);
+then ``* scale`` per row, Reshape to ``[out, nb * bs]``, a Slice to ``in`` where the last
+block is padded, and a Transpose where ``W`` is stored ``[in, out]``. Each value is
 ``float32(q) * scale``, one rounding: numpy's ``q.astype(float32) * scale`` bit for bit.
-DequantizeLinear comes first because onnxruntime's constant folding leaves it alone
-(it keeps QDQ graphs), so nothing after it is folded back into a float32 initializer.
+onnxruntime's constant folding leaves ``DequantizeLinear`` alone (it keeps QDQ graphs), so
+nothing after it is folded back into a float32 initializer.
 """
 
 from __future__ import annotations
@@ -126,6 +127,61 @@ def _attr(node, name, default):
     return default
 
 
+def _dequant_nodes(w, dtype, scale, width, out, n, nb, bs, transposed):
+    """``(initializers, nodes)`` computing ``w`` from ``<PREFIX><w>/q`` (``width``
+    columns) and its scales. int4: ``u = DequantizeLinear(packed, 1/16, 136)`` is
+    ``hi + lo / 16`` with ``lo``, ``hi`` the two values in [-7, 7] (``((lo + 8) + 16 (hi
+    + 8) - 136) / 16``, exact), so ``hi = Round(u)`` (``|lo / 16| < 1/2``: no tie) and
+    ``lo = (u - hi) * 16``, exact; interleaved, then ``* scale``, one rounding."""
+    p = f"{PREFIX}{w}/"
+    rows = out * nb
+    c = lambda v, name: numpy_helper.from_array(np.array(v, np.int64), f"{p}{name}")  # noqa: E731
+    inits = [numpy_helper.from_array(scale.reshape(-1, 1), f"{p}scale_col")]
+    if dtype == "int8":  # not DequantizeLinear(q, scale, axis=0) straight into Reshape:
+        # onnxruntime 1.17's QDQ propagation moves such a pair past Reshape / Transpose and
+        # fails on int8 per-axis ("expected tensor(uint8)"); a Mul stops it
+        nodes = [helper.make_node("DequantizeLinear", [f"{p}q", f"{PREFIX}one"], [f"{p}int"],
+                                  name=f"{p}dq"),
+                 helper.make_node("Mul", [f"{p}int", f"{p}scale_col"], [f"{p}rows"],
+                                  name=f"{p}rows")]
+    else:
+        inits += [c([rows, width, 1], "pair_shape"), c([rows, 2 * width], "row_shape")]
+        nodes = [
+            helper.make_node("DequantizeLinear", [f"{p}q", f"{PREFIX}1/16", f"{PREFIX}136"],
+                             [f"{p}u"], name=f"{p}dq"),
+            helper.make_node("Round", [f"{p}u"], [f"{p}hi"], name=f"{p}hi"),
+            helper.make_node("Sub", [f"{p}u", f"{p}hi"], [f"{p}lo16"], name=f"{p}lo16"),
+            helper.make_node("Mul", [f"{p}lo16", f"{PREFIX}16"], [f"{p}lo"], name=f"{p}lo"),
+            helper.make_node("Reshape", [f"{p}lo", f"{p}pair_shape"], [f"{p}lo3"],
+                             name=f"{p}lo3"),
+            helper.make_node("Reshape", [f"{p}hi", f"{p}pair_shape"], [f"{p}hi3"],
+                             name=f"{p}hi3"),
+            helper.make_node("Concat", [f"{p}lo3", f"{p}hi3"], [f"{p}pairs"],
+                             name=f"{p}pairs", axis=2),
+            helper.make_node("Reshape", [f"{p}pairs", f"{p}row_shape"], [f"{p}nib"],
+                             name=f"{p}interleave")]
+        q = f"{p}nib"
+        if 2 * width != bs:  # an odd block: its pad nibble dropped
+            inits.append(c([bs], "bs"))
+            nodes.append(helper.make_node("Slice", [q, f"{PREFIX}0", f"{p}bs", f"{PREFIX}1"],
+                                          [f"{p}nib_bs"], name=f"{p}nib_bs"))
+            q = f"{p}nib_bs"
+        nodes.append(helper.make_node("Mul", [q, f"{p}scale_col"], [f"{p}rows"],
+                                      name=f"{p}rows"))
+    oi = w if transposed else f"{p}oi"
+    full = f"{p}padded" if nb * bs != n else oi
+    inits.append(c([out, nb * bs], "shape"))
+    nodes.append(helper.make_node("Reshape", [f"{p}rows", f"{p}shape"], [full],
+                                  name=f"{p}reshape"))
+    if full != oi:  # the last block's zero padding dropped
+        inits.append(c([n], "in"))
+        nodes.append(helper.make_node("Slice", [full, f"{PREFIX}0", f"{p}in", f"{PREFIX}1"],
+                                      [oi], name=f"{p}slice"))
+    if not transposed:
+        nodes.append(helper.make_node("Transpose", [oi], [w], name=f"{p}T", perm=[1, 0]))
+    return inits, nodes
+
+
 def quantize(model: onnx.ModelProto, dtype: str, skip) -> onnx.ModelProto:
     """A copy of ``model`` with its frozen MatMul / Gemm weights (not those in ``skip``,
     the adapters) held as ``dtype`` (see the module), the record under metadata
@@ -141,7 +197,6 @@ def quantize(model: onnx.ModelProto, dtype: str, skip) -> onnx.ModelProto:
     inits = {i.name: i for i in g.initializer}
     record = {"dtype": dtype, "block": BLOCK, "weights": {}}
     nodes, new = [], []
-    one = f"{PREFIX}one"
     for w, transposed in targets.items():
         a = numpy_helper.to_array(inits[w])
         if not np.all(np.isfinite(a)):
@@ -154,57 +209,15 @@ def quantize(model: onnx.ModelProto, dtype: str, skip) -> onnx.ModelProto:
         p = f"{PREFIX}{w}/"
         data = q if dtype == "int8" else pack_int4(q)
         new.append(numpy_helper.from_array(data, f"{p}q"))
-        if dtype == "int8":
-            new.append(numpy_helper.from_array(scale, f"{p}scale"))
-            nodes.append(helper.make_node("DequantizeLinear", [f"{p}q", f"{p}scale"],
-                                          [f"{p}rows"], name=f"{p}dq", axis=0))
-        else:
-            half = data.shape[1]
-            new += [numpy_helper.from_array(np.array([out * nb, half, 1], np.int64),
-                                            f"{p}pair_shape"),
-                    numpy_helper.from_array(np.array([out * nb, 2 * half], np.int64),
-                                            f"{p}row_shape"),
-                    numpy_helper.from_array(scale.reshape(-1, 1), f"{p}scale_col")]
-            nodes += [
-                helper.make_node("DequantizeLinear", [f"{p}q", one], [f"{p}bytes"],
-                                 name=f"{p}dq"),
-                helper.make_node("Mul", [f"{p}bytes", f"{PREFIX}1/16"], [f"{p}div"],
-                                 name=f"{p}div"),
-                helper.make_node("Floor", [f"{p}div"], [f"{p}hi"], name=f"{p}hi"),
-                helper.make_node("Mul", [f"{p}hi", f"{PREFIX}16"], [f"{p}hi16"],
-                                 name=f"{p}hi16"),
-                helper.make_node("Sub", [f"{p}bytes", f"{p}hi16"], [f"{p}lo"], name=f"{p}lo"),
-                helper.make_node("Reshape", [f"{p}lo", f"{p}pair_shape"], [f"{p}lo3"],
-                                 name=f"{p}lo3"),
-                helper.make_node("Reshape", [f"{p}hi", f"{p}pair_shape"], [f"{p}hi3"],
-                                 name=f"{p}hi3"),
-                helper.make_node("Concat", [f"{p}lo3", f"{p}hi3"], [f"{p}pairs"],
-                                 name=f"{p}pairs", axis=2),
-                helper.make_node("Reshape", [f"{p}pairs", f"{p}row_shape"], [f"{p}nib"],
-                                 name=f"{p}nib"),
-                helper.make_node("Slice", [f"{p}nib", f"{PREFIX}0", f"{p}bs", f"{PREFIX}1"],
-                                 [f"{p}nib_bs"], name=f"{p}nib_bs"),
-                helper.make_node("Sub", [f"{p}nib_bs", f"{PREFIX}8"], [f"{p}int"],
-                                 name=f"{p}int"),
-                helper.make_node("Mul", [f"{p}int", f"{p}scale_col"], [f"{p}rows"],
-                                 name=f"{p}rows")]
-            new.append(numpy_helper.from_array(np.array([bs], np.int64), f"{p}bs"))
-        new += [numpy_helper.from_array(np.array([out, nb * bs], np.int64), f"{p}shape"),
-                numpy_helper.from_array(np.array([n], np.int64), f"{p}in")]
-        nodes += [helper.make_node("Reshape", [f"{p}rows", f"{p}shape"], [f"{p}padded"],
-                                   name=f"{p}padded"),
-                  helper.make_node("Slice", [f"{p}padded", f"{PREFIX}0", f"{p}in",
-                                             f"{PREFIX}1"],
-                                   [w if transposed else f"{p}oi"], name=f"{p}slice")]
-        if not transposed:
-            nodes.append(helper.make_node("Transpose", [f"{p}oi"], [w], name=f"{p}T",
-                                          perm=[1, 0]))
+        more, chain = _dequant_nodes(w, dtype, scale, data.shape[1], out, n, nb, bs,
+                                     transposed)
+        new += more
+        nodes += chain
         record["weights"][w] = {"shape": [int(d) for d in inits[w].dims],
                                 "transposed": transposed, "blocks": nb, "block": bs}
     shared = (("0", [0], np.int64), ("1", [1], np.int64))
-    if dtype == "int4":
-        shared += (("one", 1.0, np.float32), ("1/16", 0.0625, np.float32),
-                   ("16", 16.0, np.float32), ("8", 8.0, np.float32))
+    shared += ((("1/16", 0.0625, np.float32), ("136", 136, np.uint8), ("16", 16.0, np.float32))
+               if dtype == "int4" else (("one", 1.0, np.float32),))
     if targets:
         new += [numpy_helper.from_array(np.array(v, t), f"{PREFIX}{k}") for k, v, t in shared]
     keep = [i for i in g.initializer if i.name not in targets]
@@ -231,11 +244,8 @@ def dequantized(record: dict, w: str, inits: dict) -> np.ndarray:
     e = record["weights"][w]
     p = f"{PREFIX}{w}/"
     data = numpy_helper.to_array(inits[f"{p}q"])
-    if record["dtype"] == "int8":
-        q, scale = data, numpy_helper.to_array(inits[f"{p}scale"])
-    else:
-        q = unpack_int4(data, e["block"])
-        scale = numpy_helper.to_array(inits[f"{p}scale_col"]).reshape(-1)
+    q = data if record["dtype"] == "int8" else unpack_int4(data, e["block"])
+    scale = numpy_helper.to_array(inits[f"{p}scale_col"]).reshape(-1)
     rows = q.astype(np.float32) * scale[:, None]
     out, n = (e["shape"] if e["transposed"] else e["shape"][::-1])
     wt = rows.reshape(out, -1)[:, :n]
@@ -278,8 +288,7 @@ def frozen_bytes(model: onnx.ModelProto, params) -> dict[str, int]:
         frozen = set(_targets(g, params))
     else:
         frozen = {i.name for i in g.initializer for w in record["weights"]
-                  if i.name.startswith(f"{PREFIX}{w}/") and i.name.endswith(
-                      ("/q", "/scale", "/scale_col"))}
+                  if i.name in (f"{PREFIX}{w}/q", f"{PREFIX}{w}/scale_col")}
     tables = {n.input[0] for n in g.node if n.op_type == "Gather" and n.input}
     out = {"frozen": 0, "embeddings": 0, "frozen_other": 0}
     for i in g.initializer:

@@ -148,8 +148,9 @@ class Trainer(TrainerResults):
       gradient kernels are used wherever every EP is the CPU's (by name or as its
       ``OrtEpDevice``) and the graph is not portable.
     - ``lora``: a :class:`trainops.LoRA`: only its adapters train, the model frozen
-      (:mod:`trainops.lora`); ``base_dtype`` (``"float32"``): other values are not
-      supported yet (NotImplementedError).
+      (:mod:`trainops.lora`); ``base_dtype``: ``"float32"``, or ``"int8"`` / ``"int4"``
+      with ``lora``: the frozen MatMul / Gemm weights held block-quantised, dequantised
+      on the fly (:mod:`trainops.lora.quantize`).
     - ``recompute``: True: gradient checkpointing, each repeated block's (transformer
       layer's) activations computed again in the backward instead of kept, the same bits
       (:mod:`trainops.train.recompute`); ValueError for a model without repeated blocks.
@@ -250,6 +251,8 @@ class Trainer(TrainerResults):
         if self._dist is None:
             # _step_graph: a step graph read back (from_artifacts), not built again.
             self.step_graph = _step_graph or build_step_graph(self._train_model, options)
+            if _step_graph is None:  # LoRA on a quantised base: the backward's dequantisation
+                _lora.finish_step(self)
             if self.placement.portable and _step_graph is None:
                 self.step_graph = portable_graph(self.step_graph, key_seed)
             self.param_names = self.step_graph.param_names
