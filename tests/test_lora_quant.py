@@ -201,6 +201,8 @@ def test_bad_base_dtype_is_refused(library_path):
     with pytest.raises(ValueError, match="base_dtype 'int8'.*needs lora="):
         Trainer(mlp(), losses.cross_entropy("logits", class_axis=-1), threads=1,
                 base_dtype="int8")
+    with pytest.raises(NotImplementedError, match="base_dtype 'int4' with policy"):
+        trainer(base_dtype="int4", policy="mixed_float16", optimizer=optim.Adam(lr=0.05))
     old = mlp()  # the Trainer's importer lifts opsets below 13; the rewrite checks its own
     del old.opset_import[:]
     old.opset_import.append(helper.make_opsetid("", 12))

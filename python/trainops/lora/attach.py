@@ -47,6 +47,11 @@ def attach(trainer, lora: LoRA | None, params, loss):
                              "are exactly the adapter tensors (<W>.lora_A, <W>.lora_B); "
                              "leave params unset")
         model = _inject.inject(trainer._model, lora, trainer.seed)
+        if trainer.base_dtype != "float32" and trainer.policy != "float32":
+            # the policy would cast the dequantisation's float32 scales to float16
+            raise NotImplementedError(f"Trainer: base_dtype {trainer.base_dtype!r} with "
+                                      f"policy {trainer.policy!r} is not supported yet: "
+                                      "use policy 'float32'")
         if trainer.base_dtype != "float32":  # the frozen base held quantised: .quantize
             model = _quantize.quantize(model, trainer.base_dtype,
                                        _inject.adapter_names(_inject.read(model)))
