@@ -8,7 +8,6 @@ onnxruntime on the exported models. No torch.
 
 from __future__ import annotations
 
-import gzip
 import json
 import math
 from pathlib import Path
@@ -20,6 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import trainops
 from helpers.rounding import U, forward, gamma, step_bounds
+from helpers.torch_exports import load_export
 from trainops import Trainer, losses, optim
 from trainops.lora import inject as lora_inject
 from trainops.lora.merge import merged_weight
@@ -422,9 +422,7 @@ def test_checkpoints_and_artifacts_round_trip(library_path, tmp_path):
 
 # -- committed torch exports -----------------------------------------------------------------
 def exported_model(arch):
-    import onnx
-
-    return onnx.load_from_string(gzip.decompress((DATA / f"{arch}.classic.onnx.gz").read_bytes()))
+    return load_export(arch)
 
 
 @pytest.mark.parametrize("arch, targets, count", [

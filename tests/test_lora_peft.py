@@ -53,6 +53,7 @@ from onnx import numpy_helper
 
 import trainops
 from trainops import Trainer, losses, optim
+from helpers.torch_exports import runtime_ir
 
 if not hasattr(trainops, "LoRA"):
     pytest.skip("trainops.LoRA does not exist yet (python/trainops/lora): nothing to compare "
@@ -75,23 +76,6 @@ def _ref() -> dict:
         return {k: z[k] for k in z.files}
 
 
-def _runtime_ir() -> int:
-    """The newest ONNX IR version onnxruntime loads (1.17.3: 9), found by loading an
-    Identity model at each."""
-    from onnx import TensorProto, helper
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
-    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "ir", [x], [y])
-    for ir in range(onnx.IR_VERSION, 3, -1):
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=ir)
-        try:
-            ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-            return ir
-        except Exception:  # noqa: BLE001 - "Unsupported model IR version": try the one below
-            continue
-    return 3
-
-
 def _path(export: str) -> Path:
     if export == "classic":
         return (DATA / str(_ref()["classic_path"])).resolve()
@@ -105,7 +89,7 @@ def _model_bytes(export: str) -> bytes:
 
 def _model(export: str) -> onnx.ModelProto:
     m = onnx.load_from_string(_model_bytes(export))
-    if m.ir_version > _runtime_ir():
+    if m.ir_version > runtime_ir():
         pytest.skip(f"llama.{export}: IR version {m.ir_version}; onnxruntime "
                     f"{ort.__version__} loads older ones only")
     return m

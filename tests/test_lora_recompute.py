@@ -7,7 +7,6 @@ values that leave the block."""
 
 from __future__ import annotations
 
-import gzip
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ from onnx import TensorProto, helper
 import trainops
 from trainops import Trainer, losses, optim
 from trainops.train.recompute import block_of, find_blocks
+from helpers.torch_exports import load_export
 
 DATA = Path(__file__).parent / "data" / "torch_models"
 TARGETS = {"llama": ["q_proj", "v_proj"], "gpt2": ["c_attn"]}
@@ -25,7 +25,7 @@ SUFFIX = "/trainops/recompute"
 
 
 def exported(arch):
-    return onnx.load_from_string(gzip.decompress((DATA / f"{arch}.classic.onnx.gz").read_bytes()))
+    return load_export(arch)
 
 
 def feeds_of(arch):

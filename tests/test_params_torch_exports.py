@@ -6,7 +6,6 @@ identical initializers or expand tables to the batch, a warning says so."""
 
 from __future__ import annotations
 
-import gzip
 import warnings
 from pathlib import Path
 
@@ -16,13 +15,14 @@ import pytest
 
 from trainops.train.importer import import_model
 from trainops.train.params import default_params
+from helpers.torch_exports import read_export
 
 DATA = Path(__file__).parent / "data" / "torch_models"
 EXPORTS = sorted(DATA.glob("*.onnx.gz")) if DATA.is_dir() else []
 
 
 def _load(path: Path) -> onnx.ModelProto:
-    return import_model(onnx.load_from_string(gzip.decompress(path.read_bytes())))
+    return import_model(read_export(path))
 
 
 def _torch_params(arch: str) -> tuple[list[str], dict[str, str]]:

@@ -48,7 +48,6 @@ IR 10 model (every dynamo export): those cases skip there.
 from __future__ import annotations
 
 import functools
-import gzip
 import warnings
 from pathlib import Path
 
@@ -59,6 +58,7 @@ import pytest
 from onnxruntime.capi import _pybind_state as ort_c
 
 from trainops import Trainer, losses, optim
+from helpers.torch_exports import read_export, runtime_ir
 
 DATA = Path(__file__).resolve().parent / "data" / "torch_models"
 ARCHS = ("resnet18", "mobilenet_v3_small", "efficientnet_b0", "vit", "convnext", "bert",
@@ -88,25 +88,8 @@ def _runtime_opset() -> int:
                if k.domain in ("", "ai.onnx") and k.provider == "CPUExecutionProvider")
 
 
-def _runtime_ir() -> int:
-    """The newest ONNX IR version onnxruntime loads (1.17.3: 9; the dynamo exporter
-    writes 10), found by loading an Identity model at each."""
-    from onnx import TensorProto, helper
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])
-    g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "ir", [x], [y])
-    for ir in range(onnx.IR_VERSION, 3, -1):
-        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)], ir_version=ir)
-        try:
-            ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-            return ir
-        except Exception:  # noqa: BLE001 - "Unsupported model IR version": try the one below
-            continue
-    return 3
-
-
 RUNTIME_OPSET = min(_runtime_opset(), onnx.defs.onnx_opset_version())
-RUNTIME_IR = _runtime_ir()
+RUNTIME_IR = runtime_ir()
 
 
 def _path(arch: str, exporter: str) -> Path:
@@ -126,7 +109,7 @@ def _cases(exporters):
 
 
 def _model(arch: str, exporter: str) -> onnx.ModelProto:
-    m = onnx.load_from_string(gzip.decompress(_path(arch, exporter).read_bytes()))
+    m = read_export(_path(arch, exporter))
     opset = max(o.version for o in m.opset_import if o.domain in ("", "ai.onnx"))
     if opset > RUNTIME_OPSET:
         pytest.skip(f"{arch}.{exporter}: opset {opset}; onnxruntime {ort.__version__} with "
