@@ -55,17 +55,22 @@ pub struct Avx2(());
 #[derive(Debug, Clone, Copy)]
 pub struct Avx512(());
 
-/// Proof that the CPU has AVX-512F and AVX512_BF16 (`vcvtneps2bf16`): only
+/// Proof that the CPU has AVX-512F, AVX512_BF16 (`vcvtneps2bf16`) and AVX512BW, DQ and VL
+/// (which every CPU with AVX512_BF16 has: `vpermw`, `vfpclassps`): only
 /// [`Avx512::with_bf16`] makes one, after detection. Not a level of its own: the bfloat16
 /// kernels of the AVX-512 level use it where the CPU has it.
 #[derive(Debug, Clone, Copy)]
 pub struct Avx512Bf16(());
 
 impl Avx512 {
-    /// This token with AVX512_BF16 added, `None` when the CPU lacks it.
+    /// This token with AVX512_BF16, BW, DQ and VL added, `None` when the CPU lacks any.
     pub fn with_bf16(self) -> Option<Avx512Bf16> {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512bf16") {
+        if std::arch::is_x86_feature_detected!("avx512bf16")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512dq")
+            && std::arch::is_x86_feature_detected!("avx512vl")
+        {
             return Some(Avx512Bf16(()));
         }
         None

@@ -4,10 +4,13 @@
 //!
 //! Each does the reference's operations in the reference's order (multiply, add, sqrt,
 //! divide; no fused multiply-add), so every level is bitwise equal to the scalar reference.
-//! Adam is bound by memory bandwidth, so fusing would buy nothing but different bits.
+//! Adam is bound by memory bandwidth, so fusing would buy nothing but different bits. Each
+//! group asks for its streams' lines [`PREFETCH_AHEAD`](crate::optim::x86::PREFETCH_AHEAD)
+//! bytes ahead: with the divide and square root in the way, the hardware prefetchers alone
+//! leave the loads waiting on memory.
 
 use super::{Adam, AdamCoeffs};
-use crate::optim::x86::{bf16x16, bf16x16_native, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
+use crate::optim::x86::{bf16x16, bf16x16_native, f16x16, pd256, pd512, prefetch, ps256, ps512, simd_kernels};
 use crate::optim::Optimizer;
 
 /// Whole groups of `$lanes` with the operations of set `$v`, streams loaded and stored by
@@ -25,6 +28,11 @@ macro_rules! adam_lanes {
             // SAFETY: lanes i..i + $lanes are in bounds (i + $lanes <= n), all loads of a
             // lane group come before its stores, and unaligned access is allowed.
             unsafe {
+                // Each stream's line PREFETCH_AHEAD bytes on: see `prefetch`.
+                prefetch(x0.add(i));
+                prefetch($p.g.add(i));
+                prefetch(v0.add(i));
+                prefetch(h0.add(i));
                 let x = $ld(x0.add(i));
                 let g = $load_g($p.g.add(i));
                 let g = match unscale {
