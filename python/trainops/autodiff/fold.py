@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..offload import is_offloaded
 from .constants import constant_value
 from .graph import default_opset, infer
 
@@ -92,7 +93,8 @@ def fold_shape_constants(model: onnx.ModelProto, rounds: int = 4) -> int:
         consts: dict[str, np.ndarray] = {}
         for init in g.initializer:
             if init.data_type not in (TensorProto.FLOAT, TensorProto.DOUBLE,
-                                      TensorProto.FLOAT16, TensorProto.BFLOAT16):
+                                      TensorProto.FLOAT16, TensorProto.BFLOAT16) \
+                    and not is_offloaded(init):
                 consts[init.name] = numpy_helper.to_array(init)
         vi = {v.name: v for v in infer(model).graph.value_info}
         vi.update({v.name: v for v in g.input})

@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from ..offload import is_offloaded
 from .constants import constant_type, constant_value
 
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16,
@@ -67,7 +68,8 @@ class Builder:
             self._used.add(init.name)
             self.types[init.name] = init.data_type
             self.shapes[init.name] = [int(d) for d in init.dims]
-            self.consts[init.name] = numpy_helper.to_array(init)
+            if not is_offloaded(init):  # a frozen weight held outside: no constant to fold
+                self.consts[init.name] = numpy_helper.to_array(init)
         for node in graph.node:
             self._used.update(node.output)
             for sub in subgraphs(node):  # no emitted name may shadow a subgraph's value

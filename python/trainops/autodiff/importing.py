@@ -23,6 +23,7 @@ import os
 import onnx
 from onnx import helper
 
+from ..offload import is_offloaded
 from .coverage import opset_needs
 from .fold import fold_shape_constants
 from .graph import GradientError, default_opset, skeleton
@@ -68,7 +69,7 @@ def load(model) -> onnx.ModelProto:
         raise TypeError(f"model: expected an onnx.ModelProto, bytes or a path, got "
                         f"{type(model).__name__}")
     external = [t.name for t in m.graph.initializer
-                if t.data_location == onnx.TensorProto.EXTERNAL]
+                if t.data_location == onnx.TensorProto.EXTERNAL and not is_offloaded(t)]
     if external:
         raise ValueError(f"initializers {external[:5]} hold their data in external files "
                          "that are not loaded: pass the model's path (or onnx.load it with "

@@ -52,14 +52,18 @@ def attach(trainer, lora: LoRA | None, params, loss):
             raise NotImplementedError(f"Trainer: base_dtype {trainer.base_dtype!r} with "
                                       f"policy {trainer.policy!r} is not supported yet: "
                                       "use policy 'float32'")
+        frozen = getattr(trainer, "_frozen", None)  # weights held outside: trainops.offload
         if trainer.base_dtype != "float32":  # the frozen base held quantised: .quantize
             model = _quantize.quantize(model, trainer.base_dtype,
-                                       _inject.adapter_names(_inject.read(model)))
+                                       _inject.adapter_names(_inject.read(model)), frozen)
         trainer._model = model
         trainer._train_model = loss.attach(model) if isinstance(loss, _losses.Loss) else model
-        data = model.SerializeToString()
-        trainer._source_model = data
-        trainer.model_sha256 = hashlib.sha256(data).hexdigest()
+        if frozen is not None:  # the model is the trainer's own: hashed when needed
+            trainer._source_model, trainer.model_sha256 = model, None
+        else:
+            data = model.SerializeToString()
+            trainer._source_model = data
+            trainer.model_sha256 = hashlib.sha256(data).hexdigest()
         record = _inject.read(model)
     else:  # a stored LoRA trainer's model: its base as it was (.quantize's record)
         trainer.base_dtype = (_quantize.read(trainer._model) or {}).get("dtype", "float32")

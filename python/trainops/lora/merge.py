@@ -7,6 +7,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .. import offload as _offload
 from . import inject as _inject
 from . import quantize as _quantize
 
@@ -42,7 +43,7 @@ def _drop_dropout(g: onnx.GraphProto) -> None:
     g.initializer.extend(inits)
 
 
-def finish(model: onnx.ModelProto, merge: bool) -> onnx.ModelProto:
+def finish(model: onnx.ModelProto, merge: bool, store=None) -> onnx.ModelProto:
     """``model`` (the inference model with the trained values, adapters in place) with its
     adapters merged into the weights (``merge``: no adapter left, plain ONNX), or with the
     adapter tensors as graph inputs whose initializers (the trained values) are their
@@ -50,8 +51,12 @@ def finish(model: onnx.ModelProto, merge: bool) -> onnx.ModelProto:
     or feeds replace them per run; the adapters' Dropout nodes (identities at inference)
     are left out. A quantised base (``base_dtype`` int8 / int4) is float32 again in both:
     its dequantised values, which the adapters trained against, and which
-    ``merge=True`` adds ``scale * B A`` to."""
-    model = _quantize.dequantize(model)
+    ``merge=True`` adds ``scale * B A`` to. ``store``: where the values of ``model``'s
+    held-outside tensors are (:mod:`trainops.offload`): the result holds every value,
+    each weight copied once."""
+    model = _quantize.dequantize(model, store)
+    if store is not None:  # the merged weights join a copy of the store (the trainer's stays)
+        store = _offload.FrozenStore(store)
     record = _inject.read(model)
     if not merge:
         m = onnx.ModelProto()
@@ -61,7 +66,7 @@ def finish(model: onnx.ModelProto, merge: bool) -> onnx.ModelProto:
         m.graph.input.extend(
             helper.make_tensor_value_info(n, inits[n].data_type, list(inits[n].dims))
             for n in _inject.adapter_names(record))
-        return m
+        return m if store is None else _offload.materialise(m, store)
     inits = {i.name: i for i in model.graph.initializer}
     m = _inject.strip(model)
     scale = record["alpha"] / record["rank"]
@@ -71,6 +76,9 @@ def finish(model: onnx.ModelProto, merge: bool) -> onnx.ModelProto:
             continue
         a = numpy_helper.to_array(inits[f"{init.name}.lora_A"])
         b = numpy_helper.to_array(inits[f"{init.name}.lora_B"])
-        w = merged_weight(numpy_helper.to_array(init), a, b, scale, entry["transposed"])
-        init.CopyFrom(numpy_helper.from_array(w, init.name))
-    return m
+        w = merged_weight(_offload.value(init, store), a, b, scale, entry["transposed"])
+        if store is not None and _offload.is_offloaded(init):
+            init.CopyFrom(store.put(init.name, w))
+        else:
+            init.CopyFrom(numpy_helper.from_array(w, init.name))
+    return m if store is None else _offload.materialise(m, store)

@@ -37,6 +37,8 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from .. import offload as _offload
+
 __all__ = ["BLOCK", "KEY", "PREFIX", "blocks", "dequantize", "dequantized", "frozen_bytes",
            "quantize", "quantize_array", "read"]
 
@@ -182,10 +184,12 @@ def _dequant_nodes(w, dtype, scale, width, out, n, nb, bs, transposed):
     return inits, nodes
 
 
-def quantize(model: onnx.ModelProto, dtype: str, skip) -> onnx.ModelProto:
+def quantize(model: onnx.ModelProto, dtype: str, skip, store=None) -> onnx.ModelProto:
     """A copy of ``model`` with its frozen MatMul / Gemm weights (not those in ``skip``,
     the adapters) held as ``dtype`` (see the module), the record under metadata
-    :data:`KEY`."""
+    :data:`KEY`. ``store``: the :class:`trainops.offload.FrozenStore` of a model whose
+    weights are held outside it: each quantised weight's data goes there too (a stub in
+    the model) and the float32 weight leaves it."""
     opset = max([o.version for o in model.opset_import if o.domain in ("", "ai.onnx")] or [0])
     if opset < 13:
         raise ValueError(f"Trainer: base_dtype {dtype!r}: the model's opset {opset} has no "
@@ -198,7 +202,7 @@ def quantize(model: onnx.ModelProto, dtype: str, skip) -> onnx.ModelProto:
     record = {"dtype": dtype, "block": BLOCK, "weights": {}}
     nodes, new = [], []
     for w, transposed in targets.items():
-        a = numpy_helper.to_array(inits[w])
+        a = _offload.value(inits[w], store)
         if not np.all(np.isfinite(a)):
             raise ValueError(f"Trainer: base_dtype {dtype!r}: the weight {w!r} has "
                              "non-finite values, which a block scale cannot hold")
@@ -208,7 +212,11 @@ def quantize(model: onnx.ModelProto, dtype: str, skip) -> onnx.ModelProto:
         q, scale = quantize_array(wt, dtype)
         p = f"{PREFIX}{w}/"
         data = q if dtype == "int8" else pack_int4(q)
-        new.append(numpy_helper.from_array(data, f"{p}q"))
+        if store is not None and _offload.is_offloaded(inits[w]):
+            new.append(store.put(f"{p}q", data))
+            del store[w], a  # the float32 weight is no longer held
+        else:
+            new.append(numpy_helper.from_array(data, f"{p}q"))
         more, chain = _dequant_nodes(w, dtype, scale, data.shape[1], out, n, nb, bs,
                                      transposed)
         new += more
@@ -238,12 +246,13 @@ def read(model: onnx.ModelProto) -> dict | None:
     return json.loads(found[0]) if found else None
 
 
-def dequantized(record: dict, w: str, inits: dict) -> np.ndarray:
+def dequantized(record: dict, w: str, inits: dict, store=None) -> np.ndarray:
     """The float32 value ``W`` of the quantised weight ``w`` (``inits``: name ->
-    TensorProto), as the graph computes it."""
+    TensorProto; ``store``: where a held-outside tensor's values are), as the graph
+    computes it."""
     e = record["weights"][w]
     p = f"{PREFIX}{w}/"
-    data = numpy_helper.to_array(inits[f"{p}q"])
+    data = _offload.value(inits[f"{p}q"], store)
     q = data if record["dtype"] == "int8" else unpack_int4(data, e["block"])
     scale = numpy_helper.to_array(inits[f"{p}scale_col"]).reshape(-1)
     rows = q.astype(np.float32) * scale[:, None]
@@ -252,9 +261,10 @@ def dequantized(record: dict, w: str, inits: dict) -> np.ndarray:
     return np.ascontiguousarray(wt if e["transposed"] else wt.T)
 
 
-def dequantize(model: onnx.ModelProto) -> onnx.ModelProto:
+def dequantize(model: onnx.ModelProto, store=None) -> onnx.ModelProto:
     """A copy of ``model`` with its quantised weights float32 initializers again (their
-    dequantised values), the dequantisation nodes and the record removed."""
+    dequantised values), the dequantisation nodes and the record removed (``store``: a
+    :class:`trainops.offload.FrozenStore` holding the quantised data of its stubs)."""
     record = read(model)
     m = onnx.ModelProto()
     m.CopyFrom(model)
@@ -262,7 +272,7 @@ def dequantize(model: onnx.ModelProto) -> onnx.ModelProto:
         return m
     g = m.graph
     inits = {i.name: i for i in g.initializer}
-    weights = [numpy_helper.from_array(dequantized(record, w, inits), w)
+    weights = [numpy_helper.from_array(dequantized(record, w, inits, store), w)
                for w in record["weights"]]
     keep = [n for n in g.node if not n.name.startswith(PREFIX)]
     del g.node[:]
@@ -296,5 +306,6 @@ def frozen_bytes(model: onnx.ModelProto, params) -> dict[str, int]:
             continue
         key = "frozen" if i.name in frozen else "embeddings" if i.name in tables \
             else "frozen_other"
-        out[key] += numpy_helper.to_array(i).nbytes
+        out[key] += int(np.prod(i.dims, dtype=np.int64)) * \
+            helper.tensor_dtype_to_np_dtype(i.data_type).itemsize
     return out

@@ -23,6 +23,7 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper
 
+from .. import offload as _offload
 from . import atomic
 from . import checkpoint as _checkpoint
 from . import schema as _schema
@@ -207,7 +208,10 @@ def save(trainer, directory) -> dict:
               "inference": trainer.export()}
     # the model with its loss attached: a trainops.losses loss adds its target input
     man = manifest(graph, trainer._train_model, models, trainer.runtime.arrays)
-    files = [(os.path.join(directory, MODELS[key]), [m.SerializeToString()])
+    frozen = getattr(trainer, "_frozen", None)  # a LoRA base held outside: put back
+    files = [(os.path.join(directory, MODELS[key]),
+              [m.SerializeToString() if frozen is None
+               else _offload.serialize(m, frozen, "save_artifacts")])
              for key, m in models.items()]
     files.append((os.path.join(directory, CHECKPOINT),
                   _checkpoint.serialize(*_checkpoint.state_of(trainer))))

@@ -14,6 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from ..autodiff import GradientError, build_backward, infer
 from ..autodiff.backward import default_opset, toposort
 from ..autodiff.graph import Builder, skeleton
+from ..offload import is_offloaded
 from .batchnorm import training_batchnorm
 from ..autodiff.simplify import merge_gru_train, merge_recomputations
 from ..autodiff.simplify_graph import simplify_backward, step_shapes
@@ -226,5 +227,5 @@ def _simplified(src, g, nodes, values, ptypes, copies, keep, opset) -> list:
     order = toposort(nodes, names)
     shapes = step_shapes(m, order, typed)
     consts = {i.name: numpy_helper.to_array(i) for i in g.initializer
-              if int(np.prod(i.dims)) <= 4096}
+              if int(np.prod(i.dims)) <= 4096 and not is_offloaded(i)}
     return simplify_backward(order, shapes, keep, consts, opset)

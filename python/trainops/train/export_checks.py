@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from ..offload import is_offloaded
 from .exported import is_mask, sinusoid_tables, torch_kinds
 
 __all__ = ["not_torch_params", "warn_unfaithful"]
@@ -59,7 +60,7 @@ def not_torch_params(graph: onnx.GraphProto, inits: dict, uses: dict) -> set[str
     values = {}
     for s in keep:
         size = int(np.prod(inits[s].dims, dtype=np.int64))
-        if _value_read(uses[s]) and (size <= TABLE_LIMIT
+        if not is_offloaded(inits[s]) and _value_read(uses[s]) and (size <= TABLE_LIMIT
                                      or all(k == -1 for _, k, _ in uses[s])):
             values[s] = numpy_helper.to_array(inits[s])
     masks = {s for s, v in values.items() if all(k == -1 for _, k, _ in uses[s])
@@ -112,7 +113,7 @@ def warn_unfaithful(model: onnx.ModelProto, chosen: list[str], inits: dict,
         counts = Counter((op, k) for op, k, _ in uses.get(s, ()))
         twice = sorted(f"{op}[{k}]" if k >= 0 else op for (op, k), c in counts.items()
                        if c >= 2)
-        if not twice:
+        if not twice or is_offloaded(inits[s]):
             continue
         v = numpy_helper.to_array(inits[s])
         if v.size > 1 and np.all(v == v.reshape(-1)[0]):

@@ -29,6 +29,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from ..offload import is_offloaded
+
 __all__ = ["exporter_named", "index_like", "is_mask", "sinusoid_tables", "torch_kinds",
            "value_reach"]
 
@@ -144,7 +146,8 @@ def index_like(graph: onnx.GraphProto, nodes: list[onnx.NodeProto]) -> set[str]:
             ints.add(name)
             if int(np.prod(t.dims, dtype=np.int64)) >= 2:
                 out.add(name)
-        elif t.data_type in _FLOATS and _arange(numpy_helper.to_array(t)):
+        elif t.data_type in _FLOATS and not is_offloaded(t) \
+                and _arange(numpy_helper.to_array(t)):
             out.add(name)
 
     for init in graph.initializer:

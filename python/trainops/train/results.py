@@ -12,6 +12,7 @@ import onnx
 from onnx import numpy_helper
 
 from .. import losses as _losses
+from .. import offload as _offload
 from . import artifacts as _artifacts
 from . import checkpoint as _checkpoint
 from . import torch_meta as _torch_meta
@@ -31,11 +32,28 @@ class TrainerResults:
         return list(self._arrays)  # the distributed runtime's arrays are all states
 
     @property
+    def model_sha256(self) -> str:
+        """The sha256 (hex) of the model's bytes that a checkpoint stores: the model as
+        given, or (a LoRA trainer) as imported with its adapters. A trainer whose frozen
+        weights are held outside the model hashes it when first asked."""
+        if getattr(self, "_model_sha256", None) is None:
+            self._model_sha256 = hashlib.sha256(self._model_bytes).hexdigest()
+        return self._model_sha256
+
+    @model_sha256.setter
+    def model_sha256(self, value: str | None) -> None:
+        self._model_sha256 = value
+
+    @property
     def _model_bytes(self) -> bytes:
         """The serialized model the Trainer was built from (what a checkpoint stores); a
         ModelProto changed since then is refused (its bytes no longer hash to
-        ``model_sha256``), as a checkpoint must name the model that was trained."""
+        ``model_sha256``), as a checkpoint must name the model that was trained. With
+        frozen weights held outside (:mod:`trainops.offload`), the model with them put back
+        (NotImplementedError over protobuf's 2 GB)."""
         src = self._source_model
+        if getattr(self, "_frozen", None) is not None:  # the trainer's own stub model
+            return _offload.serialize(src, self._frozen, "Trainer checkpoint")
         data = src if isinstance(src, bytes) else src.SerializeToString()
         if hashlib.sha256(data).hexdigest() != self.model_sha256:
             raise RuntimeError("Trainer: the ModelProto it was built from has been changed "
@@ -57,6 +75,8 @@ class TrainerResults:
         """The trained weights and running statistics as torch tensors by the torch module's
         names, for a :func:`trainops.torch.export` model (:func:`.torch_meta.state_dict`)."""
         model = self._model
+        if getattr(self, "_frozen", None) is not None:  # the frozen weights put back
+            model = _offload.materialise(model, self._frozen)
         if getattr(self, "base_dtype", "float32") != "float32":  # LoRA on a quantised base:
             from ..lora import quantize as _quantize  # its weights dequantised, as export's
 
@@ -130,6 +150,7 @@ class TrainerResults:
         adapters, their tensors graph inputs with the trained values as defaults
         (:mod:`trainops.lora.merge`)."""
         m = _artifacts.inference_mode(self._model)
+        frozen = getattr(self, "_frozen", None)  # weights held outside: put back last
         params = self.parameters()
         params.update(self.running_stats())
         for init in m.graph.initializer:
@@ -138,7 +159,7 @@ class TrainerResults:
         if getattr(self, "lora", None) is not None:
             from ..lora import merge as _merge
 
-            return _merge.finish(m, merge)
+            return _merge.finish(m, merge, frozen)  # every value in it
         if not merge:
             raise ValueError("export(merge=False): this trainer has no LoRA adapters")
         return m

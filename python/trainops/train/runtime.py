@@ -81,19 +81,28 @@ class StepRuntime:
     step. ``configure``, when given, is called with the SessionOptions before the session
     is made (the benchmark's profiler, the optimised model's file). ``state_memory``
     overrides the placement's (tests: ``Memory("cpu")`` runs the device code path over
-    ONNX Runtime-allocated host memory)."""
+    ONNX Runtime-allocated host memory). ``frozen``: the
+    :class:`~trainops.offload.FrozenStore` of a step graph whose frozen weights are held
+    outside it: they become graph inputs, bound once to OrtValues over the store's arrays
+    (no copy)."""
 
     def __init__(self, graph: StepGraph, threads: int | None = None,
                  library: str | None = None, placement=None, *, configure=None,
-                 state_memory: Memory | None = None):
+                 state_memory: Memory | None = None, frozen=None):
         import onnxruntime as ort
 
+        from ..offload import as_inputs
+
         self.graph = graph
+        model, held = as_inputs(graph.model)
+        if held and frozen is None:
+            raise ValueError(f"StepRuntime: the step graph's initializers {held[:3]} are held "
+                             "outside it, and no frozen= store holds them")
         if placement is None or placement.is_cpu:
             so = session_options(threads, library)
             if configure is not None:  # e.g. the bench's profiler
                 configure(so)
-            self.session = ort.InferenceSession(graph.model.SerializeToString(), so,
+            self.session = ort.InferenceSession(model.SerializeToString(), so,
                                                 providers=["CPUExecutionProvider"])
         else:
             so = session_options(threads, library, register=False)
@@ -101,7 +110,7 @@ class StepRuntime:
             placement.configure(so, library, needs_library=custom)
             if configure is not None:  # e.g. scripts/gpu_check's profiler
                 configure(so)
-            self.session = placement.session(graph.model.SerializeToString(), so)
+            self.session = placement.session(model.SerializeToString(), so)
         on_cpu = placement is None or placement.is_cpu
         if state_memory is None and not on_cpu:
             state_memory = placement.state_memory()
@@ -119,6 +128,11 @@ class StepRuntime:
         self.arrays = Buffers(state_memory, self.transfers)
         self.values = self.arrays.values
         self.binding = bind = self.session.io_binding()
+        # The frozen weights: bound once, never re-bound (a device session copies them
+        # to its device when bound, once).
+        self._frozen = {n: ort.OrtValue.ortvalue_from_numpy(frozen[n]) for n in held}
+        for n, v in self._frozen.items():
+            bind.bind_ortvalue_input(n, v)
         for e in graph.states:
             v = self.arrays.put(e.input, e.initial)
             bind.bind_ortvalue_input(e.input, v)

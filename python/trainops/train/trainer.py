@@ -32,6 +32,7 @@ import numpy as np
 
 from .. import losses as _losses
 from .. import optim as _optim
+from .. import offload as _offload
 from ..autodiff.importing import load as _load_model
 from ..lora import attach as _lora
 from ..random import _seed_bits
@@ -174,14 +175,24 @@ class Trainer(TrainerResults):
         self.batchnorm = batchnorm
         _lora.check_options(lora, base_dtype, recompute)
         self.base_dtype, self.recompute = base_dtype, recompute
-        if isinstance(model, (str, os.PathLike)):
+        # A LoRA trainer on the CPU holds its frozen weights outside the model (memory
+        # maps of a model file's external data, else one copy), so a model over 2 GB
+        # trains and no graph pass copies them (trainops.offload).
+        self._frozen = None
+        if _offload.wanted(model, lora) and policy == "float32" and accumulate == 1 \
+                and comm is None and providers is None and not portable and device is None:
+            model, self._frozen = _offload.take(model)
+        elif isinstance(model, (str, os.PathLike)):
             model = _load_model(model)  # a file that is no ONNX model: ValueError naming it
         params = check_param_names(params)
         # The bytes a checkpoint stores, and their hash that identifies the model. The
         # model is kept as given (a reference, not a copy: a copy of the weights less);
-        # _model_bytes serializes it again when a checkpoint needs it.
-        model_bytes = model if isinstance(model, bytes) else model.SerializeToString()
-        self.model_sha256 = hashlib.sha256(model_bytes).hexdigest()
+        # _model_bytes serializes it again when a checkpoint needs it. Offloaded: hashed
+        # when a checkpoint first asks (model_sha256).
+        model_bytes = model if isinstance(model, bytes) or self._frozen is not None \
+            else model.SerializeToString()
+        self.model_sha256 = None if self._frozen is not None else \
+            hashlib.sha256(model_bytes).hexdigest()
         self._source_model = model
         # As exported -> trainable (.importer); the loss attached (.prepare).
         self.loss = loss
@@ -258,7 +269,8 @@ class Trainer(TrainerResults):
             self.param_names = self.step_graph.param_names
             self.training_model = TrainingModel(self.step_graph.model)
             if self.step_graph.apply_model is None:
-                self.runtime = StepRuntime(self.step_graph, threads, placement=self.placement)
+                self.runtime = StepRuntime(self.step_graph, threads, placement=self.placement,
+                                           frozen=self._frozen)
                 _share_param_buffers(self.step_graph, self.runtime)
             elif self.placement.is_cpu:
                 self.runtime = AccumulatingRuntime(self.step_graph, threads)
