@@ -135,11 +135,18 @@ fn both_bfloat16_avx512_kernels_are_bitwise_the_reference() {
         // Tiny weights and moments, so that x', v' and h' are subnormal in some lanes.
         let tiny = |i: usize| bf16::from_f32(((i % 11) as f32 - 5.0) * 2e-39);
         cases.push((
-            [(0..n).map(tiny).collect(), (0..n).map(tiny).collect(), (0..n).map(|i| bf16::from_f32(tiny(i).to_f32().abs())).collect()],
+            [
+                (0..n).map(tiny).collect(),
+                (0..n).map(tiny).collect(),
+                (0..n).map(|i| bf16::from_f32(tiny(i).to_f32().abs())).collect(),
+            ],
             (0..n).map(|i| bf16::from_f32(((i % 5) as f32 - 2.0) * 1e-20)).collect(),
         ));
     }
-    let attrs = [AdamAttrs::default(), AdamAttrs { norm_coefficient: 0.02, norm_coefficient_post: 0.003, ..AdamAttrs::default() }];
+    let attrs = [
+        AdamAttrs::default(),
+        AdamAttrs { norm_coefficient: 0.02, norm_coefficient_post: 0.003, ..AdamAttrs::default() },
+    ];
     for a in attrs {
         for loss_scale in [None, Some(3.0f32)] {
             let mut c = Adam::coeffs::<f32>(&a, 0.01, 7);
@@ -168,7 +175,11 @@ fn both_bfloat16_avx512_kernels_are_bitwise_the_reference() {
                 for native in [false, true] {
                     let got = run(native);
                     let first = got.iter().zip(&want).position(|(a, b)| a != b);
-                    assert!(got == want, "case {k} (n = {}) native={native} {a:?} {loss_scale:?}: first difference at {first:?}", g.len());
+                    assert!(
+                        got == want,
+                        "case {k} (n = {}) native={native} {a:?} {loss_scale:?}: first difference at {first:?}",
+                        g.len()
+                    );
                 }
             }
         }
