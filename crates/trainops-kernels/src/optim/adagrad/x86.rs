@@ -6,7 +6,7 @@
 //! fused multiply-add), so every level is bitwise equal to the scalar reference.
 
 use super::{Adagrad, AdagradCoeffs};
-use crate::optim::x86::{bf16x16, bf16x16_native, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
+use crate::optim::x86::{bf16x16, bf16x16_native, f16x16, pd256, pd512, prefetch, ps256, ps512, simd_kernels};
 use crate::optim::Optimizer;
 
 /// Whole groups of `$lanes` with the operations of set `$v`, streams loaded and stored by
@@ -21,6 +21,10 @@ macro_rules! adagrad_lanes {
             // SAFETY: lanes i..i + $lanes are in bounds (i + $lanes <= n), all loads of a
             // lane group come before its stores, and unaligned access is allowed.
             unsafe {
+                // Each stream's line PREFETCH_AHEAD bytes on: see `prefetch`.
+                prefetch(x0.add(i));
+                prefetch($p.g.add(i));
+                prefetch(h0.add(i));
                 let x = $ld(x0.add(i));
                 let g = $load_g($p.g.add(i));
                 let h = $ld(h0.add(i));
