@@ -25,10 +25,10 @@ macro_rules! momentum_lanes {
                     // of a lane group come before its stores, and unaligned access is allowed.
                     unsafe {
                         // Each stream's line PREFETCH_AHEAD bytes on: see `prefetch`.
-                    prefetch(x0.add(i));
-                    prefetch($p.g.add(i));
-                    prefetch(v0.add(i));
-                    let x = $ld(x0.add(i));
+                        prefetch(x0.add(i));
+                        prefetch($p.g.add(i));
+                        prefetch(v0.add(i));
+                        let x = $ld(x0.add(i));
                         let g = $load_g($p.g.add(i));
                         let v = $ld(v0.add(i));
                         let g = add(mul(norm, x), g);
