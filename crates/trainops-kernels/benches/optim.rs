@@ -8,7 +8,7 @@
 //! `cargo bench -p trainops-kernels --bench optim -- [N] [THREADS] [ROUNDS]`
 //!
 //! Bytes per parameter are the bytes each step must move: 4 per f32 element read or
-//! written. Adam f32: x, g, v, h read, x, v, h written = 28; Adagrad and Momentum 20; with
+//! written. Adam f32: x, g, v, h read, x, v, h written = 28 (AdamW's x, g, m, v the same); Adagrad and Momentum 20; with
 //! 16-bit X, state and G half that (14 and 10). MixedPrecisionAdam (f32 X, V, H; 16-bit G)
 //! reads G twice, since the finiteness verdict over every gradient precedes every write:
 //! 2 + 2 + 24 = 28 (f32 G: 32). The ceilings (`MemoryCeiling`, `s += g` per stream) move
@@ -29,6 +29,7 @@ use trainops_kernels::ceiling::MemoryCeiling;
 use trainops_kernels::loss_scale::all_finite;
 use trainops_kernels::optim::adagrad::{Adagrad, AdagradAttrs};
 use trainops_kernels::optim::adam::{Adam, AdamAttrs};
+use trainops_kernels::optim::adamw::{AdamW, AdamWAttrs};
 use trainops_kernels::optim::momentum::{Momentum, MomentumAttrs, MomentumMode};
 use trainops_kernels::optim::Optimizer;
 use trainops_kernels::{Compute, Element, InOut, Parallelism, RayonPool};
@@ -59,6 +60,12 @@ fn adam_row<'a, X: Element, G: Element<C = X::C>>(name: &str, n: usize, bytes: f
     let mut b = Bufs::<X, G>::new(n, 3);
     let c = Adam::coeffs::<X::C>(&AdamAttrs::default(), 1e-3, 5);
     (name.into(), bytes, Some(ceil), Box::new(move |par| b.step::<Adam, 3>(&c, par)))
+}
+
+fn adamw_row<'a, X: Element, G: Element<C = X::C>>(name: &str, n: usize, bytes: f64, ceil: usize) -> Row<'a> {
+    let mut b = Bufs::<X, G>::new(n, 3);
+    let c = <AdamW as Optimizer<3>>::coeffs::<X::C>(&AdamWAttrs::default(), 1e-3, 5);
+    (name.into(), bytes, Some(ceil), Box::new(move |par| b.step::<AdamW, 3>(&c, par)))
 }
 
 fn adagrad_row<'a, X: Element, G: Element<C = X::C>>(name: &str, n: usize, bytes: f64, ceil: usize) -> Row<'a> {
@@ -132,6 +139,8 @@ fn main() {
         mixed_row::<f16>("MixedPrecisionAdam f32, f16 G (2 passes over G)", n, 28.0, 0),
         mixed_row::<bf16>("MixedPrecisionAdam f32, bf16 G (2 passes over G)", n, 28.0, 0),
         mixed_row::<f32>("MixedPrecisionAdam f32, f32 G (2 passes over G)", n, 32.0, 0),
+        adamw_row::<f32, f32>("AdamW f32", n, 28.0, 0),
+        adamw_row::<bf16, bf16>("AdamW bf16 X/G/M/V", n, 14.0, 0),
     ];
     let Measured { gbs, load0, busy, .. } = measure(&mut rows, &par, n, rounds);
     black_box(&rows.len());

@@ -7,7 +7,7 @@
 //! so every level is bitwise equal to the scalar reference.
 
 use super::{AdamW, AdamWCoeffs};
-use crate::optim::x86::{bf16x16, bf16x16_native, f16x16, pd256, pd512, ps256, ps512, simd_kernels};
+use crate::optim::x86::{bf16x16, bf16x16_native, f16x16, pd256, pd512, prefetch, ps256, ps512, simd_kernels};
 use crate::optim::Optimizer;
 
 /// Whole groups of `$lanes` with the operations of set `$v`, streams loaded and stored by
@@ -28,6 +28,11 @@ macro_rules! adamw_body {
             // SAFETY: lanes i..i + $lanes are in bounds (i + $lanes <= n), all loads of a
             // lane group come before its stores, and unaligned access is allowed.
             unsafe {
+                // Each stream's line PREFETCH_AHEAD bytes on: see `prefetch`.
+                prefetch(x0.add(i));
+                prefetch($p.g.add(i));
+                prefetch(m0.add(i));
+                prefetch(v0.add(i));
                 let x = $ld(x0.add(i));
                 let g = xor($load_g($p.g.add(i)), flip);
                 let m = $ld(m0.add(i));
@@ -50,6 +55,7 @@ macro_rules! adamw_body {
     };
     (@second $v:ident, $p:ident, $ld:path, $st:path, $i:ident, $new:ident, yes) => {{
         let (s0, s1) = $p.s[3];
+        prefetch(s0.add($i));
         let max = $v::keep_max($ld(s0.add($i)), $new);
         $st(s1.add($i), max);
         max
