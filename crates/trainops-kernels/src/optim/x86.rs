@@ -155,7 +155,7 @@ pub mod pd256 {
 /// How far ahead of a stream's current element [`prefetch`] asks for its cache line, in
 /// bytes. Adam's divide and square root hold the out-of-order window long enough that the
 /// hardware prefetchers alone leave its loads waiting on memory: with 16-bit streams, where
-/// each step moves half the bytes for the same arithmetic, that cost 0.72-0.77x float32
+/// each step moves half the bytes for the same arithmetic, that cost 0.75-0.81x float32
 /// Adam's bytes per second on an Intel Xeon (Sapphire Rapids), and 0.85-0.96x with the hint.
 /// 1-2 KiB ahead measured best there (256: 0.83, 4096: 0.83-0.90).
 pub const PREFETCH_AHEAD: usize = 1024;
@@ -220,7 +220,8 @@ pub mod f16x16 {
 /// `half` quiets it, but every kernel's first use of a loaded value is an IEEE operation,
 /// which quiets it the same way, so the results agree: the harness's signalling-NaN case); narrowing rounds to nearest
 /// even and quiets NaN (keeping its sign and high payload) exactly as `half::bf16::from_f32`.
-/// (AVX512_BF16's `vcvtneps2bf16` is not used: it flushes subnormal inputs to zero.)
+/// (CPUs with AVX512_BF16 use [`bf16x16_native`], which falls back to this narrowing for
+/// vectors holding a subnormal: `vcvtneps2bf16` flushes subnormal inputs to zero.)
 pub mod bf16x16 {
     use super::*;
 
