@@ -37,23 +37,34 @@ def save_external(model: onnx.ModelProto, folder, name="m.onnx") -> str:
     return path
 
 
-def test_the_weights_are_memory_maps_of_the_data_file(library_path, tmp_path, hold_all):
+@pytest.mark.parametrize("dtype, limit", [("float32", None), ("float32", 0), ("int4", None)])
+def test_the_weights_are_memory_maps_of_the_data_file(library_path, tmp_path, hold_all,
+                                                      monkeypatch, dtype, limit):
+    if limit is not None:  # float32 weights over the session-copy limit: bound as inputs
+        monkeypatch.setattr(offload, "SESSION_COPY_LIMIT", limit)
     path = save_external(mlp(own_loss=True), tmp_path)
-    tr = trainer(model=path, own_loss=True)
+    tr = trainer(model=path, own_loss=True, base_dtype=dtype)
     held = tr._frozen
-    assert sorted(held) == sorted(BASE)
+    quantised = {f"trainops/base/{w}/q" for w in ("W1", "W2", "W3")}
+    assert sorted(held) == sorted(BASE if dtype == "float32" else quantised | {"b3"})
     for name, arr in held.items():
-        assert isinstance(arr, np.memmap) and not arr.flags.writeable
-        assert os.path.samefile(arr.filename, tmp_path / "weights.bin")
+        assert not arr.flags.writeable
+        if name in BASE:  # the model file's pages (the quantised data is computed)
+            assert isinstance(arr, np.memmap)
+            assert os.path.samefile(arr.filename, tmp_path / "weights.bin")
     # no graph of the trainer holds a weight's data: each is a stub
     for m in (tr._model, tr._train_model, tr.step_graph.model):
         stubs = {i.name for i in m.graph.initializer if offload.is_offloaded(i)}
-        assert stubs == set(BASE)
-        assert all(not i.raw_data for i in m.graph.initializer if i.name in BASE)
-    # the session takes them as inputs bound to the maps (the OrtValue wraps the buffer)
-    vals = tr.runtime._frozen
-    assert {n: v.data_ptr() for n, v in vals.items()} == \
-        {n: a.ctypes.data for n, a in held.items()}
+        assert stubs == set(held)
+        assert all(not i.raw_data for i in m.graph.initializer if i.name in held)
+    # float32 weights up to the limit are the session's own initializers (it prepacks
+    # them); above it, and the quantised data, graph inputs bound to the store's arrays
+    # themselves (the OrtValue wraps the buffer)
+    inputs = {i.name for i in tr.session.get_inputs()}
+    bound = {n: v.data_ptr() for n, v in tr.runtime._frozen.items()}
+    want = set(BASE) if limit == 0 else quantised if dtype == "int4" else set()
+    assert bound == {n: held[n].ctypes.data for n in want} and want <= inputs
+    assert not inputs & (set(held) - want)
 
 
 def test_an_in_memory_model_is_not_changed_and_its_weights_are_taken_once(library_path,

@@ -183,7 +183,8 @@ def _profile_child(cfg, batch, seq, path, threads, steps):
         so.enable_profiling = True
         so.profile_file_prefix = prefix
 
-    rt = StepRuntime(trainer.step_graph, threads, configure=configure)
+    rt = StepRuntime(trainer.step_graph, threads, configure=configure,
+                     frozen=trainer._frozen)  # the frozen weights the trainer holds
     del trainer
     rt.run(feeds, LR, 1)  # warm-up, skipped below
     for t in range(2, 2 + steps):

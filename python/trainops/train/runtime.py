@@ -83,23 +83,29 @@ class StepRuntime:
     overrides the placement's (tests: ``Memory("cpu")`` runs the device code path over
     ONNX Runtime-allocated host memory). ``frozen``: the
     :class:`~trainops.offload.FrozenStore` of a step graph whose frozen weights are held
-    outside it: they become graph inputs, bound once to OrtValues over the store's arrays
-    (no copy)."""
+    outside it: on the CPU the float32 ones up to 1 GiB are given to the session as its
+    initializers (its copy, prepacked: :func:`trainops.offload.session_copies`), the others
+    become graph inputs bound once to OrtValues over the store's arrays (no copy)."""
 
     def __init__(self, graph: StepGraph, threads: int | None = None,
                  library: str | None = None, placement=None, *, configure=None,
                  state_memory: Memory | None = None, frozen=None):
         import onnxruntime as ort
 
-        from ..offload import as_inputs
+        from ..offload import as_inputs, session_copies
 
         self.graph = graph
-        model, held = as_inputs(graph.model)
-        if held and frozen is None:
+        on_cpu = placement is None or placement.is_cpu
+        given = session_copies(graph.model, frozen) if on_cpu else []
+        model, held = as_inputs(graph.model, set(given))
+        if (held or given) and frozen is None:
             raise ValueError(f"StepRuntime: the step graph's initializers {held[:3]} are held "
                              "outside it, and no frozen= store holds them")
-        if placement is None or placement.is_cpu:
+        if on_cpu:
             so = session_options(threads, library)
+            if given:  # copied into the session as it is made
+                so.add_external_initializers(
+                    given, [ort.OrtValue.ortvalue_from_numpy(frozen[n]) for n in given])
             if configure is not None:  # e.g. the bench's profiler
                 configure(so)
             self.session = ort.InferenceSession(model.SerializeToString(), so,
@@ -111,7 +117,6 @@ class StepRuntime:
             if configure is not None:  # e.g. scripts/gpu_check's profiler
                 configure(so)
             self.session = placement.session(model.SerializeToString(), so)
-        on_cpu = placement is None or placement.is_cpu
         if state_memory is None and not on_cpu:
             state_memory = placement.state_memory()
         self.memory = state_memory
