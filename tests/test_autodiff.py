@@ -72,6 +72,12 @@ def test_pow_constant_exponent(exponent):
           consts={"e": np.array(exponent)})
 
 
+@pytest.mark.parametrize("exponent", [np.array(2.0, np.float32), np.array(2, np.int64)])
+def test_pow_square(exponent):
+    """x ** 2 (its gradient is written without a Pow) on negative values too."""
+    check([node("Pow", ["x", "e"])], {"x": r(2, 3)}, ["x"], consts={"e": exponent})
+
+
 def test_pow_integer_exponent_broadcast():
     check([node("Pow", ["x", "e"])], {"x": r(2, 3)}, ["x"],
           consts={"e": np.array([2, 3, 1], np.int64)})

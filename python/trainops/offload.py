@@ -50,7 +50,11 @@ _FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)
 
 
 class FrozenStore(dict):
-    """Name -> read-only numpy array: the values of a stub model's offloaded tensors."""
+    """Name -> read-only numpy array: the values of a stub model's offloaded tensors.
+    ``session_copies``: whether a session may take its own copy of the float32 ones
+    (:func:`session_copies`)."""
+
+    session_copies = True
 
     def put(self, name: str, array: np.ndarray) -> TensorProto:
         """Hold ``array`` (read-only from now on) as ``name``; returns its stub."""
@@ -267,13 +271,16 @@ def serialize(model: onnx.ModelProto, store, what: str) -> bytes:
 
 def session_copies(model: onnx.ModelProto, store) -> list[str]:
     """The stubs of ``model`` a CPU session should take its own copy of: its float32 ones
-    when they total at most :data:`SESSION_COPY_LIMIT` bytes, else none.
+    when they total at most :data:`SESSION_COPY_LIMIT` bytes and ``store.session_copies``
+    (False once a quantised base is put in it: that choice is memory), else none.
 
     Given as initializers (``SessionOptions.add_external_initializers``), onnxruntime folds
     ``Transpose(W)`` and prepacks the GEMM weights: a LoRA step on SmolLM-135M's shapes ran
     5-8% faster than with the weights bound as inputs (which MLAS packs again in every
     call), at the price of about 2.4 more copies of them in the session. Above the limit
     (the models this module exists for) memory wins: no copy."""
+    if not getattr(store, "session_copies", True):
+        return []
     names = [t.name for t in model.graph.initializer
              if is_offloaded(t) and t.data_type == TensorProto.FLOAT]
     total = sum(int(np.prod(t.dims, dtype=np.int64)) * 4 for t in model.graph.initializer

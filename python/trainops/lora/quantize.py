@@ -213,6 +213,7 @@ def quantize(model: onnx.ModelProto, dtype: str, skip, store=None) -> onnx.Model
         p = f"{PREFIX}{w}/"
         data = q if dtype == "int8" else pack_int4(q)
         if store is not None and _offload.is_offloaded(inits[w]):
+            store.session_copies = False  # a quantised base: memory first
             new.append(store.put(f"{p}q", data))
             del store[w], a  # the float32 weight is no longer held
         else:
