@@ -246,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                  for d, r in CONFIGS),
                     help="comma-separated, of: float32, int8, int4, each optionally "
                          "+recompute (default: all six)")
-    ap.add_argument("--warmup", type=int, default=1, help="untimed steps per child")
+    ap.add_argument("--warmup", type=int, default=2, help="untimed steps per child (default 2: "
+                    "onnxruntime's arena still grows in the second step)")
     ap.add_argument("--steps", type=int, default=3, help="timed steps per child (median)")
     ap.add_argument("--cache-dir", default=os.path.join(tempfile.gettempdir(),
                                                         "trainops-bench-lora"),
