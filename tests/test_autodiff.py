@@ -164,6 +164,40 @@ def test_slice_steps_negative():
                   "ax": np.array([0, 1], np.int64), "sp": np.array([-2, 2], np.int64)})
 
 
+I64_MAX = np.iinfo(np.int64).max
+
+
+@pytest.mark.parametrize("st, en, ax", [
+    ([0], [3], None),                                  # no axes: the leading ones
+    ([1, -3], [I64_MAX, -1], [0, -1]),                 # clamped end, negative start / axis
+    ([-100], [100], [1]),                              # past both ends
+    ([4], [2], [1]),                                   # empty
+])
+def test_slice_unit_steps(st, en, ax):
+    """Unit-step slices with constant bounds: the gradient is a Pad of the output's (no
+    index grid, no ScatterElements); against central differences, and its ops."""
+    names = ["x", "st", "en"] + (["ax"] if ax is not None else [])
+    consts = {"st": np.array(st, np.int64), "en": np.array(en, np.int64)}
+    if ax is not None:
+        consts["ax"] = np.array(ax, np.int64)
+    check([node("Slice", names)], {"x": r(5, 6)}, ["x"], consts=consts)
+    inits = [numpy_helper.from_array(v, k) for k, v in consts.items()]
+    m = make_model([node("Slice", names, ["y"]), node("ReduceSum", ["y"], ["loss"], keepdims=0),
+                    helper.make_node("Gradient", ["x"], ["dx"], domain=TRAINING_DOMAIN,
+                                     xs=["x"], y="loss")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [5, 6])],
+                   [helper.make_tensor_value_info("dx", TensorProto.FLOAT, [5, 6])], inits)
+    ops = {n.op_type for n in expand_gradients(m).graph.node}
+    assert "Pad" in ops and "ScatterElements" not in ops
+
+
+def test_slice_unit_steps_of_an_unknown_length():
+    """A dimension of unknown length: the index-grid gradient, still right."""
+    check([node("Slice", ["x", "st", "en", "ax"])], {"x": r(5, 6)}, ["x"],
+          consts={"st": np.array([1], np.int64), "en": np.array([-1], np.int64),
+                  "ax": np.array([1], np.int64)}, symbolic={"x": [5, "n"]})
+
+
 @pytest.mark.parametrize("axis", [0, 1])
 def test_gather_embeddings(axis):
     idx = np.array([[1, 0], [3, 1], [-1, 1]], np.int64)

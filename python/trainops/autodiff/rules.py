@@ -553,9 +553,41 @@ def _one_hot(b: Builder, indices: str, depth: str, axis: int, like: str) -> str:
     return out if dt == np.float32 else b.op("Cast", [out], to=b.dtype(like))
 
 
+def _slice_pads(c: Ctx) -> list[int] | None:
+    """Pad's ``pads`` that put a Slice's output back in place: for constant starts, ends,
+    axes and unit steps over axes of known length (rotary embeddings' halves), else None."""
+    b = c.b
+    ins = list(c.node.input) + [""] * (5 - len(c.node.input))
+    vals = [b.constant_value(n) if n else None for n in ins[1:]]
+    if any(v is None for n, v in zip(ins[1:], vals) if n):
+        return None
+    starts, ends, axes, steps = vals
+    if steps is not None and np.any(steps != 1):
+        return None
+    shape = b.shape(c.x(0))
+    if shape is None:
+        return None
+    r = len(shape)
+    axes = range(len(starts)) if axes is None else [int(a) + r if a < 0 else int(a)
+                                                     for a in axes]
+    pads = [0] * (2 * r)
+    for a, s0, e0 in zip(axes, starts.reshape(-1), ends.reshape(-1)):
+        d = shape[a]
+        if not isinstance(d, int) or d < 0:
+            return None
+        s = min(max(int(s0) + d if s0 < 0 else int(s0), 0), d)
+        e = max(min(max(int(e0) + d if e0 < 0 else int(e0), 0), d), s)
+        pads[a], pads[r + a] = s, d - e
+    return pads
+
+
 @rule("Slice")
 def slice_(c: Ctx):
     b = c.b
+    pads = _slice_pads(c)
+    if pads is not None:  # the output placed back among zeros: no index grid, no scatter
+        return [b.op("Pad", [c.gy, b.ints(pads)], mode="constant")] + \
+            [None] * (len(c.node.input) - 1)
     grid, _ = _index_grid(b, c.x(0))
     picked = b.op("Slice", [grid] + list(c.node.input[1:]))
     return [_scatter_flat(b, c.x(0), picked, c.gy, add=False)] + [None] * (len(c.node.input) - 1)
