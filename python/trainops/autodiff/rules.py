@@ -562,8 +562,8 @@ def _slice_pads(c: Ctx) -> list[int] | None:
     if any(v is None for n, v in zip(ins[1:], vals) if n):
         return None
     starts, ends, axes, steps = vals
-    if steps is not None and np.any(steps != 1):
-        return None
+    if starts is None or ends is None or (steps is not None and np.any(steps != 1)):
+        return None  # (before opset 10 the bounds are attributes: the general form)
     shape = b.shape(c.x(0))
     if shape is None:
         return None
