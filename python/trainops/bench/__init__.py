@@ -45,6 +45,7 @@ TARGETS: dict[str, str] = {
     "random": "distributions",
     "train": "train",
     "lora": "lora",
+    "arch": "arch",
     "distributed": "distributed",
 }
 
