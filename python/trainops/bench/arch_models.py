@@ -17,8 +17,10 @@ import os
 import statistics
 import time
 
+from .host import peak_mib
+
 __all__ = ["ARCHS", "LR", "WEIGHT_DECAY", "EPS", "SEED", "batch_data", "build", "export_child",
-           "torch_child", "torch_gemm_child", "timed", "peak_mib"]
+           "torch_child", "torch_gemm_child", "timed"]
 
 LR, WEIGHT_DECAY, EPS, SEED = 1e-4, 0.01, 1e-8, 0
 
@@ -201,23 +203,6 @@ def timed(step, warmup: int, steps: int) -> dict:
             times.append(time.perf_counter() - t0)
     return {"ms": 1e3 * statistics.median(times), "times_ms": [1e3 * t for t in times],
             "losses": losses, "peak_mib": peak_mib()}
-
-
-def peak_mib() -> float:
-    """This process's peak resident memory, MiB: Linux's ``VmHWM`` (the high-water mark of
-    this process's own address space since its exec), else ``ru_maxrss``. ``ru_maxrss``
-    alone would not do: Linux carries the parent's peak over into a child's through fork
-    and exec, so every child would report at least the benchmark parent's peak."""
-    import resource
-
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def torch_child(name: str, threads: int, warmup: int, steps: int, compiled: bool) -> dict:

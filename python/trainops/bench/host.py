@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["environment", "CpuMeter", "loadavg"]
+__all__ = ["environment", "CpuMeter", "loadavg", "peak_mib"]
 
 
 def environment(library: str | None = None) -> dict[str, Any]:
@@ -86,3 +86,19 @@ def loadavg() -> str:
     except OSError:
         return "n/a"
 
+
+def peak_mib() -> float:
+    """This process's peak resident memory, MiB: Linux's ``VmHWM`` (the high-water mark of
+    this process's own address space since its exec), else ``ru_maxrss``. ``ru_maxrss``
+    alone would not do: Linux carries the parent's peak over into a child's through fork
+    and exec, so every child would report at least the benchmark parent's peak."""
+    import resource
+
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

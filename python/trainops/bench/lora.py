@@ -6,7 +6,7 @@ q/k/v/o_proj, in trainops (``Trainer(lora=..., base_dtype=..., recompute=...)``)
 PyTorch + PEFT (float32 base, eager mode, the same thread count).
 
 Every (peer, configuration, thread count) runs in a subprocess of its own, so that its
-peak resident memory (``getrusage(RUSAGE_SELF).ru_maxrss``: the whole process, the
+peak resident memory (:func:`.host.peak_mib`, Linux's ``VmHWM``: the whole process, the
 Python runtime and the libraries included) is its own; each child times ``--warmup``
 untimed then ``--steps`` timed steps and reports the median. The rows: base float32 /
 int8 / int4, with and without recompute (gradient checkpointing); a configuration the
@@ -38,6 +38,7 @@ import tempfile
 import time
 
 from .harness import Target, format_rows
+from .host import peak_mib
 
 __all__ = ["TARGET", "run", "build_parser", "CONFIGS", "TARGETS_LORA"]
 
@@ -106,8 +107,6 @@ def _export_child(cfg: dict, batch: int, seq: int, path: str) -> dict:
 
 
 def _timed(step, warmup: int, steps: int) -> dict:
-    import resource
-
     losses, times = [], []
     for i in range(warmup + steps):
         t0 = time.perf_counter()
@@ -115,8 +114,7 @@ def _timed(step, warmup: int, steps: int) -> dict:
         if i >= warmup:
             times.append(time.perf_counter() - t0)
     return {"ms": 1e3 * statistics.median(times), "times_ms": [1e3 * t for t in times],
-            "losses": losses,
-            "peak_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "losses": losses, "peak_mib": peak_mib()}
 
 
 def _trainops_trainer(path: str, base_dtype: str, recompute: bool, threads: int):
