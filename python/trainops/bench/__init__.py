@@ -16,7 +16,9 @@ size runs in one process, interleaved, and is reported as a ratio to a baseline 
   ceiling and torch's fused step), :mod:`.train` (a training
   step against PyTorch eager: a target with its own command line, ``Target(...,
   command=)``), :mod:`.lora` (a LoRA fine-tuning step against PyTorch + PEFT, likewise),
-  :mod:`.distributed` (data-parallel scaling over MPI, likewise).
+  :mod:`.arch` (torchvision / transformers architectures against torch eager,
+  torch.compile and their FLOP bound, likewise), :mod:`.distributed` (data-parallel
+  scaling over MPI, likewise).
 
 Adding a target is one module here that defines ``TARGET = Target(name, help, build,
 add_arguments, default_sizes, after)``, where ``build(nbytes, args)`` returns the
