@@ -30,16 +30,14 @@ cached and the torch columns say n/a. ``--profile``: the trainops step's time by
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 from .arch_models import ARCHS, EPS, LR, SEED, WEIGHT_DECAY
+from .children import package_versions, profile_step, spawn, timed
 from .harness import Target, format_rows
 
 __all__ = ["TARGET", "run", "build_parser", "PEERS", "format_report"]
@@ -60,7 +58,7 @@ def _trainer(name: str, path: str, threads: int):
 
 
 def _trainops_child(name: str, path: str, threads: int, warmup: int, steps: int) -> dict:
-    from .arch_models import batch_data, timed
+    from .arch_models import batch_data
 
     feeds = batch_data(name)
     t0 = time.perf_counter()
@@ -79,71 +77,18 @@ def _profile_child(name: str, path: str, threads: int, steps: int) -> dict:
     """Microseconds per step by op type of the trainops step (ONNX Runtime's profiler on a
     second session of the trainer's step graph; each node's median over the steps, summed
     by op type), largest first."""
-    from ..train.runtime import StepRuntime
     from .arch_models import batch_data
 
     feeds = batch_data(name)
     trainer = _trainer(name, path, threads)
-    prefix = os.path.join(tempfile.mkdtemp(prefix="trainops-bench-arch-prof-"), "step")
-
-    def configure(so):
-        so.enable_profiling = True
-        so.profile_file_prefix = prefix
-
-    rt = StepRuntime(trainer.step_graph, threads, configure=configure,
-                     frozen=getattr(trainer, "_frozen", None))
-    del trainer
-    rt.run(feeds, LR, 1)  # warm-up, skipped below
-    for t in range(2, 2 + steps):
-        rt.run(feeds, LR, t)
-    prof = rt.session.end_profiling()
-    with open(prof) as f:
-        events = json.load(f)
-    os.remove(prof)
-    runs = [e for e in events if e.get("name") == "model_run"]
-    after = runs[0]["ts"] + runs[0]["dur"]
-    per_node = collections.defaultdict(list)
-    for e in events:
-        if e.get("cat") == "Node" and e["ts"] > after and e["name"].endswith("_kernel_time"):
-            per_node[(e.get("args", {}).get("op_name", "?"), e["name"])].append(e["dur"])
-    by_op: collections.Counter = collections.Counter()
-    for (op, _), durs in per_node.items():
-        by_op[op] += statistics.median(durs) * len(durs) / steps
-    return {"by_op_us": dict(by_op.most_common()), "kernels_us": sum(by_op.values()),
-            "run_us": statistics.median(e["dur"] for e in runs[1:])}
+    graph, frozen = trainer.step_graph, getattr(trainer, "_frozen", None)
+    del trainer  # its session's memory
+    return profile_step(graph, frozen, feeds, LR, threads, steps)
 
 
 def _spawn(python: str, call: str, timeout: float, env_extra: dict | None = None) -> dict:
-    """Runs ``call`` (an expression over this package's ``arch``, ``arch_models`` and
-    ``arch_bound`` modules) in a fresh ``python``; its JSON result, or ``{"error": ...}``."""
-    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
-    env.update(env_extra or {})
-    code = ("import json; from trainops.bench import arch, arch_models, arch_bound; "
-            f"print('RESULT ' + json.dumps({call}))")
-    try:
-        r = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    except OSError as exc:
-        return {"error": f"{python}: {exc}"}
-    for line in r.stdout.splitlines()[::-1]:
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    return {"error": (r.stderr.strip().splitlines() or ["no output"])[-1][:300]}
-
-
-def _has_torch(python: str) -> str | None:
-    """``python``'s torch / torchvision / transformers versions, or None without them."""
-    try:
-        r = subprocess.run([python, "-c", "import torch, torchvision, transformers; print("
-                            "torch.__version__, torchvision.__version__, "
-                            "transformers.__version__)"], capture_output=True, text=True)
-    except OSError:  # no such interpreter
-        return None
-    return r.stdout.strip() if r.returncode == 0 else None
+    """:func:`.children.spawn` of ``call`` over this target's three modules."""
+    return spawn(python, "arch, arch_models, arch_bound", call, timeout, env_extra)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -291,7 +236,8 @@ def run(argv=None) -> int:
     names = _parse_list(args.archs, list(ARCHS), "archs")
     peers = _parse_list(args.peers, PEERS, "peers")
     threads = _parse_threads(args.threads)
-    versions = None if args.no_torch else _has_torch(args.torch_python)
+    versions = None if args.no_torch else package_versions(
+        args.torch_python, ["torch", "torchvision", "transformers"])
     os.makedirs(args.cache_dir, exist_ok=True)
     env, load_before, t_start = environment(), loadavg(), time.perf_counter()
     say = (lambda *a: print(*a, file=sys.stderr, flush=True))

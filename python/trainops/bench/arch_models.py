@@ -14,13 +14,12 @@ work; the optimizer is AdamW (lr 1e-4, weight decay 0.01, eps 1e-8) on every par
 from __future__ import annotations
 
 import os
-import statistics
 import time
 
-from .host import peak_mib
+from .children import timed
 
 __all__ = ["ARCHS", "LR", "WEIGHT_DECAY", "EPS", "SEED", "batch_data", "build", "export_child",
-           "torch_child", "torch_gemm_child", "timed"]
+           "torch_child", "torch_gemm_child"]
 
 LR, WEIGHT_DECAY, EPS, SEED = 1e-4, 0.01, 1e-8, 0
 
@@ -190,19 +189,6 @@ def export_child(name: str, path: str) -> dict:
         bridge.export(model, args, path)
     return {"path": path, "export_s": time.perf_counter() - t0,
             "params": sum(p.numel() for p in model.parameters())}
-
-
-def timed(step, warmup: int, steps: int) -> dict:
-    """``warmup`` untimed then ``steps`` timed calls of ``step`` (returning the loss): the
-    median milliseconds, every time, the losses and this process's peak resident MiB."""
-    losses, times = [], []
-    for i in range(warmup + steps):
-        t0 = time.perf_counter()
-        losses.append(float(step()))
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return {"ms": 1e3 * statistics.median(times), "times_ms": [1e3 * t for t in times],
-            "losses": losses, "peak_mib": peak_mib()}
 
 
 def torch_child(name: str, threads: int, warmup: int, steps: int, compiled: bool) -> dict:

@@ -28,17 +28,14 @@ Runtime's profiler), one more child.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
 import os
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
 from .harness import Target, format_rows
-from .host import peak_mib
+from .children import package_versions, profile_step, spawn, timed
 
 __all__ = ["TARGET", "run", "build_parser", "CONFIGS", "TARGETS_LORA"]
 
@@ -46,6 +43,7 @@ CONFIGS = (("float32", False), ("float32", True), ("int8", False), ("int8", True
            ("int4", False), ("int4", True))
 TARGETS_LORA = ["q_proj", "k_proj", "v_proj", "o_proj"]
 RANK, ALPHA, LR, SEED = 8, 16, 1e-4, 0
+TORCH_PACKAGES = ["torch", "peft", "transformers"]  # what the torch peer and export need
 
 
 def llama_config(layers: int) -> dict:
@@ -106,17 +104,6 @@ def _export_child(cfg: dict, batch: int, seq: int, path: str) -> dict:
     return {"path": path}
 
 
-def _timed(step, warmup: int, steps: int) -> dict:
-    losses, times = [], []
-    for i in range(warmup + steps):
-        t0 = time.perf_counter()
-        losses.append(float(step()))
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return {"ms": 1e3 * statistics.median(times), "times_ms": [1e3 * t for t in times],
-            "losses": losses, "peak_mib": peak_mib()}
-
-
 def _trainops_trainer(path: str, base_dtype: str, recompute: bool, threads: int):
     import onnx
 
@@ -136,7 +123,7 @@ def _trainops_child(cfg, batch, seq, path, base_dtype, recompute, threads, warmu
         trainer = _trainops_trainer(path, base_dtype, recompute, threads)
     except NotImplementedError as exc:
         return {"na": str(exc).splitlines()[0]}
-    return _timed(lambda: trainer.step(feeds), warmup, steps)
+    return timed(lambda: trainer.step(feeds), warmup, steps)
 
 
 def _torch_child(cfg, batch, seq, recompute, threads, warmup, steps):
@@ -163,74 +150,24 @@ def _torch_child(cfg, batch, seq, recompute, threads, warmup, steps):
         opt.step()
         return loss.detach()
 
-    return _timed(step, warmup, steps)
+    return timed(step, warmup, steps)
 
 
 def _profile_child(cfg, batch, seq, path, threads, steps):
     """Microseconds per step by op type of the trainops float32 step (ONNX Runtime's
     profiler on a second session of the trainer's step graph; each node's median over
     the steps, summed by op type), largest first."""
-    from ..train.runtime import StepRuntime
-
     ids, labels = batch_data(cfg, batch, seq)
     feeds = {"input_ids": ids, "labels": labels}
     trainer = _trainops_trainer(path, "float32", False, threads)
-    prefix = os.path.join(tempfile.mkdtemp(prefix="trainops-bench-lora-prof-"), "step")
-
-    def configure(so):
-        so.enable_profiling = True
-        so.profile_file_prefix = prefix
-
-    rt = StepRuntime(trainer.step_graph, threads, configure=configure,
-                     frozen=trainer._frozen)  # the frozen weights the trainer holds
-    del trainer
-    rt.run(feeds, LR, 1)  # warm-up, skipped below
-    for t in range(2, 2 + steps):
-        rt.run(feeds, LR, t)
-    prof = rt.session.end_profiling()
-    with open(prof) as f:
-        events = json.load(f)
-    os.remove(prof)
-    runs = [e for e in events if e.get("name") == "model_run"]
-    after = runs[0]["ts"] + runs[0]["dur"]
-    per_node = collections.defaultdict(list)
-    for e in events:
-        if e.get("cat") == "Node" and e["ts"] > after and e["name"].endswith("_kernel_time"):
-            per_node[(e.get("args", {}).get("op_name", "?"), e["name"])].append(e["dur"])
-    by_op = collections.Counter()
-    for (op, _), durs in per_node.items():
-        by_op[op] += statistics.median(durs) * len(durs) / steps
-    return {"by_op_us": dict(by_op.most_common()), "kernels_us": sum(by_op.values()),
-            "run_us": statistics.median(e["dur"] for e in runs[1:])}
+    graph, frozen = trainer.step_graph, trainer._frozen
+    del trainer  # its session's memory
+    return profile_step(graph, frozen, feeds, LR, threads, steps)
 
 
 def _spawn(python: str, call: str, timeout: float) -> dict:
-    """Runs ``trainops.bench.lora.<call>`` in a fresh ``python``; its JSON result, or
-    ``{"error": ...}``."""
-    pkg_root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ)
-    env["PYTHONPATH"] = pkg_root + os.pathsep + env.get("PYTHONPATH", "")
-    code = ("import json; from trainops.bench import lora; "
-            f"print('RESULT ' + json.dumps(lora.{call}))")
-    try:
-        r = subprocess.run([python, "-c", code], capture_output=True, text=True, env=env,
-                           timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    for line in r.stdout.splitlines()[::-1]:
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    return {"error": (r.stderr.strip().splitlines() or ["no output"])[-1][:300]}
-
-
-def _has_torch(python: str) -> str | None:
-    try:
-        r = subprocess.run([python, "-c", "import torch, peft, transformers; print("
-                            "torch.__version__, peft.__version__, transformers.__version__)"],
-                           capture_output=True, text=True)
-    except OSError:  # no such interpreter
-        return None
-    return r.stdout.strip() if r.returncode == 0 else None
+    """:func:`.children.spawn` of ``trainops.bench.lora.<call>``."""
+    return spawn(python, "lora", f"lora.{call}", timeout)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -286,13 +223,13 @@ def run(argv=None) -> int:
     threads = [int(t) for t in args.threads.split(",")]
     cfg = llama_config(args.layers)
     shape = f"{args.layers}-{args.batch}x{args.seq}"
-    versions = None if args.no_torch else _has_torch(args.torch_python)
+    versions = None if args.no_torch else package_versions(args.torch_python, TORCH_PACKAGES)
     os.makedirs(args.cache_dir, exist_ok=True)
     path = os.path.join(args.cache_dir, f"smollm135m-shapes.{shape}.classic.onnx")
     env, load_before, t_start = environment(), loadavg(), time.perf_counter()
     say = (lambda *a: print(*a, file=sys.stderr, flush=True))
     if not os.path.exists(path):
-        if not _has_torch(args.torch_python):
+        if not package_versions(args.torch_python, TORCH_PACKAGES):
             print(f"bench lora: {path} is not cached and {args.torch_python} has no torch / "
                   "transformers / peft to export it: give --torch-python", file=sys.stderr)
             return 2
