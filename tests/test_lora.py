@@ -201,6 +201,29 @@ def adamw_bounds(opt, t, p, m, v, g, E, m_new, v_new):
     return (m64, m_bound), (v64, v_bound), (p64, p_bound)
 
 
+def checked_adamw_step(tr, model, opt, t: int, feeds) -> dict:
+    """Step ``t`` of ``tr`` on ``feeds`` against float64 from its own state before the
+    step (``model``: its training model with the base's values): the loss within the
+    forward's bound, each adapter's moments and update within AdamW's. The float64
+    gradients."""
+    p = {n: x.astype(np.float64) for n, x in tr.parameters().items()}
+    st = {n: x.astype(np.float64) for n, x in tr.optimizer_state().items()}
+    loss64, width, g, E = step_bounds(model, tr.parameters(), feeds, "loss",
+                                      forward_errors=True)
+    loss = tr.step(feeds)
+    assert abs(loss - loss64) <= width + gamma(1) * abs(loss64)
+    p_new, st_new = tr.parameters(), tr.optimizer_state()
+    for n in ADAPTERS:
+        mn, vn = st_new[f"trainops/M/{n}"], st_new[f"trainops/V/{n}"]
+        (m64, mb), (v64, vb), (p64, pb) = adamw_bounds(
+            opt, t, p[n], st[f"trainops/M/{n}"], st[f"trainops/V/{n}"], g[n], E[n],
+            mn.astype(np.float64), vn.astype(np.float64))
+        assert np.all(np.abs(mn - m64) <= mb), (t, n, "M")
+        assert np.all(np.abs(vn - v64) <= vb), (t, n, "V")
+        assert np.all(np.abs(p_new[n] - p64) <= pb), (t, n)
+    return g
+
+
 def test_adamw_steps_follow_a_float64_reference(library_path):
     """Five AdamW steps: at each, the trainer's gradient (seen through its moments) and
     update against float64 from its own state before the step; the base weights never
@@ -211,22 +234,7 @@ def test_adamw_steps_follow_a_float64_reference(library_path):
     base = {i.name: numpy_helper.to_array(i).tobytes() for i in model.graph.initializer
             if i.name in ("W1", "W2", "W3", "b3")}
     for t in range(1, 6):
-        feeds = data(seed=10 + t)
-        p = {n: x.astype(np.float64) for n, x in tr.parameters().items()}
-        st = {n: x.astype(np.float64) for n, x in tr.optimizer_state().items()}
-        loss64, width, g, E = step_bounds(model, tr.parameters(), feeds, "loss",
-                                          forward_errors=True)
-        loss = tr.step(feeds)
-        assert abs(loss - loss64) <= width + gamma(1) * abs(loss64)
-        p_new, st_new = tr.parameters(), tr.optimizer_state()
-        for n in ADAPTERS:
-            mn, vn = st_new[f"trainops/M/{n}"], st_new[f"trainops/V/{n}"]
-            (m64, mb), (v64, vb), (p64, pb) = adamw_bounds(
-                opt, t, p[n], st[f"trainops/M/{n}"], st[f"trainops/V/{n}"], g[n], E[n],
-                mn.astype(np.float64), vn.astype(np.float64))
-            assert np.all(np.abs(mn - m64) <= mb), (t, n, "M")
-            assert np.all(np.abs(vn - v64) <= vb), (t, n, "V")
-            assert np.all(np.abs(p_new[n] - p64) <= pb), (t, n)
+        g = checked_adamw_step(tr, model, opt, t, data(seed=10 + t))
         if t == 1:  # B = 0: A's gradient is zero, B's is not
             assert not np.any(g["W1.lora_A"]) and np.any(g["W1.lora_B"])
     assert np.any(tr.parameters()["W1.lora_A"] != trainer(own_loss=True).parameters()["W1.lora_A"])
