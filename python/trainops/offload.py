@@ -34,6 +34,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .onnx_defs import numpy_dtype, tensor_type
+
 __all__ = ["MARK", "MIN_BYTES", "SESSION_COPY_LIMIT", "FrozenStore", "as_inputs",
            "is_offloaded", "materialise", "serialize", "session_copies", "stub", "take", "value",
            "wanted"]
@@ -42,10 +44,7 @@ MARK = "trainops:frozen"
 MIN_BYTES = 64 * 1024
 PROTOBUF_LIMIT = 2**31 - 1
 SESSION_COPY_LIMIT = 2**30  # see session_copies
-# The types a store holds (numpy has them; bfloat16 tensors stay in the proto).
-_TYPES = {TensorProto.FLOAT: np.dtype("<f4"), TensorProto.FLOAT16: np.dtype("<f2"),
-          TensorProto.DOUBLE: np.dtype("<f8"), TensorProto.INT8: np.dtype("i1"),
-          TensorProto.UINT8: np.dtype("u1")}
+# The float types a store holds (numpy has them; bfloat16 tensors stay in the proto).
 _FLOATS = (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE)
 
 
@@ -76,7 +75,7 @@ def is_offloaded(t: TensorProto) -> bool:
 
 def stub(name: str, dtype, shape) -> TensorProto:
     """The TensorProto of an offloaded tensor: name, type and dims, no data."""
-    t = TensorProto(name=name, data_type=helper.np_dtype_to_tensor_dtype(np.dtype(dtype)),
+    t = TensorProto(name=name, data_type=tensor_type(dtype),
                     dims=[int(d) for d in shape], data_location=TensorProto.EXTERNAL)
     t.external_data.add(key="location", value=MARK)
     return t
@@ -147,7 +146,7 @@ def _external_array(t: TensorProto, base: str, what: str) -> np.ndarray:
     from onnx.external_data_helper import ExternalDataInfo
 
     info = ExternalDataInfo(t)
-    dtype = _TYPES[t.data_type]
+    dtype = numpy_dtype(t.data_type).newbyteorder("<")  # ONNX's raw data is little-endian
     shape = tuple(int(d) for d in t.dims)
     nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     folder = os.path.realpath(base)
@@ -195,10 +194,9 @@ def take(model, what: str = "the model") -> tuple[onnx.ModelProto, FrozenStore]:
     keep = _no_offload(full)
     for t in full.graph.initializer:
         external = uses_external_data(t)
-        size = int(np.prod(t.dims, dtype=np.int64)) * _TYPES.get(t.data_type,
-                                                                 np.dtype("u1")).itemsize
-        if t.data_type in _FLOATS and size >= MIN_BYTES and t.name not in keep \
-                and not t.name.startswith("trainops/"):
+        if t.data_type in _FLOATS and t.name not in keep and not t.name.startswith("trainops/") \
+                and int(np.prod(t.dims, dtype=np.int64)) * numpy_dtype(t.data_type).itemsize \
+                >= MIN_BYTES:
             if external:
                 if base is None:
                     raise ValueError(f"initializers [{t.name!r}] hold their data in external "
@@ -281,10 +279,10 @@ def session_copies(model: onnx.ModelProto, store) -> list[str]:
     (the models this module exists for) memory wins: no copy."""
     if not getattr(store, "session_copies", True):
         return []
-    names = [t.name for t in model.graph.initializer
-             if is_offloaded(t) and t.data_type == TensorProto.FLOAT]
-    total = sum(int(np.prod(t.dims, dtype=np.int64)) * 4 for t in model.graph.initializer
-                if t.name in set(names))
+    held = [t for t in model.graph.initializer
+            if is_offloaded(t) and t.data_type == TensorProto.FLOAT]
+    total = sum(int(np.prod(t.dims, dtype=np.int64)) * 4 for t in held)
+    names = [t.name for t in held]
     return names if store is not None and total <= SESSION_COPY_LIMIT else []
 
 
