@@ -11,7 +11,9 @@ Every peer of a row runs in this process, interleaved: repetition ``r`` runs eac
 over the repetitions, and the ratio is torch's time over trainops' (above 1: trainops is
 faster). ``--profile``: the trainops step's time by op type (ONNX Runtime's profiler);
 ``--memory``: each peer's peak memory, one subprocess each (:mod:`.train_profile` says how).
-PyTorch is optional; without it the torch columns say so.
+PyTorch is optional; without it the torch columns say so. ``--providers EP`` (``webgpu``,
+``openvino``, ...) trains on that execution provider instead and prints the step time and
+the host<->device transfers per step (:mod:`.train_ep`).
 
     python -m trainops bench train --threads 1,2 --profile --memory --markdown
 """
@@ -138,8 +140,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .train_models import FAMILIES
 
     ap = argparse.ArgumentParser(prog="python -m trainops bench train", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", default="mlp,bncnn,transformer,gru,resnet",
-                    help=f"comma-separated, of: {', '.join(FAMILIES)}")
+    ap.add_argument("--models", default=None,
+                    help=f"comma-separated, of: {', '.join(FAMILIES)} (default: {DEFAULT_MODELS}; "
+                         "with --providers: mlp,cnn,transformer)")
     ap.add_argument("--batch", type=int, default=None,
                     help="batch size (default: each family's, train_models.DEFAULT_BATCH)")
     ap.add_argument("--threads", default="1,2", help="comma-separated thread counts")
@@ -157,11 +160,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ort-training", action="store_true",
                     help="add onnxruntime-training's Module+Optimizer as a peer (needs "
                          "onnxruntime-training installed in place of onnxruntime)")
+    ap.add_argument("--providers", metavar="EP", default=None,
+                    help="train on this execution provider instead (webgpu, openvino, or a "
+                         "provider name): the step time and the host<->device transfers per "
+                         "step (trainops.bench.train_ep), no torch peer")
     ap.add_argument("--markdown", action="store_true")
     ap.add_argument("--json", metavar="PATH")
     return ap
 
 
+DEFAULT_MODELS = "mlp,bncnn,transformer,gru,resnet"
 LABELS = {"torch": "torch eager", "compile": "torch.compile", "ort-training": "onnxruntime-training"}
 NAMES = {"mlp": "MLP 256-512-512-10, LayerNorm+GELU", "cnn": "CNN (demo, 8x8 digits)",
          "bncnn": "CNN + BatchNorm (8x8 digits)", "transformer": "transformer encoder, 2 x d64",
@@ -193,6 +201,12 @@ DENSE_OPS = frozenset({"Gemm", "MatMul", "FusedMatMul", "FusedGemm", "Conv", "Fu
 
 def run(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    if args.providers:
+        from .train_ep import EP_MODELS, run_providers
+
+        args.models = args.models or EP_MODELS
+        return run_providers(args)
+    args.models = args.models or DEFAULT_MODELS
     import onnxruntime as ort
 
     from .host import loadavg
