@@ -56,14 +56,15 @@ def _cmd_artifacts(args: argparse.Namespace) -> int:
     opt = kind[args.optimizer]() if args.lr is None else kind[args.optimizer](lr=args.lr)
     try:
         trainer = Trainer(args.model, args.loss, opt, params=args.params, policy=args.policy,
-                          threads=1, seed=args.seed)
-        manifest = trainer.save_artifacts(args.output)
+                          threads=1, seed=args.seed, portable=args.portable or None)
+        manifest = trainer.save_artifacts(args.output, portable=args.portable)
     except (OSError, ValueError, TypeError, NotImplementedError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     print(f"{args.output}: {', '.join(manifest['models'].values())}, "
           f"{manifest['checkpoint']}, manifest.json ({len(manifest['states'])} states, "
-          f"custom ops {', '.join(manifest['custom_ops']) or 'none'}; seed {trainer.seed})")
+          f"custom ops {', '.join(manifest['custom_ops']) or 'none'}; seed {trainer.seed}"
+          f"{'; portable: default-domain ONNX ops only' if args.portable else ''})")
     return 0
 
 
@@ -178,6 +179,9 @@ def build_parser() -> argparse.ArgumentParser:
                    default="float32")
     p.add_argument("--seed", type=int,
                    help="64-bit seed of the random nodes (default: a fresh one, printed)")
+    p.add_argument("--portable", action="store_true",
+                   help="training.onnx and eval.onnx of default-domain ONNX ops only, for "
+                        "runtimes without the library (onnxruntime-web, onnxruntime-node)")
     p.add_argument("-o", "--output", required=True, metavar="DIR")
     p.set_defaults(func=_cmd_artifacts)
 

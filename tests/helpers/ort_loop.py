@@ -23,7 +23,8 @@ class ArtifactLoop:
             self.manifest = m = json.load(f)
         assert m["format"] == "trainops-artifacts" and m["format_version"] == 1
         so = ort.SessionOptions()
-        so.register_custom_ops_library(library or os.environ["TRAINOPS_LIBRARY"])
+        if m["custom_ops"]:  # portable artifacts need no library: none is loaded
+            so.register_custom_ops_library(library or os.environ["TRAINOPS_LIBRARY"])
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.log_severity_level = 3
@@ -82,10 +83,12 @@ class ArtifactLoop:
         save_file({**self.other_tensors, **self.buffers}, str(path), metadata=meta)
 
     def eval_session(self, threads: int = 1) -> ort.InferenceSession:
-        """A session on ``eval.onnx`` (it needs no custom op; the library is loaded anyway,
-        as a program would for every model of the folder)."""
+        """A session on ``eval.onnx`` (it needs no custom op; the library is loaded anyway
+        when the manifest lists custom ops, as a program would for every model of the
+        folder)."""
         so = ort.SessionOptions()
-        so.register_custom_ops_library(os.environ["TRAINOPS_LIBRARY"])
+        if self.manifest["custom_ops"]:
+            so.register_custom_ops_library(os.environ["TRAINOPS_LIBRARY"])
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         return ort.InferenceSession(os.path.join(self.dir, self.manifest["models"]["eval"]),

@@ -189,25 +189,29 @@ def _step_graph_manifest(m: dict) -> dict:
             "norm_output": NORM_OUTPUT if NORM_OUTPUT in extra else None}
 
 
-def save(trainer, directory) -> dict:
+def save(trainer, directory, graph: StepGraph | None = None, finish=None) -> dict:
     """Write ``trainer``'s artifacts into ``directory`` (created if needed; the files are
     replaced): the three models, the checkpoint and the manifest, all or nothing
     (:func:`.atomic.write_files`: every target checked first, a symlink written through,
     a special file refused; every file written to a temporary file and fsync'ed before
     any is renamed over its target). Returns the manifest. One process only (not
-    ``comm=``)."""
+    ``comm=``). ``graph``: the step to write (default the trainer's; its states are the
+    trainer's); ``finish(models, manifest)``: checks the models and returns the manifest
+    to write (:mod:`.artifacts_portable`), before any file is written."""
     if trainer.step_graph is None:
         raise NotImplementedError("save_artifacts of a data-parallel (comm=) trainer: its "
                                   "step is two sessions around the collectives; save from a "
                                   "one-process Trainer (Trainer.load of its checkpoint)")
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
-    graph = trainer.step_graph
+    graph = trainer.step_graph if graph is None else graph
     models = {"training": graph.model,
               "eval": eval_model(trainer._train_model, eval_state(graph), graph.options.loss),
               "inference": trainer.export()}
     # the model with its loss attached: a trainops.losses loss adds its target input
     man = manifest(graph, trainer._train_model, models, trainer.runtime.arrays)
+    if finish is not None:
+        man = finish(models, man)
     frozen = getattr(trainer, "_frozen", None)  # a LoRA base held outside: put back
     files = [(os.path.join(directory, MODELS[key]),
               [m.SerializeToString() if frozen is None
@@ -382,7 +386,8 @@ def load(cls, directory, threads: int | None = None) -> Any:
         raise _checkpoint.CheckpointError(
             f"checkpoint {path!r} and the manifest {mpath!r} cannot build the step: "
             f"{exc}") from exc
+    # Portable artifacts resume as a portable trainer: its session is made as theirs was.
     trainer = _checkpoint.build_trainer(cls, tensors, metadata, path, threads,
-                                        _step_graph=graph)
+                                        _step_graph=graph, portable=man.get("portable") or None)
     _checkpoint.restore(trainer, tensors, metadata, path)
     return trainer

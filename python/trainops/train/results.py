@@ -225,7 +225,7 @@ class TrainerResults:
         _checkpoint.restore(self, tensors, metadata, path)
 
     # -- training artifacts ----------------------------------------------------------------
-    def save_artifacts(self, directory) -> dict:
+    def save_artifacts(self, directory, portable: bool = False) -> dict:
         """Write the training artifacts into ``directory`` (``docs/artifacts.md``):
         ``training.onnx`` (one step), ``eval.onnx`` (forward and loss, no update),
         ``inference.onnx`` (:meth:`export`), ``checkpoint.safetensors`` (every state) and
@@ -234,10 +234,20 @@ class TrainerResults:
         All or nothing: every file is written and fsync'ed before any replaces its previous
         version; a failure is an :class:`OSError` naming the file, and a special file among
         the targets is refused (as :meth:`save`). Not with ``accumulate`` > 1 (two models)
-        yet; a ``schedule`` is not part of them (the loop feeds ``lr``)."""
+        yet; a ``schedule`` is not part of them (the loop feeds ``lr``).
+
+        ``portable=True``: ``training.onnx`` and ``eval.onnx`` of default-domain ONNX ops
+        only, for runtimes without the library (onnxruntime-web, onnxruntime-node), from
+        any trainer (:mod:`trainops.train.artifacts_portable`; manifest ``"portable":
+        true``); a step that cannot be written so raises
+        :class:`~trainops.train.artifacts_portable.NotPortableError` naming its ops."""
         if self.accumulate > 1:
             raise NotImplementedError("save_artifacts with accumulate > 1 (a micro-batch "
                                       "model and an update model) is not supported yet")
+        if portable:
+            from . import artifacts_portable
+
+            return artifacts_portable.save(self, directory)
         return _artifacts.save(self, directory)
 
     @classmethod
