@@ -9,10 +9,13 @@
 //! - [`rnn`]: GRU (backpropagation through time, gates from the forward `GRUTrain` or
 //!   recomputed from Y; `rnn::forward`: the forward keeping them).
 //! - [`conv`]: the convolution's weight and input gradients (im2col + GEMM, col2im).
+//! - [`depthwise`]: depthwise convolution (group = channels) forward and gradients, direct
+//!   loops over the width.
 
 pub mod activation;
 pub mod batchnorm;
 pub mod conv;
+pub mod depthwise;
 mod gelu;
 mod gemm;
 pub mod im2col;
