@@ -64,7 +64,9 @@ def test_merged_step_is_bitwise_the_unmerged_one(library_path, monkeypatch, kind
     assert ops.count(op) == 1  # the backward's recomputation went into the forward node
     monkeypatch.setattr(tb, "merge_recomputations", lambda f, b: (list(f), list(b)))
     plain = Trainer(model, "loss", optim.Adam(lr=0.01), threads=1)
-    assert [nd.op_type for nd in plain.training_model.graph.node].count(op) == 2
+    # MaxPool's standard-op gradient asks no MaxPool for Indices: nothing to merge there
+    assert [nd.op_type for nd in plain.training_model.graph.node].count(op) == \
+        (1 if kind == "pool" else 2)
     for _ in range(3):
         assert same_bits(merged.step(feeds), plain.step(feeds))
     for k, v in plain.parameters().items():

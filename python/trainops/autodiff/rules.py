@@ -791,6 +791,44 @@ def conv(c: Ctx):
     return out
 
 
+def _pool_out_sizes(in_sp, k, strides, dil, pads, ceil):
+    """MaxPool's output sizes as onnxruntime computes them: with ``ceil`` the last window
+    must still start inside the input or its leading padding (one fewer otherwise)."""
+    n = len(in_sp)
+    out = _out_sizes(in_sp, k, strides, dil, pads, ceil)
+    if ceil:
+        out = [o - 1 if (o - 1) * s >= i + p else o
+               for o, s, i, p in zip(out, strides, in_sp, pads[:n])]
+    return out
+
+
+def _pool_windows(in_sp, out_sp, k, strides, dil, pads):
+    """The constant maps of MaxPool's windows over the flattened spatial grid.
+
+    - ``idx`` [O, K] int64: the input position each window (row-major output order) reads
+      at each kernel offset (row-major), 0 where that offset falls in the padding;
+    - ``valid`` [O, K] bool, or None when no offset falls in the padding;
+    - ``inv`` [P, M] int64: for each input position the slots ``o * K + k`` that read it,
+      in increasing ``o`` (output order), padded with ``O * K`` (a slot that holds 0)."""
+    n = len(in_sp)
+    o = np.indices(out_sp).reshape(n, -1)[:, :, None]  # [n, O, 1]
+    kk = np.indices(k).reshape(n, -1)[:, None, :]       # [n, 1, K]
+    col = lambda v: np.asarray(v, np.int64).reshape(n, 1, 1)  # noqa: E731
+    pos = o * col(strides) - col(pads[:n]) + kk * col(dil)   # [n, O, K]
+    inside = np.all((pos >= 0) & (pos < col(in_sp)), axis=0)  # [O, K]
+    flat = np.where(inside, np.ravel_multi_index(
+        tuple(np.clip(pos[i], 0, in_sp[i] - 1) for i in range(n)), in_sp), 0)
+    slots = np.flatnonzero(inside)  # increasing: output order, then kernel order
+    readers = flat.reshape(-1)[slots]
+    order = np.argsort(readers, kind="stable")  # per input, slots stay in output order
+    counts = np.bincount(readers, minlength=int(np.prod(in_sp)))
+    m = max(int(counts.max()) if counts.size else 0, 1)
+    inv = np.full((counts.size, m), flat.size, np.int64)
+    rank = np.arange(readers.size) - np.repeat(np.cumsum(counts) - counts, counts)
+    inv[readers[order], rank] = slots[order]
+    return flat.astype(np.int64), (None if inside.all() else inside), inv
+
+
 @rule("MaxPool")
 def max_pool(c: Ctx):
     b = c.b
@@ -804,25 +842,44 @@ def max_pool(c: Ctx):
     k = list(c.attr("kernel_shape"))
     strides = list(c.attr("strides", [1] * n))
     dil = list(c.attr("dilations", [1] * n))
-    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in c.node.attribute}
+    pads = _pads(c, in_sp, k, strides, dil)
+    # ceil_mode matters with explicit pads only (auto_pad's sizes are the floor of the
+    # pads _pads works out).
+    ceil = int(c.attr("ceil_mode", 0)) if c.attr("auto_pad", "NOTSET") == "NOTSET" else 0
     if b.fuses(X, c.y):
         outs = c.node.output
         if len(outs) > 1 and outs[1]:  # the forward's own Indices
             return [b.op("MaxPoolGrad", [c.gy, outs[1], b.shape_of(X)], domain=TRAINOPS_DOMAIN)]
         # Else the argmax found again in X: asking MaxPool for Indices would take the forward
-        # off onnxruntime's fast pooling (2-3x slower with them).
-        # ceil_mode matters with explicit pads only (auto_pad's sizes are the floor of the
-        # pads _pads works out); given, the op refuses a dY of the other rounding too.
-        ceil = int(c.attr("ceil_mode", 0)) if c.attr("auto_pad", "NOTSET") == "NOTSET" else 0
+        # off onnxruntime's fast pooling (2-3x slower with them). Given ceil_mode, the op
+        # refuses a dY of the other rounding too.
         return [b.op("MaxPoolGradFromInput", [c.gy, X], domain=TRAINOPS_DOMAIN, kernel_shape=k,
-                     strides=strides, dilations=dil, pads=_pads(c, in_sp, k, strides, dil),
-                     ceil_mode=ceil)]
-    overlap = any(s < (kk - 1) * d + 1 for s, kk, d in zip(strides, k, dil))
-    if overlap and b.opset < 16:
-        raise c.fail("overlapping pooling windows need opset >= 16 (ScatterElements "
-                     "with reduction 'add')")
-    _, idx = b.op("MaxPool", [X], 2, **attrs)
-    return [_scatter_flat(b, X, idx, c.gy, add=overlap)]
+                     strides=strides, dilations=dil, pads=pads, ceil_mode=ceil)]
+    # Standard ops, without MaxPool's Indices (execution providers such as WebGPU claim
+    # MaxPool and fail at run time on that output): every window's elements gathered from
+    # X, compared with the forward's Y, the first equal one in window order (row-major,
+    # which is increasing input position: the element onnxruntime's Indices name, ties
+    # included, as its kernel keeps a maximum until a strictly greater one comes) gets the
+    # window's dY; each input sums what its windows send in output order, one Add at a time
+    # from +0 (ScatterElements' order at the Indices): the same bits. Padding is skipped.
+    out_sp = _pool_out_sizes(in_sp, k, strides, dil, pads, ceil)
+    idx, valid, inv = _pool_windows(in_sp, out_sp, k, strides, dil, pads)
+    n_out, n_k = idx.shape
+    flat = lambda t, sizes: b.op("Reshape", [t, b.ints([0, 0] + sizes)])  # noqa: E731
+    windows = b.op("Gather", [flat(X, [inv.shape[0]]), b.const(idx)], axis=2)  # [N, C, O, K]
+    hit = b.op("Equal", [windows, flat(c.y, [n_out, 1])])
+    if valid is not None:
+        hit = b.op("And", [hit, b.const(valid)])
+    if n_k > 1:  # drop every hit that follows an earlier one of its window
+        earlier = b.op("MatMul", [b.op("Cast", [hit], to=onnx.TensorProto.FLOAT),
+                                  b.const(np.triu(np.ones((n_k, n_k), np.float32), 1))])
+        hit = b.op("And", [hit, b.op("Less", [earlier, b.const(np.float32(0.5))])])
+    sent = b.op("Where", [hit, flat(c.gy, [n_out, 1]), b.scalar(0.0, X)])
+    sent = b.op("Pad", [flat(sent, [n_out * n_k]), b.ints([0, 0, 0, 0, 0, 1])])  # slot O*K: 0
+    gx = b.scalar(0.0, X)
+    for j in range(inv.shape[1]):
+        gx = b.op("Add", [gx, b.op("Gather", [sent, b.const(inv[:, j])], axis=2)])
+    return [b.op("Reshape", [gx, b.ints([0, 0] + in_sp)])]
 
 
 @rule("AveragePool")
