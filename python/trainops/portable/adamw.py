@@ -25,7 +25,7 @@ import numpy as np
 
 from .emit import DOUBLE, FLOAT, INT64, Emitter, Expansion, ExpansionError
 from .fma import fma
-from .optimizers import _Rates, _tensor_types, compute_type, split_groups
+from .optimizers import _Rates, _tensor_types, compute_type, rate_types, split_groups
 
 __all__ = ["adamw", "ADAMW_DEFAULTS", "adamw_attributes"]
 
@@ -76,7 +76,7 @@ def _step_inputs(e: Emitter) -> tuple[str, str]:
     from onnx import helper
 
     r, t = e.node.input[0], e.node.input[1]
-    re = e.elem(r, "R", (FLOAT, DOUBLE))
+    re = e.elem(r, "R", rate_types(e))
     e.elem(t, "T", (INT64,))
     ts = e.scalar(t)
     index = e.op("Cast", e.op("Less", ts, e.const(1, INT64)), to=INT64)  # 1: out of range
@@ -84,8 +84,32 @@ def _step_inputs(e: Emitter) -> tuple[str, str]:
     e.nodes.append(helper.make_node("Gather", [e.op("Reshape", ts, e.ints([1])), index],
                                     [checked], name=e.fresh("T_must_be_at_least_1"), axis=0))
     e.ordered_after = [r, checked]
-    td = e.op("Cast", checked, to=DOUBLE, hint="t")
-    return e.cast(e.scalar(r), re, DOUBLE), td
+    td = e.op("Cast", checked, to=e.wide, hint="t")
+    return e.cast(e.scalar(r), re, e.wide), td
+
+
+def _scalars(e: Emitter, a: dict, rd: str, td: str) -> tuple:
+    """``(decay or None, step_size, sqrt of the second bias correction)`` in float64."""
+    one = e.const(1.0, DOUBLE)
+    pow_t = lambda beta: e.op("Pow", e.const(beta, DOUBLE), td)  # noqa: E731
+    decay = (e.op("Sub", one, e.op("Mul", rd, e.const(a["weight_decay"], DOUBLE)), hint="decay")
+             if a["weight_decay"] != 0.0 else None)
+    step = e.op("Div", rd, e.op("Sub", one, pow_t(a["beta1"])), hint="step_size")
+    bc2 = e.op("Pow", e.op("Sub", one, pow_t(a["beta2"])), e.const(0.5, DOUBLE), hint="bc2_sqrt")
+    return decay, step, bc2
+
+
+def _scalars_ff(e: Emitter, a: dict, rd: str, td: str) -> tuple:
+    """The same in float-float (:mod:`.ff`), each rounded to a float32 scalar."""
+    from .ff import FF
+
+    ff = FF(e)
+    one, r = ff.const(1.0), ff.of(rd)
+    decay = (ff.sub(one, ff.mul(r, ff.const(a["weight_decay"])))[0]
+             if a["weight_decay"] != 0.0 else None)
+    step = ff.div(r, ff.sub(one, ff.pow(a["beta1"], td)))[0]
+    bc2 = ff.sqrt(ff.sub(one, ff.pow(a["beta2"], td)))[0]
+    return decay, step, bc2
 
 
 def adamw(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
@@ -105,12 +129,7 @@ def adamw(node, types: Mapping[str, int], taken: set[str], **options) -> Expansi
     groups = "X G M V Vmax".split() if flags["amsgrad"] else "X G M V".split()
     n, ins, outs = split_groups(e, ["R", "T"], groups, len(groups) - 1)
     rd, td = _step_inputs(e)
-    one = e.const(1.0, DOUBLE)
-    pow_t = lambda beta: e.op("Pow", e.const(beta, DOUBLE), td)  # noqa: E731
-    decay = (e.op("Sub", one, e.op("Mul", rd, e.const(a["weight_decay"], DOUBLE)), hint="decay")
-             if a["weight_decay"] != 0.0 else None)
-    step = e.op("Div", rd, e.op("Sub", one, pow_t(a["beta1"])), hint="step_size")
-    bc2 = e.op("Pow", e.op("Sub", one, pow_t(a["beta2"])), e.const(0.5, DOUBLE), hint="bc2_sqrt")
+    decay, step, bc2 = (_scalars if e.float64 else _scalars_ff)(e, a, rd, td)
     rates = {"step": _Rates(e, step), "bc2": _Rates(e, bc2)}
     if decay is not None:
         rates["decay"] = _Rates(e, decay)

@@ -82,14 +82,19 @@ def float_attrs(node, defaults: Mapping[str, float | None]) -> dict[str, float]:
 class Emitter:
     """Builds one expansion. ``types`` maps value names to ONNX element types (at least
     the node's inputs); ``taken`` is the set of names already used in the graph (names
-    made here are added to it); ``sqrt`` and ``dropout_seed`` are the rewrite's options."""
+    made here are added to it); ``sqrt``, ``dropout_seed`` and ``float64`` are the rewrite's
+    options. ``float64=False``: no float64 value anywhere (EPs without float64): square
+    roots native, per-call scalars in float-float (:mod:`.ff`), fmas in float32
+    (:func:`~.fma.fma_split`); :attr:`wide` is the type the per-call scalars come in."""
 
     def __init__(self, node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact",
-                 dropout_seed: int = 0):
+                 dropout_seed: int = 0, float64: bool = True):
         self.dropout_seed = int(dropout_seed)
         if sqrt not in SQRT_MODES:
             raise ValueError(f"sqrt: expected one of {', '.join(SQRT_MODES)}, got {sqrt!r}")
-        self.sqrt_mode = sqrt
+        self.float64 = bool(float64)
+        self.wide = DOUBLE if self.float64 else FLOAT
+        self.sqrt_mode = sqrt if self.float64 else "native"
         self.node = node
         self.types = types
         self.taken = taken

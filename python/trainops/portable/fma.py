@@ -18,6 +18,12 @@ PyTorch does (AdamW's ``lerp_`` and ``addcmul_``), so the portable AdamW emits t
   tests/test_portable.py, README); where ``a * b`` overflows in double: ``c`` if that is
   infinite, else ``a * b + c`` (the fma's value unless ``c`` cancels the overflow).
 
+- float32 without float64 (:func:`fma_split` on floats, for EPs that have no float64):
+  the float64 algorithm in float32, Veltkamp's splitter 2^12 + 1. Exact (the correctly
+  rounded fma) wherever Dekker's product is: ``a * b`` zero or at least ``2^-102`` in
+  magnitude and below ``2^128``; where a partial product underflows, within a few ulps
+  of the subnormal result (tests/test_portable_float32.py measures it).
+
 A zero product that underflowed keeps its sign against a zero ``c`` (``fma(-tiny, tiny,
 +0) = -0``) in both. Every node is a ``Mul``/``Add``/``Sub``/``Cast``/comparison/``Where``
 on doubles: nothing is relied on beyond IEEE rounding of double arithmetic, correctly
@@ -29,7 +35,7 @@ from __future__ import annotations
 
 from .emit import DOUBLE, FLOAT, Emitter
 
-__all__ = ["fma32", "fma64", "two_sum"]
+__all__ = ["fma", "fma32", "fma64", "fma_split", "two_prod", "two_sum"]
 
 # 2^128: what a double beyond float's range is measured against (Cast gives +-Inf there).
 _FLOAT_LIMIT = 2.0 ** 128
@@ -72,41 +78,64 @@ def fma32(e: Emitter, a: str, b: str, c: str) -> str:
     return e.op("Where", fix, other, r, hint="fma")
 
 
-def _split(e: Emitter, a: str) -> tuple[str, str]:
-    """Veltkamp's split of a double: ``a = hi + lo``, each with at most 26 bits. Values
-    from 2^995 up are split scaled down by 2^-28 (exactly) so that ``a * (2^27 + 1)``
-    cannot overflow."""
-    big = e.op("Greater", e.op("Abs", a), e.const(2.0 ** 995, DOUBLE))
-    down = e.op("Where", big, e.const(2.0 ** -28, DOUBLE), e.const(1.0, DOUBLE))
-    up = e.op("Where", big, e.const(2.0 ** 28, DOUBLE), e.const(1.0, DOUBLE))
+# Veltkamp's split per type: (splitter 2^s + 1, the magnitude from which a value is
+# split scaled down so that a * splitter cannot overflow, that scale's exponent).
+_SPLITS = {DOUBLE: (_SPLITTER, 2.0 ** 995, 28), FLOAT: (4097.0, 2.0 ** 114, 13)}
+
+
+def _split(e: Emitter, a: str, elem: int = DOUBLE) -> tuple[str, str]:
+    """Veltkamp's split: ``a = hi + lo``, each with at most half the significand's bits
+    (26 of a double's 53, 12 of a float's 24). Values from 2^995 (a float: 2^114) up are
+    split scaled down by 2^-28 (2^-13) exactly, so that ``a * (2^s + 1)`` cannot
+    overflow."""
+    splitter, limit, shift = _SPLITS[elem]
+    big = e.op("Greater", e.op("Abs", a), e.const(limit, elem))
+    down = e.op("Where", big, e.const(2.0 ** -shift, elem), e.const(1.0, elem))
+    up = e.op("Where", big, e.const(2.0 ** shift, elem), e.const(1.0, elem))
     scaled = e.op("Mul", a, down)
-    k = e.op("Mul", scaled, e.const(_SPLITTER, DOUBLE))
+    k = e.op("Mul", scaled, e.const(splitter, elem))
     hi = e.op("Sub", k, e.op("Sub", k, scaled))
     lo = e.op("Sub", scaled, hi)
     return e.op("Mul", hi, up, hint="hi"), e.op("Mul", lo, up, hint="lo")
 
 
-def fma64(e: Emitter, a: str, b: str, c: str) -> str:
-    """``a * b + c`` of float64 values rounded once to float64: exact in Dekker's range,
-    see the module docstring."""
+def two_prod(e: Emitter, a: str, b: str, elem: int) -> tuple[str, str]:
+    """``(p, err)``: ``p = a * b`` rounded and ``err = a * b - p`` (Dekker's product over
+    Veltkamp's split; exact unless a partial product underflows: ``|a * b|`` below
+    2^-969 in double, 2^-102 in float, or ``p`` overflows)."""
     p = e.op("Mul", a, b, hint="p")
-    (ah, al), (bh, bl) = _split(e, a), _split(e, b)
+    (ah, al), (bh, bl) = _split(e, a, elem), _split(e, b, elem)
     pl = e.op("Sub", e.op("Mul", ah, bh), p)
     for x, y in ((ah, bl), (al, bh), (al, bl)):
         pl = e.op("Add", pl, e.op("Mul", x, y))
+    return p, pl
+
+
+def fma64(e: Emitter, a: str, b: str, c: str) -> str:
+    """``a * b + c`` of float64 values rounded once to float64: exact in Dekker's range,
+    see the module docstring."""
+    return fma_split(e, a, b, c, DOUBLE)
+
+
+def fma_split(e: Emitter, a: str, b: str, c: str, elem: int) -> str:
+    """``a * b + c`` rounded once to ``elem`` (DOUBLE or FLOAT) with arithmetic of that
+    type only: Dekker's product, then TwoSums deciding the halfway case (the module
+    docstring's float64 paragraph; for float32 the same argument with 24-bit halves:
+    exact for ``|a * b|`` from 2^-102 up or zero)."""
+    p, pl = two_prod(e, a, b, elem)
     s, err = two_sum(e, p, c)         # a*b + c = s + err + pl
     t, terr = two_sum(e, err, pl)     #         = s + t + terr
     z, f = two_sum(e, s, t)           #         = z + f + terr, z = RN(s + t)
     # t = 0: the sum is s itself, a -0 included (s + +0 would be +0). z is not -0 when
     # t != 0 (x + -x is +0), so Where keeps every bit. (No Not before a Where anywhere:
     # onnxruntime fuses the two into a Where with its operands swapped.)
-    zero = e.const(0.0, DOUBLE)
+    zero = e.const(0.0, elem)
     nonzero = lambda x: e.op("Or", e.op("Less", x, zero), e.op("Greater", x, zero))  # noqa: E731
     z = e.op("Where", nonzero(t), z, s)
     two_f = e.op("Add", f, f)
     other = e.op("Add", z, two_f)     # the neighbour beyond s + t when that is halfway
     halfway = e.op("And", e.op("Equal", e.op("Sub", other, z), two_f), nonzero(f))
-    fixed = e.op("Where", e.op("And", halfway, _same_sign(e, terr, f, DOUBLE)), other, z)
+    fixed = e.op("Where", e.op("And", halfway, _same_sign(e, terr, f, elem)), other, z)
     # An infinite product gives NaN above: a*b + c instead, or c where only the product of
     # finite a, b overflowed and c is infinite (Where drops the sign of a selected -0,
     # which a*b + c is only for a finite product).
@@ -121,15 +150,16 @@ def fma64(e: Emitter, a: str, b: str, c: str) -> str:
     underflow = e.op("And", e.op("And", is_zero(p), is_zero(c)),
                      e.op("Not", e.op("Or", is_zero(a), is_zero(b))))
     negative = e.op("Xor", e.op("Less", a, zero), e.op("Less", b, zero))
-    sign = e.op("Where", e.op("And", underflow, negative), e.const(-1.0, DOUBLE),
-                e.const(1.0, DOUBLE))
+    sign = e.op("Where", e.op("And", underflow, negative), e.const(-1.0, elem),
+                e.const(1.0, elem))
     return e.op("Mul", e.op("Where", underflow, zero, out), sign, hint="fma")
 
 
 def fma(e: Emitter, a: str, b: str, c: str, elem: int) -> str:
-    """:func:`fma32` for ``elem`` FLOAT, :func:`fma64` for DOUBLE."""
+    """:func:`fma32` for ``elem`` FLOAT (:func:`fma_split` in float32 when the emitter may
+    not use float64), :func:`fma64` for DOUBLE."""
     if elem == FLOAT:
-        return fma32(e, a, b, c)
+        return fma32(e, a, b, c) if e.float64 else fma_split(e, a, b, c, FLOAT)
     if elem == DOUBLE:
         return fma64(e, a, b, c)
     raise ValueError(f"fma: compute type {elem} is neither float nor double")

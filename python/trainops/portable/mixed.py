@@ -14,7 +14,7 @@ from typing import Mapping
 
 from onnx import AttributeProto, helper
 
-from .emit import (BFLOAT16, BOOL, DOUBLE, FLOAT, FLOAT16, FLOAT_TYPES, INT64, Emitter,
+from .emit import (BFLOAT16, BOOL, FLOAT, FLOAT16, FLOAT_TYPES, INT64, Emitter,
                    Expansion, ExpansionError, float_attrs)
 from .optimizers import ADAM_DEFAULTS, _tensor_types, adam_rate, adam_update, split_groups
 
@@ -58,7 +58,7 @@ def mixed_precision_adam(node, types: Mapping[str, int], taken: set[str], **opti
     n, (xs, gs, vs, hs), outs = split_groups(e, ["R", "T", "loss_scale"], "XGVH", groups, 1)
     e.elem(node.input[2], "loss_scale", (FLOAT,))
     scale = e.scalar(node.input[2])
-    rate = e.cast(adam_rate(e, a["alpha"], a["beta"]), DOUBLE, FLOAT)
+    rate = e.cast(adam_rate(e, a["alpha"], a["beta"]), e.wide, FLOAT)
     e.ordered_after = list(node.input[:3])  # R, T, loss_scale: see Emitter.ready
     loaded, unscaled = [], []
     for i in range(n):
@@ -153,7 +153,7 @@ def all_finite(node, types: Mapping[str, int], taken: set[str], **options) -> Ex
         raise ExpansionError(e.where("expected at least 1 input and 1 output"))
     values = []
     for k, name in enumerate(node.input):
-        elem = e.elem(name, f"X_{k + 1}", FLOAT_TYPES)
+        elem = e.elem(name, f"X_{k + 1}", FLOAT_TYPES if e.float64 else (FLOAT, FLOAT16, BFLOAT16))
         values.append(e.cast(name, elem, FLOAT if elem in (FLOAT16, BFLOAT16) else elem))
     finite = e.op("Equal", nonfinite_count(e, values), e.const(0.0, FLOAT))
     e.output(finite, node.output[0], BOOL, BOOL)

@@ -15,6 +15,9 @@ expansions do the kernels' operations (``crates/trainops-kernels/src/optim/*/mod
 
 - float32 square roots go through float64 unless ``sqrt="native"``
   (:meth:`~trainops.portable.emit.Emitter.sqrt`);
+- without float64 (``float64=False``, for EPs that have none) the per-call scalars are
+  computed in float-float (:mod:`.ff`), square roots are native, and double tensors are
+  refused;
 - every output depends on every input of the node, as the fused node reads them all
   before it writes (:meth:`~trainops.portable.emit.Emitter.ready`): with in-place
   IOBinding no tensor's new value may be written before another gradient, computed from
@@ -64,22 +67,28 @@ def split_groups(e: Emitter, scalars: list[str], groups: str, out_groups: int,
             [outs[j * n:(j + 1) * n] for j in range(out_groups)])
 
 
+def rate_types(e: Emitter) -> tuple[int, ...]:
+    """The types ``R`` may have: float or double, float alone without float64."""
+    return (FLOAT, DOUBLE) if e.float64 else (FLOAT,)
+
+
 def _rate_inputs(e: Emitter) -> tuple[str, str, str]:
-    """(R as a float64 scalar, T as an int64 scalar, T as a float64 scalar)."""
+    """(R as a scalar of ``e.wide``, T as an int64 scalar, T as a scalar of ``e.wide``):
+    float64, or float32 without float64."""
     r, t = e.node.input[0], e.node.input[1]
     e.ordered_after = [r, t]
-    re = e.elem(r, "R", (FLOAT, DOUBLE))
+    re = e.elem(r, "R", rate_types(e))
     e.elem(t, "T", (INT64,))
-    rd = e.cast(e.scalar(r), re, DOUBLE)
+    rd = e.cast(e.scalar(r), re, e.wide)
     ts = e.scalar(t)
-    return rd, ts, e.op("Cast", ts, to=DOUBLE, hint="t")
+    return rd, ts, e.op("Cast", ts, to=e.wide, hint="t")
 
 
 def _tensor_types(e: Emitter, i: int, streams: dict[str, str], gradient: str) -> tuple[int, int]:
     """Checks tensor ``i``'s streams (``{group letter: name}``): weights float, double,
     float16 or bfloat16, every stream but the gradient of X's type, the gradient of X's
     type or 16-bit with float32 weights. Returns (X's type, G's type)."""
-    xe = e.elem(streams["X"], f"X_{i}", FLOAT_TYPES)
+    xe = e.elem(streams["X"], f"X_{i}", FLOAT_TYPES if e.float64 else (FLOAT, FLOAT16, BFLOAT16))
     ge = xe
     for p, name in streams.items():
         if p == "X":
@@ -99,8 +108,16 @@ def compute_type(elem: int) -> int:
 
 
 def adam_rate(e: Emitter, alpha: float, beta: float) -> str:
-    """``T > 0 ? R * sqrt(1 - beta^T) / (1 - alpha^T) : R`` in float64 (a scalar)."""
+    """``T > 0 ? R * sqrt(1 - beta^T) / (1 - alpha^T) : R`` in float64 (a scalar; without
+    float64 in float-float, rounded to a float32 scalar)."""
     rd, ts, td = _rate_inputs(e)
+    if not e.float64:
+        from .ff import FF
+
+        ff, one = FF(e), FF(e).const(1.0)
+        r = ff.div(ff.mul(ff.of(rd), ff.sqrt(ff.sub(one, ff.pow(beta, td)))),
+                   ff.sub(one, ff.pow(alpha, td)))[0]
+        return e.select(e.op("Greater", ts, e.const(0, INT64)), r, rd, FLOAT)
     one = e.const(1.0, DOUBLE)
     pa = e.op("Pow", e.const(alpha, DOUBLE), td)
     pb = e.op("Pow", e.const(beta, DOUBLE), td)
@@ -126,14 +143,14 @@ def adam_update(e: Emitter, c: int, a: Mapping[str, float], rate: str, x: str, g
 
 
 class _Rates:
-    """A float64 scalar rounded once per compute type (cached)."""
+    """A scalar of ``e.wide`` rounded once per compute type (cached)."""
 
     def __init__(self, e: Emitter, rate: str):
         self.e, self.rate, self.cache = e, rate, {}
 
     def __getitem__(self, c: int) -> str:
         if c not in self.cache:
-            self.cache[c] = self.e.cast(self.rate, DOUBLE, c)
+            self.cache[c] = self.e.cast(self.rate, self.e.wide, c)
         return self.cache[c]
 
 
@@ -160,8 +177,16 @@ def adagrad(node, types: Mapping[str, int], taken: set[str], **options) -> Expan
     a = float_attrs(node, ADAGRAD_DEFAULTS)
     n, (xs, gs, hs), (xo, ho) = split_groups(e, ["R", "T"], "XGH", 2)
     rd, _, td = _rate_inputs(e)
-    rate = e.op("Div", rd, e.op("Add", e.const(1.0, DOUBLE),
-                                e.op("Mul", td, e.const(a["decay_factor"], DOUBLE))), hint="rate")
+    if e.float64:
+        rate = e.op("Div", rd, e.op("Add", e.const(1.0, DOUBLE),
+                                    e.op("Mul", td, e.const(a["decay_factor"], DOUBLE))),
+                    hint="rate")
+    else:  # float-float (T exact as a float below 2^24)
+        from .ff import FF
+
+        ff = FF(e)
+        rate = ff.div(ff.of(rd), ff.add(ff.const(1.0),
+                                        ff.mul(ff.of(td), ff.const(a["decay_factor"]))))[0]
     rates = _Rates(e, rate)
     for i in range(n):
         xe, ge = _tensor_types(e, i + 1, {"X": xs[i], "G": gs[i], "H": hs[i]}, "G")
@@ -195,7 +220,7 @@ def momentum(node, types: Mapping[str, int], taken: set[str], **options) -> Expa
     n, (xs, gs, vs), (xo, vo) = split_groups(e, ["R", "T"], "XGV", 2)
     r, t = node.input[0], node.input[1]
     e.ordered_after = [r, t]
-    re = e.elem(r, "R", (FLOAT, DOUBLE))
+    re = e.elem(r, "R", rate_types(e))
     e.elem(t, "T", (INT64,))
     rs, positive = e.scalar(r), e.op("Greater", e.scalar(t), e.const(0, INT64))
     coeffs: dict[int, tuple[str, str]] = {}

@@ -18,7 +18,25 @@ from .mixed import all_finite, dynamic_loss_scale, mixed_precision_adam
 from .adamw import adamw
 from .optimizers import adagrad, adam, momentum
 
-__all__ = ["EXPANSIONS", "MIN_OPSET", "rewrite", "custom_nodes", "value_types"]
+__all__ = ["EXPANSIONS", "MIN_OPSET", "NO_FLOAT64", "has_float64", "rewrite", "custom_nodes",
+           "value_types"]
+
+# Execution providers without float64 arithmetic: a float64 node of the step would run on
+# the CPU beside them (a copy each way), so their portable graph is built with
+# rewrite(float64=False).
+NO_FLOAT64 = frozenset({
+    "WebGpuExecutionProvider",
+    "JsExecutionProvider",
+    "DmlExecutionProvider",
+    "WebNNExecutionProvider",
+})
+
+
+def has_float64(names) -> bool:
+    """Whether every execution provider named in ``names`` has float64 arithmetic (False
+    as soon as one is in :data:`NO_FLOAT64`): the ``float64=`` of :func:`rewrite` for a
+    session of those providers."""
+    return not any(n in NO_FLOAT64 for n in names)
 
 Expand = Callable[..., Expansion]  # (node, types, taken, sqrt=...) -> Expansion
 
@@ -92,7 +110,7 @@ def custom_nodes(model) -> list:
 
 
 def rewrite(model, types: Optional[Mapping[str, int]] = None, sqrt: str = "exact",
-            dropout_seed: int = 0):
+            dropout_seed: int = 0, float64: bool = True):
     """A copy of ``model`` with every node in :data:`EXPANSIONS` replaced by standard ONNX
     ops (see the package docstring). ``types`` adds element types (ONNX enums) for values
     whose type the model does not declare. ``sqrt``: ``"exact"`` (float32 square roots
@@ -101,7 +119,10 @@ def rewrite(model, types: Optional[Mapping[str, int]] = None, sqrt: str = "exact
     ``dropout_seed`` is mixed into the ``seed`` of the ``Dropout`` that replaces each
     ``PhiloxDropout`` (not bit-exact: see :mod:`trainops.portable.dropout`). Other nodes of
     custom domains (the Philox random ops, for instance) are kept, with their domain's
-    import. Raises
+    import. ``float64=False``: the expansions use no float64 value (for EPs without
+    float64, :data:`NO_FLOAT64`): native square roots, per-call scalars in float-float
+    (:mod:`trainops.portable.ff`), AdamW's fmas by float32 error-free transformations
+    (:func:`trainops.portable.fma.fma_split`); double tensors are refused. Raises
     :class:`ExpansionError` naming the node for a node it cannot expand, and when the
     model imports a default-domain opset below :data:`MIN_OPSET`."""
     import onnx
@@ -126,7 +147,8 @@ def rewrite(model, types: Optional[Mapping[str, int]] = None, sqrt: str = "exact
             raise ExpansionError(f"{node.op_type} node {node.name!r}: the model imports opset "
                                  f"{default} of the default domain; the expansion needs "
                                  f"{MIN_OPSET} or newer")
-        expansion = expand(node, known, taken, sqrt=sqrt, dropout_seed=dropout_seed)
+        expansion = expand(node, known, taken, sqrt=sqrt, dropout_seed=dropout_seed,
+                           float64=float64)
         nodes.extend(expansion.nodes)
         initializers.extend(expansion.initializers)
         _output_types(node, known)
