@@ -187,3 +187,25 @@ def test_finite_differences(rng, shape, attrs):
     terms = int(np.prod([-(-k // s) for k, s in zip(attrs["kernel_shape"], attrs["strides"])]))
     tol = terms * np.finfo(F32).eps / 2 * np.abs(gy).sum()
     np.testing.assert_allclose(got.reshape(-1), fd, rtol=0, atol=tol)
+
+
+def test_windows_without_a_finite_maximum_pass_nothing(rng):
+    """onnxruntime's kernel starts each window from the lowest finite value and takes
+    strictly greater elements: a window of -inf, NaN or that lowest value names no element
+    (com.trainops::MaxPoolGradFromInput passes no gradient there; nor does the rule), the
+    others are unaffected."""
+    shape, attrs = (1, 1, 4, 6), dict(kernel_shape=[2, 2], strides=[2, 2])
+    x = rng.standard_normal(shape).astype(F32)
+    x[0, 0, :2, :2] = -np.inf
+    x[0, 0, :2, 2:4] = [[np.nan, -np.inf], [np.nan, np.nan]]
+    x[0, 0, :2, 4:] = np.finfo(F32).min
+    x[0, 0, 2, 0] = np.nan  # beside finite values: never the maximum
+    gy = rng.standard_normal((1, 1, 2, 3)).astype(F32)
+    got = session(rule_model(shape, attrs)).run(None, {"X": x, "dY": gy})[0][0, 0]
+    assert not got[:2].any()
+    want = np.zeros((2, 6), F32)
+    for j in range(3):
+        w = x[0, 0, 2:, 2 * j:2 * j + 2].reshape(-1)
+        first = int(np.nanargmax(w))
+        want[first // 2, 2 * j + first % 2] = gy[0, 0, 1, j]
+    assert got[2:].tobytes() == want.tobytes()

@@ -867,7 +867,13 @@ def max_pool(c: Ctx):
     n_out, n_k = idx.shape
     flat = lambda t, sizes: b.op("Reshape", [t, b.ints([0, 0] + sizes)])  # noqa: E731
     windows = b.op("Gather", [flat(X, [inv.shape[0]]), b.const(idx)], axis=2)  # [N, C, O, K]
-    hit = b.op("Equal", [windows, flat(c.y, [n_out, 1])])
+    # A maximum not above the type's lowest finite value (a window of -inf and NaN only)
+    # is no element's: no gradient (onnxruntime's kernel starts from that value and takes
+    # strictly greater ones; its Indices name no element there either).
+    y = c.y
+    y = b.op("Where", [b.op("Greater", [y, b.scalar(np.finfo(b.np_dtype(X)).min, X)]), y,
+                       b.scalar(np.nan, X)])
+    hit = b.op("Equal", [windows, flat(y, [n_out, 1])])
     if valid is not None:
         hit = b.op("And", [hit, b.const(valid)])
     if n_k > 1:  # drop every hit that follows an earlier one of its window
