@@ -280,17 +280,19 @@ def check_portable(optimizer, names: Sequence[str] = ()) -> None:
         "trainops' custom-op library")
 
 
-def portable_graph(graph, key_seed: int):
+def portable_graph(graph, key_seed: int, names: Sequence[str] = ()):
     """``graph`` with its model rewritten to standard ONNX ops (inputs, outputs and state
-    names unchanged, so the runtime binds it as before). ValueError naming them when nodes
+    names unchanged, so the runtime binds it as before). ``names``: the execution providers
+    of the session; with one of :data:`trainops.portable.NO_FLOAT64` among them the rewrite
+    uses no float64 (``rewrite(float64=False)``). ValueError naming them when nodes
     of trainops' domains would be left (an optimizer without a standard-op form)."""
     import dataclasses
 
     from ..onnx_defs import TRAINING_DOMAIN, TRAINOPS_DOMAIN
-    from ..portable import rewrite
+    from ..portable import has_float64, rewrite
 
     check_portable(graph.options.optimizer)
-    model = rewrite(graph.model, dropout_seed=key_seed)
+    model = rewrite(graph.model, dropout_seed=key_seed, float64=has_float64(names))
     left = sorted({f"{n.domain}::{n.op_type}" for n in model.graph.node
                    if n.domain in (TRAINING_DOMAIN, TRAINOPS_DOMAIN)
                    and n.op_type not in KEPT_RANDOM_OPS})

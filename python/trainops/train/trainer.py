@@ -265,7 +265,8 @@ class Trainer(TrainerResults):
             if _step_graph is None:  # LoRA on a quantised base: the backward's dequantisation
                 _lora.finish_step(self)
             if self.placement.portable and _step_graph is None:
-                self.step_graph = portable_graph(self.step_graph, key_seed)
+                self.step_graph = portable_graph(self.step_graph, key_seed,
+                                                 self.placement.names)
             self.param_names = self.step_graph.param_names
             self.training_model = TrainingModel(self.step_graph.model)
             if self.step_graph.apply_model is None:
