@@ -88,15 +88,7 @@ CASES = {  # name -> (model, optimizer, policy, batches)
 
 def save_artifacts(trainer, directory) -> dict:
     """Portable artifacts of ``trainer``."""
-    try:
-        return trainer.save_artifacts(directory, portable=True)
-    except TypeError:  # TEMPORARY until save_artifacts takes portable=: the portable
-        # Trainer's own artifacts, marked portable
-        man = trainer.save_artifacts(directory)
-        assert man["custom_ops"] == [], man["custom_ops"]
-        man["portable"] = True
-        Path(directory, "manifest.json").write_text(json.dumps(man, indent=2) + "\n")
-        return man
+    return trainer.save_artifacts(directory, portable=True)
 
 
 def losses_json(losses, trainer) -> dict:
@@ -130,8 +122,32 @@ def make(out: Path) -> None:
         (d / "python.json").write_text(json.dumps(losses_json(losses, trainer)) + "\n")
         print(f"{name}: {len(params)} parameters, loss {losses[0]:.4f} -> {losses[-1]:.4f}, "
               f"T {trainer.T}, skipped {trainer.skipped}")
+    numbers(out / "numbers.json")
     (out / "versions.json").write_text(json.dumps({"onnxruntime": onnxruntime.__version__,
                                                    "numpy": np.__version__}) + "\n")
+
+
+def numbers(path: Path) -> None:
+    """Python's repr of doubles of every magnitude, and numpy's float32 -> float16 rounding,
+    for the checkpoint metadata and the float16 copies the JavaScript side writes."""
+    rng = np.random.default_rng(5)
+    doubles = np.concatenate([
+        rng.standard_normal(300) * 10.0 ** rng.integers(-30, 30, 300),
+        [0.0, -0.0, 1.0, 8192.0, 32768.0, 0.001, 1e-4, 1e-5, 1e15, 1e16, 1e22, 5e-324,
+         1.7976931348623157e308, 0.1, 1 / 3, 123456789.0, 2.0 ** 63, float("inf"),
+         float("-inf"), float("nan")],
+        np.float32(rng.standard_normal(50)).astype(np.float64)])
+    f32 = np.concatenate([
+        rng.standard_normal(2000).astype(np.float32) * np.float32(2.0) ** rng.integers(-30, 20, 2000),
+        np.array([0.0, -0.0, 65504.0, 65520.0, 65519.99, 6.0e-8, 2.0 ** -24, 2.0 ** -25,
+                  3 * 2.0 ** -26, 2.0 ** -14, 1e6, np.inf, -np.inf], np.float32)]).astype(np.float32)
+    with np.errstate(over="ignore"):  # 65520 and up round to inf, as they should
+        halves = f32.astype(np.float16)
+    path.write_text(json.dumps({
+        "doubles": [float(v) if np.isfinite(v) else repr(float(v)) for v in doubles],
+        "reprs": [repr(float(v)) for v in doubles],
+        "float32_bits": [int(b) for b in f32.view(np.uint32)],
+        "float16_bits": [int(b) for b in halves.view(np.uint16)]}) + "\n")
 
 
 def resume(directory: str, batches: str, first: int, count: int, out: str) -> None:
