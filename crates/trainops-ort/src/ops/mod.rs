@@ -55,6 +55,8 @@ pub fn catalogue() -> Vec<Domain> {
                 &grad::gru_train::GruTrain,
                 &grad::conv::ConvWeightGrad,
                 &grad::conv::ConvInputGrad,
+                &grad::depthwise::DepthwiseConv,
+                &grad::depthwise::DepthwiseConvGrad,
             ]
             .into_iter()
             // PhiloxUniform and PhiloxNormal, once per output type (see `distributions`).

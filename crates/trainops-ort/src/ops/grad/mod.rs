@@ -11,10 +11,12 @@
 //! - [`rnn`]: `GRUGrad`, backpropagation through time of ONNX's `GRU`; [`gru_train`]:
 //!   `GRUTrain`, GRU's forward keeping the gates `GRUGrad` then reads.
 //! - [`conv`]: `ConvWeightGrad(X, dY) -> dW`, `ConvInputGrad(dY, W, X_shape) -> dX`.
+//! - [`depthwise`]: `DepthwiseConv(X, W, B?) -> Y`, `DepthwiseConvGrad(dY, X, W) -> dX?, dW?`.
 
 pub mod activation;
 pub mod batchnorm;
 pub mod conv;
+pub mod depthwise;
 pub mod gru_train;
 pub mod norm;
 pub mod pool;
