@@ -15,12 +15,12 @@ the gradient norm) back. Reading a state then copies it device->host on demand
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 import numpy as np
 
-__all__ = ["Buffers", "Memory", "Transfers"]
+__all__ = ["Buffers", "Memory", "Transfers", "RESIDENT_EPS", "ep_device_memory"]
 
 BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
 
@@ -29,19 +29,57 @@ BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
 class Memory:
     """Device memory for states: ``device_type`` / ``device_id`` / ``vendor_id`` as
     ``OrtValue.ortvalue_from_shape_and_type`` takes them (``("cuda", 0)`` for the CUDA EP,
-    ``("gpu", id, 0x10DE)`` for a plugin EP device's memory). ``device_type="cpu"`` is
-    host memory that ONNX Runtime allocates (not numpy's): the device code path on the
-    CPU, for tests."""
+    ``("gpu", id, 0x10DE)`` for a plugin EP device's memory), or ``memory_info``, an
+    ``OrtMemoryInfo`` of an ``OrtEpDevice`` whose allocator is used directly (onnxruntime
+    1.24+; the WebGPU plugin EP's buffers, which no device type names).
+    ``device_type="cpu"`` is host memory that ONNX Runtime allocates (not numpy's): the
+    device code path on the CPU, for tests."""
 
     device_type: str
     device_id: int = 0
     vendor_id: int | None = None
+    memory_info: Any = field(default=None, compare=False)
 
     def args(self) -> tuple:
         """The device arguments of ``ortvalue_from_shape_and_type``."""
         if self.vendor_id is None:
             return (self.device_type, self.device_id)
         return (self.device_type, self.device_id, self.vendor_id)
+
+    def allocate(self, shape, elem) -> Any:
+        """An uninitialised OrtValue of ``shape`` and ``elem`` (a numpy type or an ONNX
+        enum) in this memory."""
+        new = _ort().OrtValue.ortvalue_from_shape_and_type
+        if self.memory_info is not None:
+            return new(list(shape), elem, memory_info=self.memory_info)
+        return new(list(shape), elem, *self.args())
+
+
+# Plugin execution providers whose device memory holds a step's states (verified: the
+# session reads and updates them in place, and reads back give the values):
+# TrainopsExecutionProvider's GPU devices, the WebGPU plugin EP (onnxruntime-ep-webgpu).
+RESIDENT_EPS = frozenset({"TrainopsExecutionProvider", "WebGpuExecutionProvider"})
+
+
+def ep_device_memory(ep_device) -> "Memory | None":
+    """The :class:`Memory` of an ``OrtEpDevice`` in :data:`RESIDENT_EPS` that has device
+    memory (its DEFAULT memory info, not the host's), else None: host buffers for the
+    others (their device memory is not verified here), and for a trainops device that
+    is the CPU."""
+    ort = _ort()
+    if ep_device.ep_name not in RESIDENT_EPS:
+        return None
+    if ep_device.ep_name == "TrainopsExecutionProvider":
+        if ep_device.device.type != ort.OrtHardwareDeviceType.GPU:
+            return None
+        mi = ep_device.memory_info(ort.OrtDeviceMemoryType.DEFAULT)
+        return Memory("gpu", int(mi.device_id), int(mi.device_vendor_id))
+    mi = ep_device.memory_info(ort.OrtDeviceMemoryType.DEFAULT)
+    if mi is None or mi.name.lower() == "cpu":
+        return None
+    # WebGPU over a software adapter reports a CPU hardware device: the memory is still
+    # the EP's own buffers (OrtValue.device_name() "webgpu").
+    return Memory(mi.name, int(mi.device_id), int(mi.device_vendor_id), memory_info=mi)
 
     def __str__(self) -> str:
         return f"{self.device_type}:{self.device_id}"
@@ -147,8 +185,7 @@ class Buffers(Mapping):
         if self.memory is None:
             return self.put_host(name, arr)
         arr = np.array(arr, order="C", copy=True)
-        value = _ort().OrtValue.ortvalue_from_shape_and_type(
-            list(arr.shape), _elem_type(arr.dtype), *self.memory.args())
+        value = self.memory.allocate(arr.shape, _elem_type(arr.dtype))
         self.values[name] = value
         self._spec[name] = (arr.dtype, arr.shape)
         self._copy_in(name, arr)

@@ -135,7 +135,8 @@ class Placement:
         memory on its ``device_id`` (the provider option, default 0) when
         ``CUDAExecutionProvider`` runs the step; the memory of the ``TrainopsExecutionProvider``
         GPU device given (``ep_device.memory_info``: its device id and vendor; ONNX Runtime
-        allocates with the EP's allocator); None on the CPU and for other execution
+        allocates with the EP's allocator), and the WebGPU plugin EP's buffers
+        (:func:`~.buffers.ep_device_memory`); None on the CPU and for other execution
         providers and devices (their states stay host buffers, re-bound every step: their
         device memory is not verified here)."""
         from .buffers import Memory
@@ -143,14 +144,10 @@ class Placement:
         if self.is_cpu:
             return None
         if self.ep_devices is not None:
-            import onnxruntime as ort
+            from .buffers import ep_device_memory
 
-            for d in self.ep_devices:
-                if d.ep_name != TRAINOPS_EP or d.device.type != ort.OrtHardwareDeviceType.GPU:
-                    continue
-                mi = d.memory_info(ort.OrtDeviceMemoryType.DEFAULT)
-                return Memory("gpu", int(mi.device_id), int(mi.device_vendor_id))
-            return None
+            # the first device with verified device memory (buffers.RESIDENT_EPS)
+            return next((m for m in map(ep_device_memory, self.ep_devices) if m), None)
         for p in self.providers or ():
             if _provider_name(p) == CUDA:
                 opts = p[1] if isinstance(p, (tuple, list)) else {}
