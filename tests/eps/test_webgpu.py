@@ -1,0 +1,123 @@
+"""The WebGPU lane: onnxruntime's WebGPU plugin EP (``onnxruntime-ep-webgpu``) trains the
+demo CNN, an MLP and a transformer encoder like the CPU portable Trainer (tests/eps/ep_pairs.py
+says within what), with no node pinned to the CPU, the step's nodes on the EP
+(``trainer.assignment``), no float64 node (the EP has no float64: the rewrite's float32
+form) and no parameter or optimizer-state bytes crossing per step after the first
+(``trainer.transfers``: the states live in the EP's device memory).
+
+Runs where the plugin and a WebGPU adapter are there: ``scripts/test_eps`` sets them up
+without a GPU (Mesa's lavapipe, ``scripts/webgpu_env``) and sets ``EPS_REQUIRE=webgpu``, so
+that a missing EP fails there; anywhere else (the default pytest run) the module skips.
+The plugin is registered with ``onnxruntime.register_execution_provider_library`` and given
+to the Trainer as its ``OrtEpDevice``: the only form onnxruntime takes for a plugin EP.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from ep_pairs import MODELS, Run, unavailable
+
+WEBGPU = "WebGpuExecutionProvider"
+WAITING_ASSIGNMENT = "trainer.assignment (the step's nodes by EP) is not there yet"
+WAITING_RAISES = "the Trainer falls back to the CPU without a word"
+
+
+@pytest.fixture(scope="module")
+def device():
+    try:
+        import onnxruntime as ort
+        import onnxruntime_ep_webgpu as plugin
+    except ImportError as exc:
+        unavailable("webgpu", f"onnxruntime-ep-webgpu not installed ({exc})")
+    if not hasattr(ort, "register_execution_provider_library"):
+        unavailable("webgpu", f"onnxruntime {ort.__version__} has no plugin EPs")
+    if not [d for d in ort.get_ep_devices() if d.ep_name == WEBGPU]:
+        ort.register_execution_provider_library(plugin.get_ep_name(), plugin.get_library_path())
+    devices = [d for d in ort.get_ep_devices() if d.ep_name == WEBGPU]
+    if not devices:
+        unavailable("webgpu", "the WebGPU plugin lists no device (no adapter: without a GPU "
+                              "set ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1 and a Vulkan driver "
+                              "such as lavapipe; scripts/webgpu_env)")
+    return devices[0]
+
+
+_RUNS: dict = {}
+
+
+def run(name: str, device) -> Run:
+    """The model ``name`` trained on the CPU portable Trainer and on WebGPU, once per module."""
+    if name not in _RUNS:
+        model, batches, params = MODELS[name]()
+        _RUNS[name] = Run(model, batches, params, providers=[device])
+    return _RUNS[name]
+
+
+def waiting(reason: str):
+    return [(m, reason) for m in ("mlp", "cnn", "transformer")]
+
+
+def params(*waiting):
+    """The three models, those named in ``waiting`` (name -> reason) marked xfail."""
+    return [pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=dict(waiting)[m]))
+            if m in dict(waiting) else m for m in ("mlp", "cnn", "transformer")]
+
+
+@pytest.mark.parametrize("name", params())
+def test_trains_like_the_cpu(name, device):
+    run(name, device).check_matches_cpu()
+
+
+@pytest.mark.parametrize("name", params(*waiting(WAITING_ASSIGNMENT)))
+def test_step_runs_on_the_ep(name, device):
+    dev = run(name, device).trained()
+    assert dev.session.get_providers()[0] == WEBGPU
+    counts = dev.assignment
+    assert counts.get(WEBGPU, 0) > 0, counts
+    # the EP takes every op of these models; onnxruntime may keep shape arithmetic on the
+    # CPU (int64 scalars), never more than a handful of nodes
+    assert counts.get("CPUExecutionProvider", 0) <= counts[WEBGPU] // 10, counts
+
+
+@pytest.mark.parametrize("name", params())
+def test_no_float64(name, device):
+    import onnx
+
+    dev = run(name, device).trained()
+    model = dev.training_model()
+    casts = [n.name for n in model.graph.node
+             if n.op_type == "Cast" and any(a.name == "to" and a.i == onnx.TensorProto.DOUBLE
+                                            for a in n.attribute)]
+    inferred = onnx.shape_inference.infer_shapes(model).graph
+    doubles = [v.name for v in list(inferred.value_info) + list(inferred.initializer)
+               if (v.data_type if hasattr(v, "data_type") else v.type.tensor_type.elem_type)
+               == onnx.TensorProto.DOUBLE]
+    assert not casts and not doubles, \
+        f"float64 in the step graph: casts {casts[:5]}, values {doubles[:5]} ({len(doubles)})"
+
+
+@pytest.mark.parametrize("name", params())
+def test_no_state_crosses_per_step(name, device):
+    r = run(name, device)
+    dev = r.trained()
+    batch = MODELS[name]()[1][0]
+    dev.step(batch)  # a step after the first ones
+    step = dev.transfers.last_step
+    assert step["state_bytes"] == 0, step
+    # what crosses is the batch, lr and T in and the loss (and flags) out: far less than
+    # the parameters
+    weights = sum(v.nbytes for v in dev.parameters().values())
+    assert step["to_device_bytes"] + step["to_host_bytes"] < weights, (step, weights)
+
+
+@pytest.mark.xfail(strict=True, reason=WAITING_RAISES)
+def test_the_plugin_by_name_raises(device):
+    """A plugin EP given by name (only its OrtEpDevice form works) is not in the session's
+    providers: the Trainer says so instead of training on the CPU."""
+    from trainops import Trainer
+
+    from ep_pairs import optimizer
+
+    model, _, _ = MODELS["mlp"]()
+    with pytest.raises(Exception, match=WEBGPU):
+        Trainer(model, "loss", optimizer=optimizer(), providers=[WEBGPU])
