@@ -6,7 +6,9 @@
         (portable artifacts, before any step), batches.safetensors (the 20 batches: x0, t0,
         x1, ...), after10.safetensors and after20.safetensors (the checkpoints
         Trainer.save writes after 10 and 20 steps) and python.json (the 20 losses, as
-        float32 bits too, T and skipped); OUT/versions.json.
+        float32 bits too, T and skipped); OUT/mlp/library_artifacts (the library's
+        artifacts, not portable); OUT/numbers.json (Python's float repr, numpy's float16
+        rounding); OUT/versions.json.
     python js/test/make_reference.py resume DIR BATCHES FIRST COUNT OUT
         Trainer.from_artifacts(DIR) steps on BATCHES' batches FIRST .. FIRST+COUNT-1 and
         writes OUT/python.json (the losses) and OUT/checkpoint.safetensors: a checkpoint
@@ -111,6 +113,9 @@ def make(out: Path) -> None:
         trainer = Trainer(m, "loss", opt(), params=params, policy=policy, threads=1, seed=SEED,
                           portable=True)
         save_artifacts(trainer, d / "artifacts")
+        if name == "mlp":  # the library's artifacts (not portable), which the JS trainer refuses
+            Trainer(model(), "loss", opt(), params=params, threads=1,
+                    seed=SEED).save_artifacts(d / "library_artifacts")
         data = batches()
         save_file({f"{k}{i}": v for i, b in enumerate(data) for k, v in b.items()},
                   str(d / "batches.safetensors"))
