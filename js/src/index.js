@@ -228,7 +228,7 @@ export class Trainer {
       base.intraOpNumThreads = intraOpNumThreads;
       base.interOpNumThreads = 1;
       // onnxruntime-web takes its WASM thread count from ort.env (read when it starts).
-      if (ort.env?.wasm && !isNode) ort.env.wasm.numThreads = intraOpNumThreads;
+      if (ort.env?.wasm) ort.env.wasm.numThreads = intraOpNumThreads;
     }
     // ONNX Runtime's memory pattern off, as trainops' Python sessions (see runtime.py there).
     base.enableMemPattern = false;
