@@ -92,7 +92,8 @@ def placement(trainer, feeds: dict, steps: int = 3, lr: float = 1e-3) -> dict:
     session's first run may place differently while it warms up):
     ``nodes`` {provider: nodes run}, ``memcpy`` (nodes copying between devices),
     ``memcpy_bytes`` (their output bytes), ``float64`` {provider: nodes with a float64
-    output}, ``partitions`` (fused subgraph nodes: OpenVINO's compiled partitions)."""
+    output}, ``partitions`` (fused subgraph nodes: OpenVINO's compiled partitions), ``cpu_ops``
+    {op type: nodes run on the CPU EP}."""
     from ..train.runtime import StepRuntime
 
     prefix = os.path.join(tempfile.mkdtemp(prefix="trainops-bench-ep-"), "step")
@@ -111,6 +112,7 @@ def placement(trainer, feeds: dict, steps: int = 3, lr: float = 1e-3) -> dict:
     runs = [e for e in events if e.get("name") == "model_run"]
     after = runs[0]["ts"] + runs[0]["dur"]
     nodes: collections.Counter = collections.Counter()
+    cpu_ops: collections.Counter = collections.Counter()
     f64: collections.Counter = collections.Counter()
     memcpy = memcpy_bytes = partitions = 0
     for e in events:
@@ -119,6 +121,8 @@ def placement(trainer, feeds: dict, steps: int = 3, lr: float = 1e-3) -> dict:
         args = e.get("args", {})
         provider, op = args.get("provider", "?"), args.get("op_name", "?")
         nodes[provider] += 1
+        if provider == "CPUExecutionProvider":
+            cpu_ops[op] += 1
         if op.startswith("Memcpy"):
             memcpy += 1
             memcpy_bytes += int(args.get("output_size", 0))
@@ -129,7 +133,8 @@ def placement(trainer, feeds: dict, steps: int = 3, lr: float = 1e-3) -> dict:
     n = len(runs) - 1
     return {"nodes": {k: v // n for k, v in nodes.most_common()}, "memcpy": memcpy // n,
             "memcpy_bytes": memcpy_bytes // n, "float64": {k: v // n for k, v in f64.items()},
-            "partitions": partitions // n}
+            "partitions": partitions // n,
+            "cpu_ops": {k: v // n for k, v in cpu_ops.most_common()}}
 
 
 def _median_step(trainer, feeds, repeat: int, steps: int) -> float:
@@ -184,6 +189,9 @@ def run_providers(args) -> int:
         print(f"  profiler, per step: nodes {where['nodes']}; memcpy nodes {where['memcpy']} "
               f"({_kb(where['memcpy_bytes'])}); float64 nodes {where['float64'] or 0}"
               + (f"; fused partitions {where['partitions']}" if where["partitions"] else ""))
+        if where["cpu_ops"] and len(where["nodes"]) > 1:
+            top = list(where["cpu_ops"].items())[:6]
+            print("  on the CPU: " + ", ".join(f"{op} {k}" for op, k in top))
         if assignment is not None:
             print(f"  trainer.assignment: {assignment}")
     if args.json:
