@@ -160,7 +160,7 @@ def adamw(node, types: Mapping[str, int], taken: set[str], **options) -> Expansi
             # its first operand, and v' is never -0 (a sum with a non-negative product).
             # No Not before the Where: onnxruntime fuses them, swapping the operands.
             old = load["Vmax"]
-            not_greater = e.op("Or", e.op("LessOrEqual", old, v), e.op("IsNaN", v))
+            not_greater = e.or_(e.op("LessOrEqual", old, v), e.is_nan(v))
             take_new = e.op("And", not_greater, e.op("Equal", old, old))
             second = e.op("Where", take_new, v, old, hint="vmax")
         denom = e.op("Add", e.op("Div", e.sqrt(second, c), rates["bc2"][c]),

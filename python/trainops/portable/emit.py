@@ -199,7 +199,9 @@ class Emitter:
                      for n in self.ordered_after]
             rest = list(dict.fromkeys(x for x in self.node.input
                                       if x and x not in self.ordered_after))
-            if rest:
+            if rest and not self.float64:
+                parts.append(self._all_read_float(rest))
+            elif rest:
                 zero = self.fresh("all_read")
                 nodes = zero_of(rest, zero, MIN_OPSET)
                 self.taken.update(o for n in nodes for o in n.output)
@@ -210,6 +212,20 @@ class Emitter:
                 token = self.op("And", token, p)
             self._ready = token
         return self._ready
+
+    def _all_read_float(self, values: list[str]) -> str:
+        """A bool scalar, always true, reading one element of each of ``values``:
+        :func:`~trainops.graph_deps.zero_of` in float32 instead of int64 (WebGPU has no
+        int64 Concat / ReduceSum: the element read from each state would cross to the
+        host every step)."""
+        ones, flat = [], self.ints([-1])
+        start, end = self.ints([0]), self.ints([1])
+        for v in values:
+            first = self.op("Slice", self.op("Reshape", v, flat), start, end, hint="first")
+            ones.append(self.op("Cast", self.op("Cast", first, to=BOOL), to=FLOAT))
+        count = self.op("ReduceSum", self.op("Concat", *ones, axis=0), keepdims=0)
+        zero = self.const(0.0, FLOAT)
+        return self.op("Equal", self.op("Mul", count, zero), zero, hint="all_read")
 
     def coefficient(self, value: float, elem: int) -> str:
         """The constant ``value`` of ``elem`` times a 1.0 computed from :meth:`ready`
@@ -260,6 +276,45 @@ class Emitter:
             return self.op("Sqrt", name)
         wide = self.op("Sqrt", self.op("Cast", name, to=DOUBLE))
         return self.op("Cast", wide, to=FLOAT, hint="sqrt")
+
+    # -- tests and logic that EPs without float64 run too ---------------------------------
+    # WebGPU has no Or, Xor, IsInf, IsNaN or bool Where kernel (its And, Not, Equal, Abs
+    # and Cast of bool do exist): with float64=False those are built from bools counted as
+    # float 0/1, so that no node reading a state falls back to the CPU (the state would
+    # cross to the host every step). No Not feeds a Where either (onnxruntime's CPU EP
+    # fuses the two, swapping the operands). With float64 the nodes are the standard ones.
+
+    def _true_count(self, *flags: str) -> str:
+        """The number of true ``flags`` (bools) as a float."""
+        total = self.op("Cast", flags[0], to=FLOAT)
+        for f in flags[1:]:
+            total = self.op("Add", total, self.op("Cast", f, to=FLOAT))
+        return total
+
+    def or_(self, a: str, b: str) -> str:
+        """``a or b`` of bools."""
+        if self.float64:
+            return self.op("Or", a, b)
+        return self.op("Greater", self._true_count(a, b), self.const(0.5, FLOAT), hint="or")
+
+    def xor(self, a: str, b: str) -> str:
+        """``a xor b`` of bools."""
+        if self.float64:
+            return self.op("Xor", a, b)
+        return self.op("Equal", self._true_count(a, b), self.const(1.0, FLOAT), hint="xor")
+
+    def is_inf(self, x: str, elem: int) -> str:
+        """``x`` is +-Inf (``x`` of ``elem``)."""
+        if self.float64:
+            return self.op("IsInf", x)
+        return self.op("Equal", self.op("Abs", x), self.const(np.inf, elem), hint="isinf")
+
+    def is_nan(self, x: str) -> str:
+        """``x`` is NaN (without float64: ``x == x`` is false)."""
+        if self.float64:
+            return self.op("IsNaN", x)
+        return self.op("Less", self._true_count(self.op("Equal", x, x)), self.const(0.5, FLOAT),
+                       hint="isnan")
 
     def select(self, cond: str, a: str, b: str, elem: int) -> str:
         """``cond ? a : b`` for floating-point ``a``, ``b`` of ``elem``, bit for bit.

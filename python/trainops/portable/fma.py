@@ -57,7 +57,7 @@ def _same_sign(e: Emitter, x: str, y: str, elem: int) -> str:
     zero = e.const(0.0, elem)
     pos = e.op("And", e.op("Greater", x, zero), e.op("Greater", y, zero))
     neg = e.op("And", e.op("Less", x, zero), e.op("Less", y, zero))
-    return e.op("Or", pos, neg)
+    return e.or_(pos, neg)
 
 
 def fma32(e: Emitter, a: str, b: str, c: str) -> str:
@@ -130,7 +130,7 @@ def fma_split(e: Emitter, a: str, b: str, c: str, elem: int) -> str:
     # t != 0 (x + -x is +0), so Where keeps every bit. (No Not before a Where anywhere:
     # onnxruntime fuses the two into a Where with its operands swapped.)
     zero = e.const(0.0, elem)
-    nonzero = lambda x: e.op("Or", e.op("Less", x, zero), e.op("Greater", x, zero))  # noqa: E731
+    nonzero = lambda x: e.or_(e.op("Less", x, zero), e.op("Greater", x, zero))  # noqa: E731
     z = e.op("Where", nonzero(t), z, s)
     two_f = e.op("Add", f, f)
     other = e.op("Add", z, two_f)     # the neighbour beyond s + t when that is halfway
@@ -141,15 +141,15 @@ def fma_split(e: Emitter, a: str, b: str, c: str, elem: int) -> str:
     # which a*b + c is only for a finite product).
     naive = e.op("Add", p, c, hint="naive")
     finite = lambda x: e.op("Equal", e.op("Sub", x, x), zero)  # noqa: E731
-    c_wins = e.op("And", e.op("And", e.op("IsInf", c), e.op("IsInf", p)),
+    c_wins = e.op("And", e.op("And", e.is_inf(c, elem), e.is_inf(p, elem)),
                   e.op("And", finite(a), finite(b)))
-    out = e.op("Where", e.op("IsNaN", fixed), e.op("Where", c_wins, c, naive), fixed)
+    out = e.op("Where", e.is_nan(fixed), e.op("Where", c_wins, c, naive), fixed)
     # A product that underflowed to zero, with a zero c: the zero of the product's sign
     # (Where keeps the bits of its second operand, out; the sign comes from a product).
     is_zero = lambda x: e.op("Equal", x, zero)  # noqa: E731
     underflow = e.op("And", e.op("And", is_zero(p), is_zero(c)),
-                     e.op("Not", e.op("Or", is_zero(a), is_zero(b))))
-    negative = e.op("Xor", e.op("Less", a, zero), e.op("Less", b, zero))
+                     e.op("Not", e.or_(is_zero(a), is_zero(b))))
+    negative = e.xor(e.op("Less", a, zero), e.op("Less", b, zero))
     sign = e.op("Where", e.op("And", underflow, negative), e.const(-1.0, elem),
                 e.const(1.0, elem))
     return e.op("Mul", e.op("Where", underflow, zero, out), sign, hint="fma")

@@ -37,10 +37,17 @@ def nonfinite_count(e: Emitter, values: list[str]) -> str:
     (exact up to 2^24, and never 0 when one is)."""
     counts = []
     for v in values:
-        bad = e.op("Or", e.op("IsInf", v), e.op("IsNaN", v))
+        bad = e.or_(e.is_inf(v, e.types.get(v, FLOAT)), e.is_nan(v))  # float or double
         flags = e.op("Cast", bad, to=FLOAT)
         counts.append(e.op("ReduceSum", flags, keepdims=0, hint="count"))
-    return counts[0] if len(counts) == 1 else e.op("Sum", *counts, hint="count")
+    if len(counts) == 1:
+        return counts[0]
+    if e.float64:
+        return e.op("Sum", *counts, hint="count")
+    total = counts[0]  # WebGPU has no Sum kernel
+    for c in counts[1:]:
+        total = e.op("Add", total, c, hint="count")
+    return total
 
 
 def mixed_precision_adam(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
@@ -129,11 +136,11 @@ def dynamic_loss_scale(node, types: Mapping[str, int], taken: set[str], **option
     steps = e.op("Where", e.op("Equal", good, top), good, e.op("Add", good, e.const(1, INT64)))
     grow = e.op("Equal", steps, e.const(interval, INT64))
     grown = e.op("Mul", s, e.const(a["growth_factor"], FLOAT))
-    grown_bad = e.op("Or", e.op("IsInf", grown), e.op("IsNaN", grown))
+    grown_bad = e.or_(e.is_inf(grown, FLOAT), e.is_nan(grown))
     kept = e.select(grow, e.select(grown_bad, s, grown, FLOAT), s, FLOAT)
     backed = e.op("Mul", s, e.const(a["backoff_factor"], FLOAT))
     floor = e.const(a["min_scale"], FLOAT)
-    low = e.op("Or", e.op("Less", backed, floor), e.op("IsNaN", backed))
+    low = e.or_(e.op("Less", backed, floor), e.is_nan(backed))
     backed = e.select(low, floor, backed, FLOAT)  # f32::max: the non-NaN one
     new_scale = e.select(finite, kept, backed, FLOAT)
     new_good = e.op("Where", finite, e.op("Where", grow, zero, steps), zero)
