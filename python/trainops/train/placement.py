@@ -22,12 +22,13 @@ kernels are verified on a GPU (``scripts/gpu_check``).
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
-__all__ = ["NO_CUSTOM_OPS", "Placement", "TrainingModel", "check_portable", "portable_graph",
-           "resolve"]
+__all__ = ["NO_CUSTOM_OPS", "Placement", "TrainingModel", "check_portable", "check_running",
+           "portable_graph", "provider_options", "resolve"]
 
 CPU = "CPUExecutionProvider"
 CUDA = "CUDAExecutionProvider"
@@ -59,13 +60,41 @@ def _is_ep_device(p) -> bool:
     return hasattr(p, "ep_name") and hasattr(p, "device")
 
 
+def _is_pair(p) -> bool:
+    return isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[1], Mapping)
+
+
 def _provider_name(p) -> str:
     if isinstance(p, str):
         return p
-    if isinstance(p, (tuple, list)) and len(p) == 2 and isinstance(p[0], str) and isinstance(p[1], dict):
+    if _is_pair(p) and isinstance(p[0], str):
         return p[0]
     raise TypeError("providers: expected provider names, (name, options) pairs or OrtEpDevice "
                     f"objects, got {p!r}")
+
+
+def provider_options(options, where: str) -> dict[str, str]:
+    """An EP's options as onnxruntime takes them: str keys; values str, or int / float /
+    bool (their text, as onnxruntime's own providers list converts them), or a dict (its
+    JSON text: OpenVINO's ``load_config``). TypeError naming ``where`` otherwise."""
+    out = {}
+    for k, v in options.items():
+        if not isinstance(k, str):
+            raise TypeError(f"providers: {where}: option names must be str, got {k!r}")
+        if isinstance(v, Mapping):
+            v = json.dumps(v)
+        elif isinstance(v, (bool, int, float)):
+            v = str(v)
+        elif not isinstance(v, str):
+            raise TypeError(f"providers: {where}: option {k!r} must be a str, number, bool "
+                            f"or dict, got {type(v).__name__} {v!r}")
+        out[k] = v
+    return out
+
+
+def _cpu_after(names: Sequence[str]) -> bool:
+    """Whether the CPU EP is listed after another EP (the caller allows leftovers)."""
+    return CPU in names and any(n != CPU for n in names[:names.index(CPU)])
 
 
 @dataclass(frozen=True)
@@ -75,10 +104,12 @@ class Placement:
     - ``providers``: the ``providers=`` argument of ``InferenceSession`` (names or
       ``(name, options)`` pairs), or None with ``ep_devices``;
     - ``ep_devices`` / ``ep_options``: ``OrtEpDevice`` objects for
-      ``SessionOptions.add_provider_for_devices`` and their options;
+      ``SessionOptions.add_provider_for_devices``, and each EP's options (EP name -> dict);
     - ``names``: the execution providers asked for, in order;
     - ``portable``: the step graph is rewritten to standard ops;
-    - ``cuda_kernels``: trainops' CUDA kernels are requested (``TRAINOPS_CUDA=1``).
+    - ``cuda_kernels``: trainops' CUDA kernels are requested (``TRAINOPS_CUDA=1``);
+    - ``cpu_after``: the caller listed the CPU EP after another one: nodes (even all) an EP
+      leaves run on the CPU (:mod:`.assignment`).
     """
 
     providers: list | None = None
@@ -87,6 +118,7 @@ class Placement:
     names: tuple[str, ...] = (CPU,)
     portable: bool = False
     cuda_kernels: bool = False
+    cpu_after: bool = False
 
     @property
     def is_cpu(self) -> bool:
@@ -125,7 +157,9 @@ class Placement:
             # Read by the library when it first registers its domains in this process.
             os.environ["TRAINOPS_CUDA"] = "1"
         if self.ep_devices is not None:
-            so.add_provider_for_devices(list(self.ep_devices), dict(self.ep_options))
+            for name in self.names:  # one call per EP: onnxruntime takes one EP's devices
+                so.add_provider_for_devices([d for d in self.ep_devices if d.ep_name == name],
+                                            dict(self.ep_options.get(name, {})))
         if needs_library and not self.ep_supplies_domains:
             so.register_custom_ops_library(library or get_library_path())
 
@@ -161,8 +195,43 @@ class Placement:
         import onnxruntime as ort
 
         if self.ep_devices is not None:
-            return ort.InferenceSession(model_bytes, so)
-        return ort.InferenceSession(model_bytes, so, providers=self.providers)
+            session = ort.InferenceSession(model_bytes, so)
+        else:
+            session = ort.InferenceSession(model_bytes, so, providers=self.providers)
+        check_running(self, session)  # before any state is put in an EP's memory
+        return session
+
+
+def check_running(placement: Placement, session) -> None:
+    """RuntimeError naming each execution provider ``placement`` asks for that is not among
+    ``session.get_providers()``, and why (no silent fallback to the CPU)."""
+    running = list(session.get_providers())
+    for name in placement.names:
+        if name != CPU and name not in running:
+            raise RuntimeError(f"Trainer: {name} was asked for but does not run the step "
+                               f"(the session's providers: {running}): "
+                               f"{_why_absent(name, placement.ep_devices is not None)}")
+
+
+def _why_absent(name: str, by_device: bool) -> str:
+    import onnxruntime as ort
+
+    if by_device:
+        return ("given as its OrtEpDevice, but onnxruntime did not add it to the session "
+                "(its device could not be used)")
+    available = list(ort.get_available_providers())
+    plugin = hasattr(ort, "get_ep_devices") and \
+        any(d.ep_name == name for d in ort.get_ep_devices())
+    if plugin:
+        return ("it is a plugin EP: register it (onnxruntime.register_execution_provider_library) "
+                "and pass its OrtEpDevice (onnxruntime.get_ep_devices()), not its name")
+    if name not in available:
+        hint = ("; a plugin EP must be registered with onnxruntime.register_execution_provider_"
+                "library and passed as its OrtEpDevice (a plugin listing no device has no "
+                "usable device)") if hasattr(ort, "register_execution_provider_library") else ""
+        return f"not installed: onnxruntime {ort.__version__} offers {available}{hint}"
+    return ("installed, but it did not start in the session: no usable device (onnxruntime "
+            "fell back to the CPU; its log says why)")
 
 
 def _available() -> list[str]:
@@ -194,12 +263,26 @@ def resolve(providers: Sequence[Any] | None = None, portable: bool | None = None
             providers = [CUDA, CPU]
         else:  # "cpu", and "auto" until the CUDA kernels are verified on a GPU
             providers = [CPU]
+    explicit = providers is not None and device is None  # the caller's own list
     if providers is None:
         providers = [CPU]
+    if isinstance(providers, (str, bytes)) or _is_ep_device(providers):
+        raise TypeError(f"Trainer: providers must be a list, got {providers!r}")
     providers = list(providers)
     if not providers:
         raise ValueError("Trainer: providers is empty")
-    devices = [p for p in providers if _is_ep_device(p)]
+    # (OrtEpDevice, options) pairs: the devices, and each EP's options (one set per EP)
+    ep_options: dict[str, dict] = {}
+    plain = []
+    for i, p in enumerate(providers):
+        if _is_pair(p) and _is_ep_device(p[0]):
+            opts = provider_options(p[1], f"entry {i} ({p[0].ep_name})")
+            if ep_options.setdefault(p[0].ep_name, opts) != opts:
+                raise ValueError(f"providers: entry {i}: {p[0].ep_name} devices with different "
+                                 "options; onnxruntime takes one set of options per EP")
+            p = p[0]
+        plain.append(p)
+    devices = [p for p in plain if _is_ep_device(p)]
     if devices:
         if len(devices) != len(providers):
             raise TypeError("providers: a list of OrtEpDevice objects cannot be mixed with "
@@ -213,14 +296,16 @@ def resolve(providers: Sequence[Any] | None = None, portable: bool | None = None
                 "domains would be collected once per device")
         names = tuple(dict.fromkeys(d.ep_name for d in devices))
         auto_portable = any(n in NO_CUSTOM_OPS for n in names)
-        return Placement(providers=None, ep_devices=devices, names=names,
-                         portable=auto_portable if portable is None else portable,
-                         cuda_kernels=False)
+        return Placement(providers=None, ep_devices=devices, ep_options=ep_options,
+                         names=names, portable=auto_portable if portable is None else portable,
+                         cuda_kernels=False, cpu_after=_cpu_after(names))
     names = tuple(_provider_name(p) for p in providers)
+    providers = [(p[0], provider_options(p[1], f"entry {i} ({p[0]})")) if _is_pair(p) else p
+                 for i, p in enumerate(providers)]
     auto_portable = any(n in NO_CUSTOM_OPS for n in names)
     return Placement(providers=providers, names=names,
                      portable=auto_portable if portable is None else portable,
-                     cuda_kernels=CUDA in names)
+                     cuda_kernels=CUDA in names, cpu_after=explicit and _cpu_after(names))
 
 
 class TrainingModel:

@@ -16,9 +16,9 @@ With ``comm=`` (an mpi4py communicator) it trains data-parallel over MPI
 (:mod:`trainops.distributed`): the step splits into a gradient session and an optimizer
 session around the collectives, over flat buffers that ONNX Runtime and MPI share.
 
-The work is done by: :mod:`.graph` (the step graph, :class:`~.spec.StepGraph`),
-:mod:`.runtime` (its session and in-place bindings), :mod:`.dist_graph` and
-:mod:`.dist_runtime` (data-parallel), :mod:`.checkpoint` (save/load).
+The work is done by: :mod:`.graph` (the step graph), :mod:`.runtime` (its session and
+in-place bindings), :mod:`.assignment` (its EPs), :mod:`.dist_graph` / :mod:`.dist_runtime`
+(data-parallel), :mod:`.checkpoint` (save/load).
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from ..lora import attach as _lora
 from ..random import _seed_bits
 from . import update_options as _schedules
 from .accumulate_runtime import AccumulatingRuntime
+from .assignment import StepSession
 from .backward import data_inputs
 from .buffers import Buffers, host_buffers
 from .checkpoint import INT64_MAX
@@ -138,9 +139,11 @@ class Trainer(TrainerResults):
       ``TrainopsExecutionProvider`` device every state lives in device memory between steps
       (a step moves only the data, ``lr`` and ``T`` in and the loss out: ``transfers``
       counts it); reading the weights or saving copies them to the host (docs/gpu.md);
-    - ``providers``: as ``onnxruntime.InferenceSession``'s (names or ``(name, options)``
-      pairs), or a list of ``OrtEpDevice`` (``onnxruntime.get_ep_devices()``), given to
-      ``SessionOptions.add_provider_for_devices``;
+    - ``providers``: as ``onnxruntime.InferenceSession``'s (names or ``(name, options)``),
+      or ``OrtEpDevice`` / ``(OrtEpDevice, options)`` (``onnxruntime.get_ep_devices()``). An EP
+      not running the step, or claiming none of its nodes (unless the CPU is listed after
+      it), raises; ``session_config`` / ``free_dimensions``: the step session's config
+      entries and symbolic dimension sizes (:mod:`.assignment`, docs/training.md);
     - ``portable``: rewrite the step's trainops nodes as standard ONNX ops
       (:func:`trainops.portable.rewrite`) for EPs that take no custom-op library; ``None``:
       True for the EPs in :data:`trainops.train.placement.NO_CUSTOM_OPS` (DirectML, WebGPU,
@@ -168,8 +171,8 @@ class Trainer(TrainerResults):
                  *, clip_grad_norm: float | None = None, accumulate: int = 1,
                  schedule=None, providers=None, portable: bool | None = None,
                  device: str | None = None, batchnorm: str = "train", lora=None,
-                 base_dtype: str = "float32", recompute: bool = False,
-                 _step_graph: StepGraph | None = None):
+                 base_dtype: str = "float32", recompute: bool = False, session_config=None,
+                 free_dimensions=None, _step_graph: StepGraph | None = None):
         if batchnorm not in BATCHNORM_MODES:
             raise ValueError(f"batchnorm {batchnorm!r}: expected 'train' or 'frozen'")
         self.batchnorm = batchnorm
@@ -206,6 +209,8 @@ class Trainer(TrainerResults):
             _seed_bits(seed)  # TypeError / ValueError for a seed that is not a 64-bit int
         self.shard_optimizer = bool(shard_optimizer)
         self.placement = resolve_placement(providers, portable, device)
+        self._eps = StepSession(self.placement, session_config, free_dimensions,
+                                single=comm is None and accumulate == 1)
         if self.placement.portable:  # before any graph is built: the reason, said plainly
             check_portable(self.optimizer, [] if portable else
                            [n for n in self.placement.names if n in NO_CUSTOM_OPS])
@@ -248,8 +253,6 @@ class Trainer(TrainerResults):
         self.lora, params = _lora.attach(self, lora, params, loss)  # adapters only: lora/
         chosen, self.coverage = choose_params(self._train_model, self.loss_name, params,
                                               batchnorm)
-        # The CPU gradient kernels wherever every EP is the CPU's (named, or its OrtEpDevice)
-        # and the graph is not rewritten to standard ops.
         options = StepOptions(self.loss_name, self.optimizer, chosen, self.policy, key_seed,
                               self.clip_grad_norm, self.accumulate, batchnorm,
                               fused=self.placement.fuses_grads and fused_grads_enabled(),
@@ -271,7 +274,9 @@ class Trainer(TrainerResults):
             self.training_model = TrainingModel(self.step_graph.model)
             if self.step_graph.apply_model is None:
                 self.runtime = StepRuntime(self.step_graph, threads, placement=self.placement,
-                                           frozen=self._frozen)
+                                           frozen=self._frozen,
+                                           configure=self._eps.configure(self.step_graph.model))
+                self._eps.check(self.runtime.session)  # every EP asked for runs the step
                 _share_param_buffers(self.step_graph, self.runtime)
             elif self.placement.is_cpu:
                 self.runtime = AccumulatingRuntime(self.step_graph, threads)
@@ -313,6 +318,9 @@ class Trainer(TrainerResults):
         if self.schedule is not None:
             self.lr = _schedules.lr_at(self.schedule, self.T)
 
+    assignment = property(lambda self: self._eps.assignment,
+                          doc="``{EP name: node count}`` of the step session (:mod:`.assignment`).")
+
     # -- training ----------------------------------------------------------------------
     @property
     def learning_rate(self) -> float:
@@ -329,9 +337,8 @@ class Trainer(TrainerResults):
     @property
     def last_grad_norm(self) -> float | None:
         """With ``clip_grad_norm``: the total 2-norm of the last update's gradients before
-        clipping (unscaled under ``mixed_float16``; inf or NaN for non-finite gradients,
-        as torch's ``clip_grad_norm_`` returns); None before the first update or without
-        ``clip_grad_norm``."""
+        clipping (unscaled under ``mixed_float16``; inf or NaN for non-finite gradients, as
+        torch's ``clip_grad_norm_``); None before the first update or without it."""
         name = self.step_graph.norm_output if self.step_graph is not None else None
         if name is None or not getattr(self, "_updated", False):
             return None
@@ -350,8 +357,7 @@ class Trainer(TrainerResults):
         is skipped (the weights and moments stay, ``T`` does not advance, the loss scale
         halves) and ``skipped`` counts it. With ``accumulate=k`` only every k-th call
         updates (the others add the micro-batch's gradients); each call returns its
-        micro-batch's loss. With ``schedule`` the update's learning rate is
-        ``schedule(T - 1)``.
+        micro-batch's loss. With ``schedule`` the update's learning rate is ``schedule(T - 1)``.
 
         All or nothing (without ``comm``): if the step fails (an error from any node), no
         state has changed (weights, optimizer state, ``T``, loss scale, Philox states,
@@ -383,6 +389,7 @@ class Trainer(TrainerResults):
             if refused is None:
                 raise
             raise refused from e
+        self._eps.after_step()  # without onnxruntime's record: the first step's profile
         if not getattr(self.runtime, "updated", True):
             return loss  # a micro-batch added to the accumulation buffers: no update
         self._updated = True  # an update ran (or was skipped): last_grad_norm is its
