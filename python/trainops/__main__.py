@@ -12,6 +12,8 @@ Commands:
   demo          train a small CNN entirely in onnxruntime with trainops.Trainer (--distributed: on
                 MPI; --mixed: the mixed_float16 optimizer demo, numpy gradients)
   library       print the path of the custom-op library
+  serve-demo    serve the browser demo (examples/web/: the CNN trained in the page by
+                onnxruntime-web from portable artifacts) on localhost
 """
 
 from __future__ import annotations
@@ -146,6 +148,12 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return demos.main(args.rest)
 
 
+def _cmd_serve_demo(args: argparse.Namespace) -> int:
+    from .demos.serve import main as serve_main
+
+    return serve_main(args.rest)
+
+
 def _cmd_library(args: argparse.Namespace) -> int:
     from . import get_library_path
 
@@ -235,6 +243,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("library", help="print the custom-op library's path")
     p.set_defaults(func=_cmd_library)
+
+    p = sub.add_parser("serve-demo", add_help=False,
+                       help="serve the browser demo on localhost: the CNN trains in the page "
+                            "(options: python -m trainops serve-demo --help)")
+    p.set_defaults(func=_cmd_serve_demo, passthrough=True)
     return parser
 
 
