@@ -58,6 +58,8 @@ export class Trainer {
   T: bigint;
   /** Steps skipped for non-finite gradients (mixed_float16). */
   skipped: bigint;
+  /** Whether the states stay in GPU buffers between steps (TrainerOptions.statesOnGpu). */
+  readonly statesOnGpu: boolean;
   /** The learning rate fed to the next step (from the checkpoint's metadata). */
   learningRate: number;
   /** One step on a batch (an ort.Tensor for every data input); the loss before the update. */
