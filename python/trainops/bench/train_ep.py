@@ -150,7 +150,7 @@ def _median_step(trainer, feeds, repeat: int, steps: int) -> float:
 
 
 def _kb(n: int) -> str:
-    return f"{n / 1e3:.1f} kB"
+    return f"{n} B" if n < 1000 else f"{n / 1e3:.1f} kB"
 
 
 def run_providers(args) -> int:
