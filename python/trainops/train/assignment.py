@@ -17,8 +17,9 @@ for runs the step (no silent fallback to the CPU), and ``trainer.assignment``.
   leaves to the CPU (onnxruntime keeps shape arithmetic there, an op the EP lacks) are
   allowed either way: ``assignment`` shows them.
 - :attr:`StepSession.assignment`: ``{ep_name: node count}`` of the step session, from the
-  record (the nodes after onnxruntime's graph optimisations), else from the profile of the
-  first step (None before it).
+  record (the nodes as onnxruntime partitioned the optimised graph; a few of them may be
+  folded away later, e.g. a Transpose of a constant), else from the profile of the first
+  step (the nodes it ran; None before it).
 
 Without the record the claims are known after the first step only: a zero claim is raised
 by that step (which ran, on the CPU).

@@ -122,8 +122,10 @@ class Placement:
 
     @property
     def is_cpu(self) -> bool:
-        """True for the default: the CPU execution provider alone, trainops' CPU kernels."""
-        return self.names == (CPU,) and not self.portable and self.ep_devices is None
+        """True for the default: the CPU execution provider alone, without options (given
+        options, the session is made with them as any other EP's), trainops' CPU kernels."""
+        return self.names == (CPU,) and not self.portable and self.ep_devices is None \
+            and all(isinstance(p, str) for p in self.providers or ())
 
     @property
     def fuses_grads(self) -> bool:
