@@ -135,8 +135,10 @@ class Emitter:
                 "input, initializer or value_info) or pass types= to the rewrite"))
         if elem not in allowed:
             want = " or ".join(type_name(t) for t in allowed)
+            why = (" (float64=False, the rewrite for EPs without float64, takes no double "
+                   "value)" if elem == DOUBLE and not self.float64 else "")
             raise ExpansionError(self.where(f"input {what} ({name!r}): expected {want}, "
-                                            f"got {type_name(elem)}"))
+                                            f"got {type_name(elem)}{why}"))
         return elem
 
     # -- nodes -------------------------------------------------------------------------

@@ -21,7 +21,8 @@ PyTorch does (AdamW's ``lerp_`` and ``addcmul_``), so the portable AdamW emits t
 - float32 without float64 (:func:`fma_split` on floats, for EPs that have no float64):
   the float64 algorithm in float32, Veltkamp's splitter 2^12 + 1. Exact (the correctly
   rounded fma) wherever Dekker's product is: ``a * b`` zero or at least ``2^-102`` in
-  magnitude and below ``2^128``; where a partial product underflows, within a few ulps
+  magnitude and below ``2^127`` (a factor from 2^114 up is first traded against the other
+  by 2^13, exactly); where a partial product underflows, within a few ulps
   of the subnormal result (tests/test_portable_float32.py measures it).
 
 A zero product that underflowed keeps its sign against a zero ``c`` (``fma(-tiny, tiny,
@@ -99,11 +100,28 @@ def _split(e: Emitter, a: str, elem: int = DOUBLE) -> tuple[str, str]:
     return e.op("Mul", hi, up, hint="hi"), e.op("Mul", lo, up, hint="lo")
 
 
+def _balance(e: Emitter, a: str, b: str) -> tuple[str, str]:
+    """``(a', b')`` of floats with ``a' * b' = a * b`` exactly, neither from 2^114 up unless
+    the product overflows: a factor that large is scaled by 2^-13 and the other by 2^13
+    (a split of a value near FLT_MAX rounds its high half up to 2^128, which is Inf once
+    scaled back: FLT_MAX * FLT_MIN + c would lose its exactness)."""
+    limit = e.const(2.0 ** 114, FLOAT)
+    down, up, one = (e.const(v, FLOAT) for v in (2.0 ** -13, 2.0 ** 13, 1.0))
+    for _ in range(2):
+        big = e.op("Greater", e.op("Abs", a), limit)
+        a, b = (e.op("Mul", a, e.op("Where", big, down, one)),
+                e.op("Mul", b, e.op("Where", big, up, one)))
+        a, b = b, a
+    return a, b
+
+
 def two_prod(e: Emitter, a: str, b: str, elem: int) -> tuple[str, str]:
     """``(p, err)``: ``p = a * b`` rounded and ``err = a * b - p`` (Dekker's product over
     Veltkamp's split; exact unless a partial product underflows: ``|a * b|`` below
     2^-969 in double, 2^-102 in float, or ``p`` overflows)."""
     p = e.op("Mul", a, b, hint="p")
+    if elem == FLOAT:
+        a, b = _balance(e, a, b)
     (ah, al), (bh, bl) = _split(e, a, elem), _split(e, b, elem)
     pl = e.op("Sub", e.op("Mul", ah, bh), p)
     for x, y in ((ah, bl), (al, bh), (al, bl)):

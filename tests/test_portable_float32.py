@@ -1,0 +1,196 @@
+"""The float32-only portable rewrite (``rewrite(float64=False)``, built for execution
+providers without float64: WebGPU, DirectML, WebNN, JS) against the fused CPU kernels and
+against float64 numpy.
+
+What it computes (trainops.portable.ff, trainops.portable.fma.fma_split): AdamW's two
+fmas by Dekker's product and TwoSums in float32, correctly rounded wherever a product is
+zero or at least 2^-102 in magnitude; the per-call scalars (``lr / (1 - beta1^T)``, ...) in
+float-float, the float64 value rounded to float32 but where it lies within about 2^-34
+(relative) of a midpoint between two floats (then 1 ulp off); square roots native. So on a
+runtime whose float32 ``Sqrt`` and ``Div`` are correctly rounded (onnxruntime 1.32's CPU EP)
+the update is the fused kernel's but for those rare ties and for fmas whose product
+underflows, each at most :data:`MAX_ULPS` off; elsewhere a native ``Sqrt`` / ``Div`` k ulps
+off adds k ulps to the update term (:func:`adamw_bound` carries them as 1 ulp each against
+float64 numpy).
+"""
+
+from __future__ import annotations
+
+from decimal import Decimal, localcontext
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from helpers.checks import ulp_distance
+from helpers.data import BF16, F16, F32
+from test_portable import (G_SHAPES, SHAPES, STEPS, InPlace, compare_fma, feeds_for, halfway_cases,
+                           libm_fma, optimizer_case, pairs_of, plain_session, random_floats,
+                           special_cases, float_sqrt_is_correctly_rounded)
+from trainops.models import (adagrad_model, adam_model, adamw_model, all_finite_model,
+                             dynamic_loss_scale_model, mixed_precision_adam_model, momentum_model)
+from trainops.onnx_defs import IR_VERSION
+from trainops.portable import NO_FLOAT64, ExpansionError, has_float64, rewrite
+
+U = 2.0 ** -24
+DOUBLE = TensorProto.DOUBLE
+# The most an output of the float32-only step was measured off the fused kernel's (a
+# scalar's tie, 1 ulp of a coefficient; an fma whose product underflows): ulps.
+MAX_ULPS = 2
+
+
+def float64_uses(model) -> list[str]:
+    """Every place ``model`` (its graph and subgraphs, and onnx's shape inference of them)
+    holds or makes a float64 value: value types, initializers, Constant values and the
+    ``to`` / ``dtype`` attributes of Cast, CastLike's targets, random and EyeLike ops."""
+    found = []
+
+    def tensor(t, where):
+        if t.data_type == DOUBLE:
+            found.append(f"{where}: {t.name or 'tensor'}")
+
+    def graph(g, where):
+        for vi in list(g.input) + list(g.output) + list(g.value_info):
+            if vi.type.tensor_type.elem_type == DOUBLE:
+                found.append(f"{where}: value {vi.name}")
+        for init in g.initializer:
+            tensor(init, f"{where}: initializer")
+        for n in g.node:
+            for a in n.attribute:
+                if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i == DOUBLE:
+                    found.append(f"{where}: {n.op_type} {n.name} {a.name}=double")
+                if a.type == onnx.AttributeProto.TENSOR:
+                    tensor(a.t, f"{where}: {n.op_type} {n.name}")
+                if a.type == onnx.AttributeProto.GRAPH:
+                    graph(a.g, f"{where}/{n.name}")
+
+    graph(model.graph, "graph")
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        graph(inferred.graph, "inferred")
+    except Exception:  # noqa: BLE001 - inference is extra evidence; the declared types were checked
+        pass
+    return found
+
+
+OPTIMIZERS = {
+    "adam": lambda dt, gdt: adam_model(SHAPES, dt, F32, G_SHAPES, g_dtype=gdt, norm_coefficient=0.01),
+    "adagrad": lambda dt, gdt: adagrad_model(SHAPES, dt, F32, G_SHAPES, g_dtype=gdt, decay_factor=0.1),
+    "momentum": lambda dt, gdt: momentum_model(SHAPES, dt, F32, G_SHAPES, g_dtype=gdt, alpha=0.9,
+                                               beta=0.9, mode="nesterov", norm_coefficient=0.0),
+    "adamw": lambda dt, gdt: adamw_model(SHAPES, dt, F32, G_SHAPES, g_dtype=gdt),
+    "adamw-amsgrad": lambda dt, gdt: adamw_model(SHAPES, dt, F32, G_SHAPES, g_dtype=gdt, amsgrad=1,
+                                                 maximize=1, weight_decay=0.1, beta1=0.3, beta2=0.99),
+}
+GROUPS = {"adam": "XVH", "adagrad": "XH", "momentum": "XV", "adamw": ["X", "M", "V"],
+          "adamw-amsgrad": ["X", "M", "V", "Vmax"]}
+POSITIVE = {"adam": ("H",), "adagrad": ("H",), "momentum": (), "adamw": ("V",),
+            "adamw-amsgrad": ("V", "Vmax")}
+TYPES = [(F32, F32), (F16, F16), (BF16, BF16), (F32, F16)]
+TYPE_IDS = ["f32", "f16", "bf16", "f32-g16"]
+
+
+def test_the_eps_without_float64_get_the_float32_form():
+    assert {"WebGpuExecutionProvider", "DmlExecutionProvider", "WebNNExecutionProvider",
+            "JsExecutionProvider"} <= NO_FLOAT64
+    assert has_float64(["CPUExecutionProvider"]) and has_float64(["CUDAExecutionProvider"])
+    assert not has_float64(["WebGpuExecutionProvider", "CPUExecutionProvider"])
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("dtype,g_dtype", TYPES, ids=TYPE_IDS)
+def test_no_float64_anywhere(name, dtype, g_dtype):
+    """The float32 form holds no float64 value (the float64 form does but for Momentum,
+    which has no per-call scalar), and uses none of the ops WebGPU lacks (Or, Xor, IsInf,
+    IsNaN, Sum)."""
+    model = OPTIMIZERS[name](dtype, g_dtype)
+    assert bool(float64_uses(rewrite(model))) == (name != "momentum")
+    portable = rewrite(model, float64=False)
+    assert float64_uses(portable) == []
+    onnx.checker.check_model(portable)
+    ops = {n.op_type for n in portable.graph.node}
+    assert not ops & {"Or", "Xor", "IsInf", "IsNaN", "Sum", "Pow"}, ops
+
+
+@pytest.mark.parametrize("model", [
+    mixed_precision_adam_model([(3,), (7,)], F16, 10, alpha=0.88, beta=0.99),
+    dynamic_loss_scale_model(growth_interval=3),
+    all_finite_model([F32, F16], [(3,), (5,)]),
+], ids=["mixed_precision_adam", "dynamic_loss_scale", "all_finite"])
+def test_no_float64_in_the_mixed_precision_ops(model):
+    portable = rewrite(model, float64=False)
+    assert float64_uses(portable) == []
+    assert not {n.op_type for n in portable.graph.node} & {"Or", "Xor", "IsInf", "IsNaN", "Sum"}
+
+
+def test_double_weights_or_rate_are_refused_without_float64():
+    without = r"got tensor\(double\) \(float64=False, .*takes no double value\)"
+    with pytest.raises(ExpansionError, match=r"AdamW node 'adamw': input X_1 .*" + without):
+        rewrite(adamw_model([(3,)], np.float64, F32), float64=False)
+    with pytest.raises(ExpansionError, match=r"Adam node 'adam': input R .*" + without):
+        rewrite(adam_model([(3,)], F32, np.float64), float64=False)
+    with pytest.raises(ExpansionError, match=r"AllFinite node .*input X_1 .*" + without):
+        rewrite(all_finite_model([np.float64], [(3,)]), float64=False)
+
+
+# --- fma in float32 against the C library's fmaf -------------------------------------------
+
+def fma_session_f32():
+    """A CPU session of :func:`trainops.portable.fma.fma_split` on floats, float32 only."""
+    from trainops.portable.emit import FLOAT, Emitter
+    from trainops.portable.fma import fma_split
+
+    node = helper.make_node("Fma", ["a", "b", "c"], ["z"], name="fma")
+    e = Emitter(node, {k: FLOAT for k in "abc"}, {"a", "b", "c", "z"}, float64=False)
+    e.output(fma_split(e, "a", "b", "c", FLOAT), "z", FLOAT, FLOAT)
+    nodes, inits = e.finish()
+    vi = lambda n: helper.make_tensor_value_info(n, FLOAT, [None])  # noqa: E731
+    model = helper.make_model(helper.make_graph(nodes, "fma", [vi("a"), vi("b"), vi("c")],
+                                                [vi("z")], inits),
+                              opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = min(IR_VERSION, 8)
+    assert float64_uses(model) == []
+    sess = plain_session(model)
+    return lambda a, b, c: sess.run(None, {"a": a, "b": b, "c": c})[0]
+
+
+# Products below 2^-102 (a partial product of Dekker's split underflows): the most
+# measured off fmaf (as the float64 form's FMA64_UNDERFLOW_ULPS below 2^-969).
+FMA32_UNDERFLOW_ULPS = 2
+
+
+def test_fma_split_float32_is_exact_in_dekkers_range_and_within_the_bound_below():
+    """Bitwise fmaf for products of magnitude in [2^-102, 2^127) or zero (and an infinite
+    c), over random operands, the halfway cases of a rounded sum and every pair of special
+    values; where products underflow, within FMA32_UNDERFLOW_ULPS, mostly exact."""
+    rng = np.random.default_rng(3232)
+    ref, ours = libm_fma(F32), fma_session_f32()
+    exact = [special_cases(F32)]
+    for lo, hi in [(-10, 10), (-50, -40), (40, 60), (-50, 60)]:
+        a, b = random_floats(rng, 40000, F32, lo, hi), random_floats(rng, 40000, F32, lo, hi)
+        with np.errstate(over="ignore", under="ignore"):
+            exact.append((a, b, (a.astype(np.float64) * b * rng.uniform(-2, 2, a.size)).astype(F32)))
+        exact.append((a, b, random_floats(rng, a.size, F32, lo, hi)))
+    for lo, hi in [(-10, 10), (-90, -60), (60, 120), (-100, 120)]:
+        exact.append(halfway_cases(rng, 40000, F32, lo, hi))
+    for a, b, c in exact:
+        with np.errstate(all="ignore"):
+            want = ref(a, b, c)
+            p = np.abs(a.astype(np.float64) * b)
+        bad, _ = compare_fma(ours(a, b, c), want)
+        in_range = ((p >= 2.0 ** -102) | (a == 0) | (b == 0)) & ((p < 2.0 ** 127) | np.isinf(c))
+        wrong = bad & in_range
+        assert not wrong.any(), (a[wrong][:3], b[wrong][:3], c[wrong][:3], ours(a, b, c)[wrong][:3], want[wrong][:3])
+    differ = total = 0
+    for lo, hi in [(-149, -100), (-80, -40), (-149, 0)]:
+        a, b = random_floats(rng, 40000, F32, lo, hi), random_floats(rng, 40000, F32, lo, hi)
+        with np.errstate(all="ignore"):
+            cs = ((a.astype(np.float64) * b * rng.uniform(-2, 2, a.size)).astype(F32),
+                  random_floats(rng, a.size, F32, lo, hi))
+        for c in cs:
+            with np.errstate(all="ignore"):
+                bad, ulps = compare_fma(ours(a, b, c), ref(a, b, c))
+            assert ulps.max() <= FMA32_UNDERFLOW_ULPS, (a[bad][:3], b[bad][:3], c[bad][:3])
+            differ, total = differ + int(bad.sum()), total + a.size
+    assert differ <= total // 10, (differ, total)
