@@ -20,8 +20,6 @@ from ep_pairs import BATCH, MODELS, Run, static_batch, unavailable
 
 OPENVINO = "OpenVINOExecutionProvider"
 PROVIDERS = [(OPENVINO, {"device_type": "CPU", "precision": "FP32"}), "CPUExecutionProvider"]
-WAITING_ASSIGNMENT = "trainer.assignment (the step's nodes by EP) is not there yet"
-WAITING_FREE_DIMS = "the Trainer takes no free_dimensions= yet"
 
 
 @pytest.fixture(scope="module")
@@ -51,13 +49,11 @@ def run(name: str, providers) -> Run:
     return _RUNS[name]
 
 
-@pytest.mark.parametrize("name", ["mlp", "cnn", pytest.param(
-    "cnn-free-dims", marks=pytest.mark.xfail(strict=True, reason=WAITING_FREE_DIMS))])
+@pytest.mark.parametrize("name", ["mlp", "cnn", "cnn-free-dims"])
 def test_trains_like_the_cpu(name, providers):
     run(name, providers).check_matches_cpu()
 
 
-@pytest.mark.xfail(strict=True, reason=WAITING_ASSIGNMENT)
 @pytest.mark.parametrize("name", ["mlp", "cnn"])
 def test_step_runs_on_the_ep(name, providers):
     dev = run(name, providers).trained()
