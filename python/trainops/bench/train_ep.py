@@ -10,7 +10,8 @@ onnxruntime lists. ``scripts/webgpu_env`` sets up both EPs without a GPU (WebGPU
 software Vulkan driver, lavapipe: its step times say nothing about a GPU's speed; the
 transfers do).
 
-Per model (the families of :mod:`.train_models`, optimizer AdamW), from one Trainer on the EP:
+Per model (the families of :mod:`.train_models`, optimizer AdamW; the batch's shape fixed
+with ``free_dimensions``), from one Trainer on the EP:
 
 - the step time: the median of ``--repeat`` x ``--steps`` steps after a warm-up;
 - ``trainer.transfers.last_step``: the host->device and device->host copies the runtime
@@ -88,7 +89,7 @@ def _output_types(event) -> list[str]:
 
 def placement(trainer, feeds: dict, steps: int = 3, lr: float = 1e-3) -> dict:
     """Where the step of ``trainer`` runs, per step, from ONNX Runtime's profiler over a
-    second session of its step graph with its placement (the first step left out: a
+    second session of its step graph with its placement and session options (the first step left out: a
     session's first run may place differently while it warms up):
     ``nodes`` {provider: nodes run}, ``memcpy`` (nodes copying between devices),
     ``memcpy_bytes`` (their output bytes), ``float64`` {provider: nodes with a float64
@@ -98,7 +99,13 @@ def placement(trainer, feeds: dict, steps: int = 3, lr: float = 1e-3) -> dict:
 
     prefix = os.path.join(tempfile.mkdtemp(prefix="trainops-bench-ep-"), "step")
 
+    # the Trainer's own session options (session_config, free_dimensions) first
+    eps = getattr(trainer, "_eps", None)
+    trainers = eps.configure(trainer.step_graph.model) if eps is not None else None
+
     def configure(so):
+        if trainers is not None:
+            trainers(so)
         so.enable_profiling = True
         so.profile_file_prefix = prefix
 
@@ -137,6 +144,20 @@ def placement(trainer, feeds: dict, steps: int = 3, lr: float = 1e-3) -> dict:
             "cpu_ops": {k: v // n for k, v in cpu_ops.most_common()}}
 
 
+def fixed_dimensions(model, feeds: dict) -> dict[str, int]:
+    """Each symbolic dimension of ``model``'s inputs at its size in ``feeds``: the bench
+    feeds one batch shape, and an EP that compiles (OpenVINO) may refuse a graph whose
+    shapes are symbolic (its CPU plugin: a weight-gradient Conv's "dynamic weights shape")."""
+    dims = {}
+    for vi in model.graph.input:
+        if vi.name not in feeds:
+            continue
+        for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+            if d.dim_param:
+                dims[d.dim_param] = int(feeds[vi.name].shape[axis])
+    return dims
+
+
 def _median_step(trainer, feeds, repeat: int, steps: int) -> float:
     for _ in range(3):
         trainer.step(feeds)
@@ -167,7 +188,8 @@ def run_providers(args) -> int:
         fam = family(model, args.batch)
         try:
             trainer = Trainer(fam.model, "loss", optim.AdamW(lr=args.lr), params=fam.params,
-                              providers=providers, portable=True)
+                              providers=providers, portable=True,
+                              free_dimensions=fixed_dimensions(fam.model, fam.feeds))
             sec = _median_step(trainer, fam.feeds, args.repeat, args.steps)
         except Exception as exc:  # noqa: BLE001 - a model the EP cannot train is a result
             why = (str(exc).strip().splitlines() or [""])[-1][:300]
