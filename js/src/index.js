@@ -51,7 +51,8 @@ export class Trainer {
     // WebGPU: the new states stay in GPU buffers between steps (the loss and the extra
     // outputs come back to the CPU); elsewhere every output comes back as CPU data.
     const providers = (executionProviders ?? []).map((p) => (typeof p === "string" ? p : p?.name));
-    const statesOnGpu = options.statesOnGpu ?? providers.includes("webgpu");
+    // Not by default on onnxruntime-node: its GPU tensors cannot be read back (download).
+    const statesOnGpu = options.statesOnGpu ?? (providers.includes("webgpu") && !onnxruntimeNode(ort));
     const base = { ...sessionOptions };
     if (executionProviders !== undefined) base.executionProviders = executionProviders;
     if (intraOpNumThreads !== undefined) {
@@ -178,6 +179,12 @@ export class Trainer {
   async download() {
     for (const [name, t] of this.state) {
       if (t.location === "cpu" || t.location === undefined) continue;
+      if (onnxruntimeNode(this.ort)) {
+        // measured on onnxruntime-node 1.30.0's WebGPU EP: getData of an output in a GPU
+        // buffer ends the process (an uncaught C++ exception), so it is not called
+        throw new Error(`Trainer.download: onnxruntime-node ${this.ort.env.versions.node} cannot read a GPU ` +
+          "tensor back (its getData aborts the process): use statesOnGpu: false there");
+      }
       const data = await t.getData(true); // releases the GPU buffer
       this.state.set(name, new this.ort.Tensor(t.type, data, t.dims));
     }
@@ -261,6 +268,11 @@ export class Trainer {
     await this.training.release?.();
     await this.evalSession?.release?.();
   }
+}
+
+/** Whether `ort` is onnxruntime-node (its env names its version under "node"). */
+function onnxruntimeNode(ort) {
+  return !!ort.env?.versions?.node;
 }
 
 function scalar(tensor, dtype) {

@@ -15,6 +15,17 @@ export function requireReference() {
   }
 }
 
+// The bound on |loss - loss_python| / |loss_python| at each of the 20 steps of a run whose
+// kernels order their sums otherwise (onnxruntime-web's WASM, a WebGPU EP). Not derived
+// from an error analysis of 20 Adam steps (the two runs' parameters drift apart and the drift
+// compounds through the steps in a way no simple bound captures). For one forward pass: a
+// float32 sum of n terms in another order may move by gamma(n) = n u / (1 - n u) of the sum
+// of its terms' magnitudes (Higham; u = 2^-24), about 4.3e-6 for the CNN's longest sums (72
+// products in conv2). 1e-4 is 430 times the measured worst (2.3e-7, about 4 u, on
+// onnxruntime-web 1.30.0): it holds for any summation order and still catches a wrong step
+// (a missed or doubled update moves a loss by 1e-2 or more).
+export const RELATIVE_BOUND = 1e-4;
+
 export const artifacts = (name) => path.join(REFERENCE, name, "artifacts");
 export const file = (name, f) => path.join(REFERENCE, name, f);
 export const pythonRun = (name) => JSON.parse(readFileSync(file(name, "python.json"), "utf8"));

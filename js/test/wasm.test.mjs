@@ -9,19 +9,9 @@ import { writeFileSync } from "node:fs";
 import path from "node:path";
 import * as ort from "onnxruntime-web";
 import { Trainer } from "../src/index.js";
-import { REFERENCE, artifacts, batches, pythonRun, requireReference } from "./helpers.mjs";
+import { REFERENCE, RELATIVE_BOUND, artifacts, batches, pythonRun, requireReference } from "./helpers.mjs";
 
 requireReference();
-
-// The bound on |loss_wasm - loss_python| / |loss_python| at each of the 20 steps. Not derived
-// from an error analysis of 20 Adam steps (the two runs' parameters drift apart and the drift
-// compounds through the steps in a way no simple bound captures). For one forward pass: a
-// float32 sum of n terms in another order may move by gamma(n) = n u / (1 - n u) of the sum
-// of its terms' magnitudes (Higham; u = 2^-24), about 4.3e-6 for the CNN's longest sums (72
-// products in conv2). 1e-4 is 430 times the measured worst (2.3e-7, about 4 u, on
-// onnxruntime-web 1.30.0): it holds for any summation order and still catches a wrong step
-// (a missed or doubled update moves a loss by 1e-2 or more).
-export const RELATIVE_BOUND = 1e-4;
 
 test("onnxruntime-web (WASM) trains the demo CNN as Python does, within the bound", async () => {
   const ref = pythonRun("demo_cnn");
