@@ -274,3 +274,135 @@ def test_per_call_scalars_are_the_float64_ones_rounded(b1, b2, wd):
         d = ulp_distance(got[name], value.astype(F32))
         assert d.max() <= 1, (name, d.max(), t[d.argmax()])
         assert np.count_nonzero(d) <= d.size // 500, (name, np.count_nonzero(d))
+
+
+# --- against float64 numpy, with a bound carried through each rounding -----------------------
+
+class Bounded:
+    """A value computed exactly in float64 (``v``) and a bound ``e`` on how far a float32
+    evaluation may be from it: each operation rounds to nearest (relative ``U``, plus half
+    the smallest subnormal), a native ``Sqrt`` / ``Div`` may be ``ULPS`` ulps off (faithful:
+    1; relative 2U each), and the bounds of the operands propagate through it."""
+
+    ULPS = 1
+    TINY = 2.0 ** -150
+
+    def __init__(self, v, e=0.0):
+        self.v, self.e = np.asarray(v, np.float64), np.asarray(e, np.float64)
+
+    @classmethod
+    def const(cls, exact: float, ulps: float = 0.5):
+        """A coefficient rounded to float32 (``ulps``: 0.5 rounded once, 1 for a float-float
+        scalar that may round the other way in a tie)."""
+        return cls(exact, abs(exact) * 2 * ulps * U)
+
+    def _round(self, v, e, ulps=0.5):
+        return Bounded(v, e + 2 * ulps * U * (np.abs(v) + e) + self.TINY)
+
+    def __add__(self, o):
+        return self._round(self.v + o.v, self.e + o.e)
+
+    def __neg__(self):
+        return Bounded(-self.v, self.e)
+
+    def __sub__(self, o):
+        return self + (-o)
+
+    def __mul__(self, o):
+        return self._round(self.v * o.v, np.abs(self.v) * o.e + np.abs(o.v) * self.e + self.e * o.e)
+
+    def fma(self, b, c):
+        """``self * b + c`` rounded once."""
+        e = np.abs(self.v) * b.e + np.abs(b.v) * self.e + self.e * b.e + c.e
+        return self._round(self.v * b.v + c.v, e)
+
+    def __truediv__(self, o):
+        v = self.v / o.v
+        return self._round(v, (self.e + np.abs(v) * o.e) / (np.abs(o.v) - o.e), self.ULPS)
+
+    def sqrt(self):
+        v = np.sqrt(self.v)
+        e = self.e / (v + np.sqrt(np.maximum(self.v - self.e, 0.0)) + 1e-300)
+        return self._round(v, np.minimum(e, np.sqrt(self.e)), self.ULPS)
+
+
+def adamw_reference(x, g, m, v, lr, t, a):
+    """AdamW (the kernel's order) in float64 from the float32 inputs, as :class:`Bounded`
+    values ``(x', m', v')``: the exact scalars, each float32 coefficient rounded once, the
+    float-float scalars within 1 ulp."""
+    B = Bounded
+    decay = B.const(1 - lr * a["weight_decay"], 1)
+    step = B.const(lr / (1 - a["beta1"] ** t), 1)
+    bc2 = B.const((1 - a["beta2"] ** t) ** 0.5, 1)
+    x1 = B(x) * decay
+    m1 = B.const(1 - a["beta1"]).fma(B(g) - B(m), B(m))
+    v1 = (B.const(1 - a["beta2"]) * B(g)).fma(B(g), B(v) * B.const(a["beta2"]))
+    denom = v1.sqrt() / bc2 + B.const(a["epsilon"])
+    return x1 - (step * m1) / denom, m1, v1
+
+
+def test_adamw_float32_form_against_float64_within_the_bound():
+    """One AdamW step of the float32 form from random float32 state (normal values, zeros,
+    gradients over six decades), T from 1 to 10^4: x', m' and v' within the bound
+    :func:`adamw_reference` carries from float64 numpy. The same bound holds on an EP
+    whose float32 Sqrt and Div are faithful (1 ulp)."""
+    from trainops.portable.adamw import ADAMW_DEFAULTS, as_written
+
+    rng = np.random.default_rng(5)
+    n = 4096
+    model = adamw_model([(n,)], F32, F32, [(n,)], weight_decay=0.05)
+    a = {k: as_written(v) for k, v in {**ADAMW_DEFAULTS, "weight_decay": 0.05}.items()}
+    sess = plain_session(rewrite(model, float64=False))
+    worst = 0.0
+    for t in (1, 2, 3, 10, 100, 1000, 10000):
+        x = rng.standard_normal(n).astype(F32)
+        g = (rng.standard_normal(n) * 10.0 ** rng.uniform(-6, 0, n)).astype(F32)
+        m = (rng.standard_normal(n) * 0.1).astype(F32)
+        v = (rng.random(n) * 0.01).astype(F32)
+        x[:64] = g[64:128] = m[128:192] = v[192:256] = 0.0
+        lr = np.float32(10.0 ** rng.uniform(-4, -1))
+        got = sess.run(None, {"R": np.array(lr, F32), "T": np.array(t, np.int64), "X_1": x,
+                              "G_1": g, "M_1": m, "V_1": v})
+        for name, y, b in zip("xmv", got, adamw_reference(x, g, m, v, float(lr), t, a)):
+            err = np.abs(y.astype(np.float64) - b.v)
+            assert (err <= b.e).all(), (t, name, float(np.max(err / b.e)))
+            worst = max(worst, float(np.max(err / b.e)))
+    assert worst > 0.0  # the comparison saw rounding (a bound of 0 everywhere would be wrong)
+
+
+# --- an MLP over training steps --------------------------------------------------------------
+
+def test_mlp_training_float32_form_against_the_float64_form(monkeypatch):
+    """20 AdamW steps of an MLP, the portable step graph with and without float64 (the same
+    forward and backward, so only the optimizer's arithmetic differs): bitwise the same
+    losses and parameters where this onnxruntime's float32 Sqrt is correctly rounded; else
+    the losses within 1e-5 relative."""
+    from trainops import Trainer, optim
+    from trainops.demos.train import mlp_model
+    import importlib
+
+    rewrite_module = importlib.import_module("trainops.portable.rewrite")
+
+    rng = np.random.default_rng(9)
+    batches = []
+    for _ in range(20):
+        x = rng.standard_normal((16, 12)).astype(F32)
+        batches.append({"x": x, "t": np.abs(x[:, :5]).argmax(1).astype(np.int64)})
+
+    def train():
+        tr = Trainer(mlp_model(seed=2, sizes=(12, 32, 32, 5)), "loss", seed=5, portable=True,
+                     optimizer=optim.AdamW(lr=0.01, weight_decay=0.05))
+        return tr, [tr.step(b) for b in batches]
+
+    wide, wide_losses = train()
+    assert float64_uses(wide.training_model())
+    monkeypatch.setattr(rewrite_module, "NO_FLOAT64", frozenset({"CPUExecutionProvider"}))
+    narrow, losses = train()
+    assert float64_uses(narrow.training_model()) == []
+    assert narrow.transfers.last_step["state_bytes"] == 0 and narrow.transfers.total["state_bytes"] == 0
+    if float_sqrt_is_correctly_rounded():
+        assert losses == wide_losses
+        for k, w in wide.parameters().items():
+            assert narrow.parameters()[k].tobytes() == w.tobytes(), k
+    else:
+        np.testing.assert_allclose(losses, wide_losses, rtol=1e-5)
