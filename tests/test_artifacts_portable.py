@@ -180,6 +180,23 @@ def test_dropout_masks_restart_with_each_session(library_path, tmp_path):
         assert same_bits(states[name], buf), name
 
 
+def test_every_conv_states_its_strides_dilations_and_pads(library_path, tmp_path):
+    """onnxruntime-web's WebGPU Conv refuses a Conv that leaves them to their defaults (the
+    demo CNN does); the portable artifacts write them out (the same convolutions)."""
+    make_trainer("cnn-adam").save_artifacts(tmp_path, portable=True)
+    for name in ("training.onnx", "eval.onnx", "inference.onnx"):
+        convs = [n for n in onnx.load(tmp_path / name).graph.node if n.op_type == "Conv"]
+        assert convs, name
+        for n in convs:
+            attrs = {a.name: list(a.ints) for a in n.attribute}
+            assert len(attrs["strides"]) == len(attrs["dilations"]) == 2, (name, n.name)
+            assert len(attrs["pads"]) == 4, (name, n.name)
+    forward = next(n for n in onnx.load(tmp_path / "training.onnx").graph.node
+                   if n.name == "conv1")
+    assert {a.name: list(a.ints) for a in forward.attribute} == {
+        "pads": [1, 1, 1, 1], "strides": [1, 1], "dilations": [1, 1]}
+
+
 def test_eval_of_portable_artifacts_needs_no_library(library_path, tmp_path):
     tr = make_trainer("cnn-adam")
     tr.save_artifacts(tmp_path, portable=True)

@@ -28,8 +28,8 @@ from .graph import build_step_graph
 from .placement import portable_graph
 from .spec import StepGraph
 
-__all__ = ["DEFAULT_DOMAINS", "NotPortableError", "dropout_nodes", "foreign_nodes",
-           "portable_step_graph", "save"]
+__all__ = ["DEFAULT_DOMAINS", "NotPortableError", "dropout_nodes", "explicit_conv_attributes",
+           "foreign_nodes", "portable_step_graph", "save"]
 
 # The domains of the ONNX standard: what every runtime implements.
 DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -129,8 +129,40 @@ def dropout_nodes(model: onnx.ModelProto) -> list[dict]:
     return out
 
 
+def explicit_conv_attributes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` (changed in place, returned) with every default-domain ``Conv`` of its main
+    graph given its ``strides``, ``dilations`` and (without ``auto_pad``) ``pads`` when they
+    are left to their defaults (ones, ones, zeros): the same convolution, but
+    onnxruntime-web's WebGPU kernel refuses a Conv without them ("dilations should be 2D").
+    The spatial rank comes from ``kernel_shape`` or the weight's declared rank."""
+    from onnx import helper
+
+    g = model.graph
+    ranks = {i.name: len(i.dims) for i in g.initializer}
+    for vi in list(g.input) + list(g.value_info) + list(g.output):
+        t = vi.type.tensor_type
+        if t.HasField("shape"):
+            ranks.setdefault(vi.name, len(t.shape.dim))
+    for n in g.node:
+        if n.op_type != "Conv" or n.domain not in DEFAULT_DOMAINS:
+            continue
+        attrs = {a.name: a for a in n.attribute}
+        k = len(attrs["kernel_shape"].ints) if "kernel_shape" in attrs else \
+            ranks.get(n.input[1], 0) - 2
+        if k < 1:
+            continue  # the weight's rank is unknown: left as it is
+        auto = attrs["auto_pad"].s.decode() if "auto_pad" in attrs else "NOTSET"
+        for name, value in (("strides", [1] * k), ("dilations", [1] * k),
+                            ("pads", [0] * (2 * k))):
+            if name not in attrs and (name != "pads" or auto == "NOTSET"):
+                n.attribute.append(helper.make_attribute(name, value))
+    return model
+
+
 def _finish(models: dict, man: dict) -> dict:
     _check(models)
+    for m in models.values():  # fresh copies (save() passes a copy of the step's model)
+        explicit_conv_attributes(m)
     return dict(man, portable=True, custom_ops=[], custom_op_library=None,
                 dropout=dropout_nodes(models["training"]))
 
@@ -143,4 +175,7 @@ def save(trainer, directory) -> dict:
         raise NotImplementedError("save_artifacts with accumulate > 1 (a micro-batch "
                                   "model and an update model) is not supported yet")
     graph = portable_step_graph(trainer)
+    copy = onnx.ModelProto()
+    copy.CopyFrom(graph.model)  # the trainer's own step model (its session's) stays as it is
+    graph = dataclasses.replace(graph, model=copy)
     return _artifacts.save(trainer, directory, graph=graph, finish=_finish)
