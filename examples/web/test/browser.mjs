@@ -3,12 +3,15 @@
 // for window.trainopsDemo.done, and checks that the loss falls and that it equals, within
 // the WASM bound below, the losses of the same run in Node.js (the repository's JavaScript
 // trainer on onnxruntime-node's CPU EP, the batches of demo.js), and the Python portable
-// trainer's (reference.json, made by serve-demo). Saves a screenshot (with a digit drawn
-// and predicted) and the three runs' losses under .ci-artifacts/.
+// trainer's (reference.json, made by serve-demo). Then ?steps=M&backend=webgpu: the page
+// trains on WebGPU (an adapter exists without a GPU too: Chromium's SwiftShader, a
+// software Vulkan) within the same bound of the Node.js run. Saves a screenshot (with a
+// digit drawn and predicted) and the runs' losses under .ci-artifacts/.
 //
-//   node examples/web/test/browser.mjs [--steps N] [--docs]   (--docs: the screenshot to
-//   docs/demo-web.png too)
-// Environment: PYTHON (default .venv/bin/python, else python3), CHROMIUM (/usr/bin/chromium).
+//   node examples/web/test/browser.mjs [--steps N] [--webgpu-steps M] [--docs]
+//   (--webgpu-steps 0: no WebGPU run; --docs: the screenshot to docs/demo-web.png too)
+// Environment: PYTHON (default .venv/bin/python, else python3), CHROMIUM (/usr/bin/chromium),
+// WEBGPU_ADAPTER (default swiftshader; "default": the browser's own choice, a real GPU).
 import { spawn } from "node:child_process";
 import { existsSync, mkdirSync, copyFileSync, readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
@@ -19,7 +22,10 @@ import { chromium } from "playwright-core";
 const here = dirname(fileURLToPath(import.meta.url));
 const root = resolve(here, "../../..");
 const args = process.argv.slice(2);
-const steps = Number(args.includes("--steps") ? args[args.indexOf("--steps") + 1] : 100);
+const option = (name, value) => Number(args.includes(name) ? args[args.indexOf(name) + 1] : value);
+const steps = option("--steps", 100);
+const gpuSteps = option("--webgpu-steps", 20);
+const adapter = process.env.WEBGPU_ADAPTER ?? "swiftshader";
 const out = join(root, ".ci-artifacts");
 mkdirSync(out, { recursive: true });
 
@@ -37,6 +43,10 @@ mkdirSync(out, { recursive: true });
 // moves a loss by 1e-2 or more). Chromium and Node.js run the same WASM binary: the page's
 // first 20 losses equal js/test/wasm.test.mjs's (onnxruntime-web in Node.js, the same batches,
 // js/.reference/demo_cnn_wasm_losses.json, written by `npm test` in js/) bit for bit.
+// The WebGPU run is held to the same bound, by the same argument: its kernels (WGSL shaders,
+// the nodes WebGPU lacks on the CPU beside it) sum in other orders again, and WGSL's exp and
+// log are a few ulps from exact where the CPU's are within one; measured over 20 steps on
+// SwiftShader (not a GPU: what CI has): 1.1e-7 against onnxruntime-node.
 const REL = 1e-4;
 
 function python() {
@@ -87,9 +97,11 @@ const ulps = (a, b) => Math.abs(new Int32Array(Float32Array.of(a).buffer)[0] - n
 const { child, url } = await serve();
 let browser;
 let failed = false;
+let webgpu = null;
 try {
   browser = await chromium.launch({ executablePath: process.env.CHROMIUM ?? "/usr/bin/chromium",
-                                    args: ["--no-sandbox"] });
+                                    args: ["--no-sandbox", "--enable-unsafe-webgpu",
+                                           ...(adapter === "default" ? [] : [`--use-webgpu-adapter=${adapter}`])] });
   const page = await browser.newPage({ viewport: { width: 1100, height: 760 } });
   const logs = [];
   page.on("console", (m) => logs.push(`${m.type()}: ${m.text()}`));
@@ -127,10 +139,24 @@ try {
   } else {
     console.log(`info ${nodeWasm} not found (npm test in js/ writes it): the WASM-in-Node comparison is skipped`);
   }
+  if (gpuSteps > 0) {
+    const gpu = await browser.newPage();
+    gpu.on("pageerror", (e) => logs.push(`pageerror (webgpu): ${e.message}`));
+    const t1 = Date.now();
+    await gpu.goto(`${url}?steps=${gpuSteps}&backend=webgpu`);
+    await gpu.waitForFunction(() => window.trainopsDemo?.done, null, { timeout: 300000 });
+    const g = await gpu.evaluate(() => window.trainopsDemo);
+    if (g.error) throw new Error(`the WebGPU page failed: ${g.error}\n${logs.join("\n")}`);
+    const rel = g.losses.reduce((w, v, i) => Math.max(w, Math.abs(v - node.losses[i]) / Math.abs(node.losses[i])), 0);
+    check(g.backend === "webgpu" && g.losses.length === gpuSteps,
+          `the page trained ${g.losses.length} steps on ${g.backend} (asked: webgpu, adapter ${adapter}) in ${((Date.now() - t1) / 1000).toFixed(1)} s`);
+    check(rel <= REL, `WebGPU vs onnxruntime-node (CPU): worst relative difference ${rel.toExponential(2)} <= ${REL.toExponential(2)} (step 1: ${ulps(g.losses[0], node.losses[0])} ulps)`);
+    webgpu = g.losses;
+  }
   const same = node.losses.every((v, i) => Object.is(v, python.losses[i]));
   console.log(`info onnxruntime-node ${node.version} and Python onnxruntime ${python.onnxruntime}: ${same ? "the same losses, bit for bit" : "losses differ (worst relative " + node.losses.reduce((w, v, i) => Math.max(w, Math.abs(v - python.losses[i]) / Math.abs(python.losses[i])), 0).toExponential(2) + ")"}`);
   console.log(`info drawn 7 predicted as ${guess}; screenshot ${join(out, "demo-web.png")}`);
-  writeFileSync(join(out, "browser-losses.json"), JSON.stringify({ steps, bound: REL, wasm: web, node: node.losses, python: python.losses, accuracies: demo.accuracies, seconds }, null, 1));
+  writeFileSync(join(out, "browser-losses.json"), JSON.stringify({ steps, bound: REL, wasm: web, webgpu, node: node.losses, python: python.losses, accuracies: demo.accuracies, seconds }, null, 1));
 } catch (e) {
   console.error(e);
   failed = true;
