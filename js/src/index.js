@@ -72,20 +72,31 @@ export class Trainer {
     const training = await createSession(ort, await files.read(manifest.models.training), trainingOptions, tfile);
     checkSession(training, manifest, tfile, mfile);
 
-    const t = new Trainer({
+    return new Trainer({
       ort, manifest, files, metadata, other, state, training, statesOnGpu,
-      evalOptions: base, evalSession: null,
+      evalOptions: base, evalSession: null, pending: Promise.resolve(),
       T: BigInt(metadata.step), skipped: BigInt(metadata.skipped),
-      learningRate: Number(metadata.learning_rate), lastOutputs: null,
+      learningRate: Number(metadata.learning_rate),
     });
-    return t;
+  }
+
+  /** Runs `fn` after every step, eval and download called before it has finished: calls
+   * made without awaiting the previous one run in turn, each on the states the previous left. */
+  serial(fn) {
+    const run = this.pending.then(fn, fn);
+    this.pending = run.catch(() => {});
+    return run;
   }
 
   /**
    * One training step on `feeds` (an ort.Tensor for every data input of the manifest).
    * @returns {Promise<number>} the loss before the update
    */
-  async step(feeds) {
+  step(feeds) {
+    return this.serial(() => this.stepNow(feeds));
+  }
+
+  async stepNow(feeds) {
     const m = this.manifest;
     const { ort } = this;
     const inputs = { ...this.checkFeeds(feeds, m.data_inputs, "Trainer.step") };
@@ -114,7 +125,11 @@ export class Trainer {
    * labels, to predict) is fed zeros of the batch's size, and the loss is then not returned.
    * @returns {Promise<Record<string, any>>} eval.onnx's outputs by name (ort.Tensor)
    */
-  async eval(feeds) {
+  eval(feeds) {
+    return this.serial(() => this.evalNow(feeds));
+  }
+
+  async evalNow(feeds) {
     const m = this.manifest;
     if (!m.models.eval) throw new ArtifactsError(`${this.files.where(MANIFEST)}: models.eval: the artifacts have no eval model`);
     if (!this.evalSession) {
@@ -176,7 +191,11 @@ export class Trainer {
 
   /** Copies every state held on a GPU back to the CPU (WebGPU); getParameters and
    * saveCheckpoint need it after steps with statesOnGpu. */
-  async download() {
+  download() {
+    return this.serial(() => this.downloadNow());
+  }
+
+  async downloadNow() {
     for (const [name, t] of this.state) {
       if (t.location === "cpu" || t.location === undefined) continue;
       if (onnxruntimeNode(this.ort)) {

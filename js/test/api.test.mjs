@@ -151,3 +151,16 @@ test("setParameters(getParameters()) changes nothing (float16 copies included); 
     assert.throws(() => trainer.setParameters(Array.from(flat)), /expected a Float32Array/);
   }
 });
+
+test("steps and evals called without awaiting the previous one run in turn", async () => {
+  const trainer = await Trainer.fromArtifacts(artifacts("mlp"), OPTIONS);
+  const data = batches(ort, "mlp");
+  const ref = pythonRun("mlp");
+  const calls = [trainer.step(data[0]), trainer.eval(data[1]), trainer.step(data[1]),
+    trainer.step({ x: data[2].x }), trainer.step(data[2])];
+  const [a, e, b, refused, c] = await Promise.allSettled(calls);
+  assert.deepEqual([a, b, c].map((r) => f32bits(r.value)), ref.loss_bits.slice(0, 3));
+  assert.equal(f32bits(e.value.loss.data[0]), ref.loss_bits[1], "eval ran on the states after step 0");
+  assert.match(refused.reason.message, /feed "t" is missing/);
+  assert.equal(trainer.T, 4n);
+});
