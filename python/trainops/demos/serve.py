@@ -32,8 +32,8 @@ import numpy as np
 
 from .train import cnn_model, digits
 
-__all__ = ["BATCH", "LR", "SEED", "batch", "main", "make_site", "order", "reference_losses",
-           "web_root", "write_data"]
+__all__ = ["BATCH", "LR", "SEED", "batch", "main", "make_server", "make_site", "order",
+           "reference_losses", "web_root", "write_data"]
 
 SEED = 0  # the model's weights, the data and the trainer's seed
 LR = 0.01
@@ -177,8 +177,10 @@ class _Handler(http.server.SimpleHTTPRequestHandler):
             super().log_message(format, *args)
 
 
-def serve(site: Path, host: str = "127.0.0.1", port: int = 8000, verbose: bool = False,
-          out=print) -> None:
+def make_server(site: Path, host: str = "127.0.0.1", port: int = 8000,
+                verbose: bool = False) -> http.server.ThreadingHTTPServer:
+    """The demo's HTTP server (not started) over the page, the trainer, onnxruntime-web and
+    ``site``'s artifacts and data (:func:`make_site`); port 0: any free one."""
     web = web_root()
     mounts = [("/ort/", web / "node_modules" / "onnxruntime-web" / "dist"),
               ("/js/", repo_root() / "js"), ("/artifacts/", site / "artifacts"),
@@ -186,6 +188,12 @@ def serve(site: Path, host: str = "127.0.0.1", port: int = 8000, verbose: bool =
     handler = type("Handler", (_Handler,), {"mounts": [(p, r.resolve()) for p, r in mounts]})
     server = http.server.ThreadingHTTPServer((host, port), functools.partial(handler))
     server.verbose = verbose
+    return server
+
+
+def serve(site: Path, host: str = "127.0.0.1", port: int = 8000, verbose: bool = False,
+          out=print) -> None:
+    server = make_server(site, host, port, verbose)
     url = f"http://{host}:{server.server_address[1]}/"
     out(f"serving the trainops demo at {url} (Ctrl-C stops it)", flush=True)
     try:
