@@ -5,14 +5,16 @@
 // trainer on onnxruntime-node's CPU EP, the batches of demo.js), and the Python portable
 // trainer's (reference.json, made by serve-demo). Then ?steps=M&backend=webgpu: the page
 // trains on WebGPU (an adapter exists without a GPU too: Chromium's SwiftShader, a
-// software Vulkan) within the same bound of the Node.js run. Saves a screenshot (with a
-// digit drawn and predicted) and the runs' losses under .ci-artifacts/.
+// software Vulkan) within the same bound of the Node.js run. Each page's downloaded
+// checkpoint resumes in Python (Trainer.from_artifacts) at its step and scores the test
+// digits as the page did. Saves a screenshot (with a digit drawn and predicted), the
+// checkpoints and the runs' losses under .ci-artifacts/.
 //
 //   node examples/web/test/browser.mjs [--steps N] [--webgpu-steps M] [--docs]
 //   (--webgpu-steps 0: no WebGPU run; --docs: the screenshot to docs/demo-web.png too)
 // Environment: PYTHON (default .venv/bin/python, else python3), CHROMIUM (/usr/bin/chromium),
 // WEBGPU_ADAPTER (default swiftshader; "default": the browser's own choice, a real GPU).
-import { spawn } from "node:child_process";
+import { spawn, spawnSync } from "node:child_process";
 import { existsSync, mkdirSync, copyFileSync, readFileSync, writeFileSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join, resolve } from "node:path";
@@ -66,7 +68,8 @@ function serve() {
       text += d;
       process.stdout.write(d);
       const m = /serving the trainops demo at (http:\/\/\S+)/.exec(text);
-      if (m) { clearTimeout(timer); ok({ child, url: m[1] }); }
+      const site = /digits in (\S+)/.exec(text);
+      if (m) { clearTimeout(timer); ok({ child, url: m[1], site: site?.[1] }); }
     });
     child.on("exit", (code) => { clearTimeout(timer); fail(new Error(`serve-demo exited (${code}):\n${text}`)); });
   });
@@ -92,9 +95,37 @@ async function drawSeven(page) {
   return page.locator("#guess").textContent();
 }
 
+// Trainer.from_artifacts over a copy of the served artifacts with the page's checkpoint:
+// its T and the exported model's accuracy on the test digits (plain onnxruntime).
+function resumeInPython(siteDir, checkpoint) {
+  const code = `
+import json, shutil, sys, tempfile
+import numpy as np, onnxruntime as ort
+from trainops import Trainer
+site, ck = sys.argv[1], sys.argv[2]
+d = tempfile.mkdtemp()
+shutil.copytree(site + "/artifacts", d, dirs_exist_ok=True)
+shutil.copy(ck, d + "/checkpoint.safetensors")
+tr = Trainer.from_artifacts(d, threads=1)
+meta = json.load(open(site + "/data/digits.json"))
+raw = open(site + "/data/digits.bin", "rb").read()
+o = meta["offsets"]
+x = np.frombuffer(raw, "<f4", meta["test"] * 64, o["x_test"]).reshape(-1, 1, 8, 8)
+t = np.frombuffer(raw, np.uint8, meta["test"], o["t_test"]).astype(np.int64)
+s = ort.InferenceSession(tr.export().SerializeToString(), providers=["CPUExecutionProvider"])
+acc = float(np.mean(s.run(["logits"], {"x": x, "t": t})[0].argmax(1) == t))
+shutil.rmtree(d)
+print(json.dumps({"T": tr.T, "accuracy": acc}))
+`;
+  const env = { ...process.env, PYTHONPATH: join(root, "python") + (process.env.PYTHONPATH ? ":" + process.env.PYTHONPATH : "") };
+  const r = spawnSync(python(), ["-c", code, siteDir, checkpoint], { env, encoding: "utf8" });
+  if (r.status !== 0) throw new Error(`Python could not resume the page's checkpoint:\n${r.stderr}`);
+  return JSON.parse(r.stdout.trim().split("\n").at(-1));
+}
+
 const ulps = (a, b) => Math.abs(new Int32Array(Float32Array.of(a).buffer)[0] - new Int32Array(Float32Array.of(b).buffer)[0]);
 
-const { child, url } = await serve();
+const { child, url, site } = await serve();
 let browser;
 let failed = false;
 let webgpu = null;
@@ -114,6 +145,9 @@ try {
   if (demo.error) throw new Error(`the page failed: ${demo.error}\n${logs.join("\n")}`);
   const guess = await drawSeven(page);
   await page.screenshot({ path: join(out, "demo-web.png") });
+  const [download] = await Promise.all([page.waitForEvent("download"), page.click("#download")]);
+  const checkpoint = join(out, "demo-web-checkpoint.safetensors");
+  await download.saveAs(checkpoint);
   if (args.includes("--docs")) copyFileSync(join(out, "demo-web.png"), join(root, "docs", "demo-web.png"));
 
   const node = await nodeRun(url);
@@ -151,8 +185,22 @@ try {
     check(g.backend === "webgpu" && g.losses.length === gpuSteps,
           `the page trained ${g.losses.length} steps on ${g.backend} (asked: webgpu, adapter ${adapter}) in ${((Date.now() - t1) / 1000).toFixed(1)} s`);
     check(rel <= REL, `WebGPU vs onnxruntime-node (CPU): worst relative difference ${rel.toExponential(2)} <= ${REL.toExponential(2)} (step 1: ${ulps(g.losses[0], node.losses[0])} ulps)`);
+    // the states come back from GPU memory into the checkpoint (trainer.download())
+    const [dl] = await Promise.all([gpu.waitForEvent("download"), gpu.click("#download")]);
+    const gpuCheckpoint = join(out, "demo-webgpu-checkpoint.safetensors");
+    await dl.saveAs(gpuCheckpoint);
+    const back = resumeInPython(site, gpuCheckpoint);
+    check(back.T === gpuSteps + 1 && Math.abs(back.accuracy - g.accuracies.at(-1)[1]) <= 2 / 1024,
+          `the WebGPU page's checkpoint resumes in Python: T ${back.T}, test accuracy ${back.accuracy} (the page: ${g.accuracies.at(-1)[1]})`);
     webgpu = g.losses;
   }
+  // The checkpoint the page downloaded resumes in Python, at the page's step, and scores the
+  // test digits as the page did (argmax decisions: only a near-tie of two logits, within
+  // the runs' rounding differences, could flip one; none is expected, 2 of 1024 allowed).
+  const resumed = resumeInPython(site, checkpoint);
+  const pageAcc = demo.accuracies.at(-1)[1];
+  check(resumed.T === steps + 1 && Math.abs(resumed.accuracy - pageAcc) <= 2 / 1024,
+        `the downloaded checkpoint resumes in Python (Trainer.from_artifacts): T ${resumed.T}, test accuracy ${resumed.accuracy} (the page: ${pageAcc})`);
   const same = node.losses.every((v, i) => Object.is(v, python.losses[i]));
   console.log(`info onnxruntime-node ${node.version} and Python onnxruntime ${python.onnxruntime}: ${same ? "the same losses, bit for bit" : "losses differ (worst relative " + node.losses.reduce((w, v, i) => Math.max(w, Math.abs(v - python.losses[i]) / Math.abs(python.losses[i])), 0).toExponential(2) + ")"}`);
   console.log(`info drawn 7 predicted as ${guess}; screenshot ${join(out, "demo-web.png")}`);
