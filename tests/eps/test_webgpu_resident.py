@@ -59,6 +59,7 @@ def test_states_stay_on_the_device(device, name):
         assert step["state_bytes"] == 0, (i, step)
         assert step["to_device_bytes"] == data_bytes(b, tr.step_graph.lr_dtype), (i, step)
         assert step["to_host_bytes"] == 4, (i, step)  # the float32 loss
+        assert step["data_bytes"] == step["to_device_bytes"] + 4, (i, step)
     np.testing.assert_allclose(losses, cpu_losses, rtol=RTOL, atol=ATOL)
     # reading the states copies them back, counted as state bytes outside the steps
     before = tr.transfers.total["to_host_bytes"]

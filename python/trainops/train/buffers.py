@@ -85,7 +85,8 @@ def ep_device_memory(ep_device) -> "Memory | None":
         return f"{self.device_type}:{self.device_id}"
 
 
-COUNTERS = ("to_device", "to_device_bytes", "to_host", "to_host_bytes", "state_bytes")
+COUNTERS = ("to_device", "to_device_bytes", "to_host", "to_host_bytes", "state_bytes",
+            "data_bytes")
 
 
 class Transfers:
@@ -93,8 +94,10 @@ class Transfers:
     :data:`COUNTERS`): ``to_device`` / ``to_device_bytes``: host buffers handed to a
     device session (ONNX Runtime copies each to the device that reads it); ``to_host`` /
     ``to_host_bytes``: device values copied back; ``state_bytes``: the part of both that
-    is state (0 per step when the states are device-resident; every state's bytes twice
-    when host states are re-bound to a device session each step).
+    is state: parameters and optimizer state (0 per step when the states are
+    device-resident; every state's bytes twice when host states are re-bound to a device
+    session each step); ``data_bytes``: the rest of both (the batch, ``lr``, ``T``, the
+    loss and the other outputs).
 
     ``last_step``: the last :meth:`StepRuntime.run`; ``total``: since the runtime was
     made, the on-demand reads and writes of :class:`Buffers` included. On the CPU
@@ -121,8 +124,7 @@ class Transfers:
                 continue
             counts[direction] += 1
             counts[direction + "_bytes"] += int(nbytes)
-            if state:
-                counts["state_bytes"] += int(nbytes)
+            counts["state_bytes" if state else "data_bytes"] += int(nbytes)
 
 
 def _ort():
