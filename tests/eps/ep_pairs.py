@@ -94,19 +94,28 @@ def optimizer():
     return optim.AdamW(lr=0.01, eps=1e-3)
 
 
+# The other optimizers' portable forms (ONNX Adam's exact square root, Adagrad's, Momentum's
+# plain products), each with an epsilon that bounds its update's sensitivity as AdamW's does.
+OPTIMIZERS = {
+    "Adam": lambda: optim.Adam(lr=0.01, epsilon=1e-3, norm_coefficient=0.01),
+    "Adagrad": lambda: optim.Adagrad(lr=0.05, epsilon=1e-3),
+    "Momentum-nesterov": lambda: optim.Momentum(lr=0.05, mode="nesterov"),
+}
+
+
 class Run:
     """The CPU portable Trainer and the EP Trainer, trained on the same batches; ``error``
     is the exception the EP run raised (its construction or a step), else None."""
 
-    def __init__(self, model, batches, params, **where):
+    def __init__(self, model, batches, params, make_optimizer=optimizer, **where):
         self.model = model
-        self.cpu = Trainer(model, "loss", optimizer=optimizer(), params=params, seed=5,
+        self.cpu = Trainer(model, "loss", optimizer=make_optimizer(), params=params, seed=5,
                            portable=True)
         self.cpu_losses = [self.cpu.step(b) for b in batches]
         self.dev, self.losses, self.error = None, [], None
         try:
-            self.dev = Trainer(model, "loss", optimizer=optimizer(), params=params, seed=5,
-                               **where)
+            self.dev = Trainer(model, "loss", optimizer=make_optimizer(), params=params,
+                               seed=5, **where)
             for b in batches:
                 self.losses.append(self.dev.step(b))
         except Exception as exc:  # noqa: BLE001 - kept for the tests to report

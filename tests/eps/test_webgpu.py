@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pytest
 
-from ep_pairs import MODELS, Run, unavailable
+from ep_pairs import MODELS, OPTIMIZERS, Run, unavailable
 
 WEBGPU = "WebGpuExecutionProvider"
 WAITING_SUM = ("the backward's Sum (a gradient summed over a value's uses) has no WebGPU kernel "
@@ -68,6 +68,14 @@ def params(*waiting):
 @pytest.mark.parametrize("name", params())
 def test_trains_like_the_cpu(name, device):
     run(name, device).check_matches_cpu()
+
+
+@pytest.mark.parametrize("opt", sorted(OPTIMIZERS))
+def test_other_optimizers_train_like_the_cpu(opt, device):
+    model, batches, params = MODELS["mlp"]()
+    r = Run(model, batches, params, make_optimizer=OPTIMIZERS[opt], providers=[device])
+    r.check_matches_cpu()
+    assert r.dev.transfers.last_step["state_bytes"] == 0, r.dev.transfers.last_step
 
 
 @pytest.mark.parametrize("name", params())
