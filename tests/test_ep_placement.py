@@ -107,7 +107,27 @@ def test_assignment_on_the_cpu(portable, tmp_path, library_path):
         assert got[CPU] == sum(ran[CPU].values())
     tr.step(batch(seed=1))
     assert tr.assignment == got  # unchanged by later steps
-    assert not list(tmp_path.glob("trainops_assignment_*"))  # the profile was removed
+
+
+def profile_files():
+    import glob
+    import tempfile
+
+    return glob.glob(os.path.join(tempfile.gettempdir(), f"trainops_assignment_{os.getpid()}_*"))
+
+
+def test_no_profile_file_is_left():
+    """Without the record the first step is profiled: its file is read and removed; a
+    trainer that never steps, or whose EP is refused, leaves none either."""
+    import gc
+
+    before = set(profile_files())
+    trainer().step(batch())
+    trainer()
+    with pytest.raises(RuntimeError), pytest.warns(UserWarning):
+        trainer(providers=["MadeUpExecutionProvider"])
+    gc.collect()
+    assert set(profile_files()) == before
 
 
 @record

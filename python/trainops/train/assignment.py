@@ -31,6 +31,7 @@ import json
 import logging
 import os
 import tempfile
+import weakref
 from typing import Any, Mapping
 
 from .placement import CPU, check_running
@@ -86,6 +87,22 @@ def check_free_dimensions(dims) -> dict[str, int]:
             raise ValueError(f"Trainer: free_dimensions[{k!r}] must be an int >= 1, got {v!r}")
         out[k] = int(v)
     return out
+
+
+def _remove(path: str) -> None:
+    try:
+        if path:
+            os.remove(path)
+    except OSError:
+        pass
+
+
+def _end_profile(inner) -> None:
+    """Ends a profiling session (onnxruntime's C++ one) and removes the file it writes."""
+    try:
+        _remove(inner.end_profiling())
+    except Exception:  # noqa: BLE001 - a finalizer must not raise
+        pass
 
 
 def _symbolic_dims(model) -> list[str]:
@@ -185,6 +202,12 @@ class StepSession:
             self._check_claims()
         else:
             self._profile = "pending"
+            # A session still profiling writes its file when it is destroyed: a trainer that
+            # never steps ends it then, and the file goes (the C++ session, held by the
+            # finalizer until the Python one is gone, is ended first).
+            inner = getattr(session, "_sess", None)
+            if inner is not None:
+                self._finalizer = weakref.finalize(session, _end_profile, inner)
 
     def after_step(self) -> None:
         """After a step: without the record, the first step's profile read (and removed)
@@ -192,14 +215,19 @@ class StepSession:
         if self._profile != "pending" or self._session is None:
             return
         self._profile = "done"
-        path = self._session.end_profiling()
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer.detach()
+        path = ""
         try:
+            path = self._session.end_profiling()
             self._counts = profile_counts(path)
+        except (OSError, ValueError) as e:  # a file that could not be written or read back
+            log.warning("trainer.assignment: the first step's profile could not be read (%s); "
+                        "the node counts stay unknown", e)
+            return
         finally:
-            try:
-                os.remove(path)
-            except OSError:
-                pass
+            _remove(path)
         self._check_claims()
 
     def _check_claims(self) -> None:

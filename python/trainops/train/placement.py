@@ -200,7 +200,15 @@ class Placement:
             session = ort.InferenceSession(model_bytes, so)
         else:
             session = ort.InferenceSession(model_bytes, so, providers=self.providers)
-        check_running(self, session)  # before any state is put in an EP's memory
+        try:
+            check_running(self, session)  # before any state is put in an EP's memory
+        except RuntimeError:
+            if so.enable_profiling:  # dropped: it would write its profile when destroyed
+                try:
+                    os.remove(session.end_profiling())
+                except OSError:
+                    pass
+            raise
         return session
 
 
