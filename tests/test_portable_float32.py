@@ -408,3 +408,14 @@ def test_mlp_training_float32_form_against_the_float64_form(monkeypatch):
             assert narrow.parameters()[k].tobytes() == w.tobytes(), k
     else:
         np.testing.assert_allclose(losses, wide_losses, rtol=1e-5)
+
+
+def test_tensors_of_one_type_are_updated_together():
+    """The float32 form's AdamW joins its tensors (a GPU runs each node as a dispatch): an
+    extra tensor adds its loads, flattening and parts (under 60 nodes), not another
+    update (a few hundred)."""
+    def nodes(n):
+        return len(rewrite(adamw_model([(5,)] * n, F32, F32), float64=False).graph.node)
+
+    one, per_tensor = nodes(1), (nodes(20) - nodes(2)) / 18
+    assert per_tensor < 60 and one > 5 * per_tensor, (one, per_tensor)

@@ -24,6 +24,7 @@ from typing import Mapping
 import numpy as np
 
 from .emit import DOUBLE, FLOAT, INT64, Emitter, Expansion, ExpansionError
+from . import flat
 from .fma import fma
 from .optimizers import _Rates, _tensor_types, compute_type, rate_types, split_groups
 
@@ -112,6 +113,40 @@ def _scalars_ff(e: Emitter, a: dict, rd: str, td: str) -> tuple:
     return decay, step, bc2
 
 
+def _update(e: Emitter, load: dict, c: int, a: dict, flags: dict, rates: dict) -> list:
+    """AdamW's elementwise update of the loaded streams (compute type ``c``): ``[x', m',
+    v']`` and ``vmax'`` under amsgrad."""
+    cnp = _NP[c]
+    g, m = load["G"], load["M"]
+    if flags["maximize"]:
+        g = e.op("Neg", g, hint="g")
+    # A runtime 1 when wd = 0 (the kernel multiplies by 1 too; no constant to fold away).
+    scale = rates["decay"][c] if "decay" in rates else e.coefficient(1.0, c)
+    x = e.op("Mul", load["X"], scale, hint="x")
+    weight = cnp(1.0 - a["beta1"])
+    from_end = not (-0.5 < weight < 0.5)
+    lerp = weight - cnp(1.0) if from_end else weight
+    # Coefficients through Emitter.coefficient: the moments come after R and T.
+    m = fma(e, e.coefficient(lerp, c), e.op("Sub", g, m), g if from_end else m, c)
+    v_scaled = e.op("Mul", load["V"], e.const(cnp(a["beta2"]), c))
+    g_scaled = e.op("Mul", e.coefficient(cnp(1.0 - a["beta2"]), c), g)
+    v = fma(e, g_scaled, g, v_scaled, c)
+    second = v
+    if flags["amsgrad"]:
+        # keep_max: vmax where vmax > v' or vmax is NaN, else v'; here as "v' where
+        # not (vmax > v') and vmax is not NaN", v' first: Where drops a selected -0 of
+        # its first operand, and v' is never -0 (a sum with a non-negative product).
+        # No Not before the Where: onnxruntime fuses them, swapping the operands.
+        old = load["Vmax"]
+        not_greater = e.or_(e.op("LessOrEqual", old, v), e.is_nan(v))
+        take_new = e.op("And", not_greater, e.op("Equal", old, old))
+        second = e.op("Where", take_new, v, old, hint="vmax")
+    denom = e.op("Add", e.op("Div", e.sqrt(second, c), rates["bc2"][c]),
+                 e.const(cnp(a["epsilon"]), c), hint="denom")
+    x = e.op("Sub", x, e.op("Div", e.op("Mul", rates["step"][c], m), denom), hint="x")
+    return [x, m, v] + ([second] if flags["amsgrad"] else [])
+
+
 def adamw(node, types: Mapping[str, int], taken: set[str], **options) -> Expansion:
     """``com.trainops::AdamW``, per element (``c()``: rounded once to the compute type)::
 
@@ -133,40 +168,21 @@ def adamw(node, types: Mapping[str, int], taken: set[str], **options) -> Expansi
     rates = {"step": _Rates(e, step), "bc2": _Rates(e, bc2)}
     if decay is not None:
         rates["decay"] = _Rates(e, decay)
+    members = []
     for i in range(n):
         streams = {p: ins[k][i] for k, p in enumerate(groups)}
-        xe, ge = _tensor_types(e, i + 1, streams, "G")
+        members.append((i, streams) + _tensor_types(e, i + 1, streams, "G"))
+    # Without float64 the tensors of one type are updated together (flat: a few hundred
+    # nodes per update, each a dispatch on a GPU EP); with it, one by one as before.
+    for batch in flat.batches(members, joined=not e.float64 and n > 1):
+        xe, ge = batch[0][2:]
         c = compute_type(xe)
-        cnp = _NP[c]
-        load = {p: e.cast(name, ge if p == "G" else xe, c) for p, name in streams.items()}
-        g, m = load["G"], load["M"]
-        if flags["maximize"]:
-            g = e.op("Neg", g, hint="g")
-        # A runtime 1 when wd = 0 (the kernel multiplies by 1 too; no constant to fold away).
-        scale = rates["decay"][c] if decay is not None else e.coefficient(1.0, c)
-        x = e.op("Mul", load["X"], scale, hint="x")
-        weight = cnp(1.0 - a["beta1"])
-        from_end = not (-0.5 < weight < 0.5)
-        lerp = weight - cnp(1.0) if from_end else weight
-        # Coefficients through Emitter.coefficient: the moments come after R and T.
-        m = fma(e, e.coefficient(lerp, c), e.op("Sub", g, m), g if from_end else m, c)
-        v_scaled = e.op("Mul", load["V"], e.const(cnp(a["beta2"]), c))
-        g_scaled = e.op("Mul", e.coefficient(cnp(1.0 - a["beta2"]), c), g)
-        v = fma(e, g_scaled, g, v_scaled, c)
-        second = v
-        if flags["amsgrad"]:
-            # keep_max: vmax where vmax > v' or vmax is NaN, else v'; here as "v' where
-            # not (vmax > v') and vmax is not NaN", v' first: Where drops a selected -0 of
-            # its first operand, and v' is never -0 (a sum with a non-negative product).
-            # No Not before the Where: onnxruntime fuses them, swapping the operands.
-            old = load["Vmax"]
-            not_greater = e.or_(e.op("LessOrEqual", old, v), e.is_nan(v))
-            take_new = e.op("And", not_greater, e.op("Equal", old, old))
-            second = e.op("Where", take_new, v, old, hint="vmax")
-        denom = e.op("Add", e.op("Div", e.sqrt(second, c), rates["bc2"][c]),
-                     e.const(cnp(a["epsilon"]), c), hint="denom")
-        x = e.op("Sub", x, e.op("Div", e.op("Mul", rates["step"][c], m), denom), hint="x")
-        values = [x, m, v] + ([second] if flags["amsgrad"] else [])
-        for value, out in zip(values, (o[i] for o in outs)):
-            e.output(value, out, c, xe)
+        loads = [{p: e.cast(name, ge if p == "G" else xe, c) for p, name in m[1].items()}
+                 for m in batch]
+        load, parts = flat.join(e, loads) if len(batch) > 1 else (loads[0], None)
+        values = _update(e, load, c, a, flags, rates)
+        for value, group in zip(values, outs):
+            pieces = [value] if parts is None else flat.split(e, value, parts)
+            for piece, m in zip(pieces, batch):
+                e.output(piece, group[m[0]], c, xe)
     return e.finish()
