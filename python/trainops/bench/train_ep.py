@@ -5,8 +5,8 @@ the EP's device per step.
 ``EP``: ``webgpu`` (onnxruntime's WebGPU plugin EP, ``onnxruntime-ep-webgpu``: its library
 registered with ``onnxruntime.register_execution_provider_library`` and its ``OrtEpDevice``
 given to the Trainer), ``openvino`` (the ``onnxruntime-openvino`` build's
-``OpenVINOExecutionProvider`` on its CPU device, float32), ``cpu``, or any provider name
-onnxruntime lists. ``scripts/webgpu_env`` sets up both EPs without a GPU (WebGPU over Mesa's
+``OpenVINOExecutionProvider`` on its CPU device, or the ``onnxruntime-ep-openvino`` plugin's
+CPU device; float32), ``cpu``, or any provider name onnxruntime lists. ``scripts/webgpu_env`` sets up both EPs without a GPU (WebGPU over Mesa's
 software Vulkan driver, lavapipe: its step times say nothing about a GPU's speed; the
 transfers do).
 
@@ -43,37 +43,56 @@ ALIASES = {"webgpu": WEBGPU, "openvino": OPENVINO, "cpu": "CPUExecutionProvider"
 EP_MODELS = "mlp,cnn,transformer"
 
 
-def _webgpu_devices(ort) -> list:
-    devices = [d for d in ort.get_ep_devices() if d.ep_name == WEBGPU]
-    if devices:
-        return devices
+def _plugin_devices(ort, ep: str, package: str, cpu_only: bool = False) -> list:
+    """The ``OrtEpDevice`` of plugin EP ``ep``, its library (from the Python package
+    ``package``) registered first where none is listed yet."""
+    def listed():
+        return [d for d in ort.get_ep_devices() if d.ep_name == ep and
+                (not cpu_only or d.device.type == ort.OrtHardwareDeviceType.CPU)]
+
+    if listed():
+        return listed()[:1]
     try:
-        import onnxruntime_ep_webgpu as plugin
+        plugin = __import__(package)
     except ImportError as exc:
-        raise RuntimeError(f"bench train --providers webgpu: no {WEBGPU} device and no "
-                           "onnxruntime-ep-webgpu package to register (scripts/webgpu_env "
-                           "sets one up)") from exc
+        raise RuntimeError(f"bench train --providers: no {ep} device and no {package} package "
+                           "to register (scripts/webgpu_env sets one up)") from exc
     ort.register_execution_provider_library(plugin.get_ep_name(), plugin.get_library_path())
-    devices = [d for d in ort.get_ep_devices() if d.ep_name == WEBGPU]
-    if not devices:
-        raise RuntimeError(f"bench train --providers webgpu: {plugin.get_library_path()} "
-                           "registered but lists no device (no WebGPU adapter: without a GPU "
-                           "set ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1 and a Vulkan driver, "
-                           "scripts/webgpu_env)")
-    return devices[:1]
+    if not listed():
+        raise RuntimeError(f"bench train --providers: {plugin.get_library_path()} registered but "
+                           f"lists no {'CPU ' if cpu_only else ''}device" +
+                           (" (no WebGPU adapter: without a GPU set "
+                            "ORT_WEBGPU_EP_ALLOW_SOFTWARE_ADAPTER=1 and a Vulkan driver, "
+                            "scripts/webgpu_env)" if ep == WEBGPU else ""))
+    return listed()[:1]
+
+
+def _has_module(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
 
 
 def providers_for(name: str) -> tuple[list, str]:
     """The Trainer's ``providers=`` for ``name`` (an alias of :data:`ALIASES` or an
-    onnxruntime provider name) and a line of versions."""
+    onnxruntime provider name) and a line of versions. ``openvino``: the onnxruntime-openvino
+    build's EP where this onnxruntime has it, else the onnxruntime-ep-openvino plugin's CPU
+    device; float32 either way (OpenVINO's CPU plugin otherwise infers in bfloat16 where the
+    CPU has it)."""
     import onnxruntime as ort
 
     ep = ALIASES.get(name.lower(), name)
     version = f"onnxruntime {ort.__version__}"
-    if ep == WEBGPU:
-        devices = _webgpu_devices(ort)
+    plugin = {WEBGPU: "onnxruntime_ep_webgpu", OPENVINO: "onnxruntime_ep_openvino"}.get(ep)
+    if plugin and ep not in ort.get_available_providers() and \
+            (_has_module(plugin) or ep == WEBGPU):
+        devices = _plugin_devices(ort, ep, plugin, cpu_only=ep == OPENVINO)
         meta = dict(devices[0].ep_metadata)
-        return devices, f"{version}, {WEBGPU} {meta.get('version', '?')} (OrtEpDevice)"
+        where = f"{version}, {ep} {meta.get('version', '?')} (plugin, OrtEpDevice)"
+        if ep == OPENVINO:
+            f32 = json.dumps({"CPU": {"INFERENCE_PRECISION_HINT": "f32"}})
+            return [(devices[0], {"load_config": f32})], where
+        return devices, where
     if ep not in ort.get_available_providers():
         raise RuntimeError(f"bench train --providers {name}: {ep} is not in this onnxruntime "
                            f"({ort.__version__}: {', '.join(ort.get_available_providers())})")
