@@ -419,3 +419,24 @@ def test_tensors_of_one_type_are_updated_together():
 
     one, per_tensor = nodes(1), (nodes(20) - nodes(2)) / 18
     assert per_tensor < 60 and one > 5 * per_tensor, (one, per_tensor)
+
+
+def test_joined_updates_are_cut_at_the_limit(monkeypatch, rng):
+    """Tensors join up to flat.LIMIT elements (the transient memory): the parts, however
+    cut, give the same values."""
+    import importlib
+
+    flat = importlib.import_module("trainops.portable.flat")
+    model = adamw_model(SHAPES, F32, F32, G_SHAPES)
+    groups = GROUPS["adamw"]
+    state, grads = optimizer_case(rng, groups, F32, F32, positive=POSITIVE["adamw"])
+    feeds = feeds_for(rng, grads, F32)(0)
+    whole = rewrite(model, float64=False)
+    monkeypatch.setattr(flat, "LIMIT", 8)  # SHAPES: [0, 1, 7], [33], [1027]
+    cut = rewrite(model, float64=False)
+    assert len(cut.graph.node) > len(whole.graph.node) + 300  # two more updates
+    runs = [InPlace(plain_session(m), state, pairs_of(groups, len(SHAPES))) for m in (whole, cut)]
+    for r in runs:
+        r.step(feeds)
+    for k in state:
+        assert runs[0].state[k].tobytes() == runs[1].state[k].tobytes(), k

@@ -174,7 +174,7 @@ def adamw(node, types: Mapping[str, int], taken: set[str], **options) -> Expansi
         members.append((i, streams) + _tensor_types(e, i + 1, streams, "G"))
     # Without float64 the tensors of one type are updated together (flat: a few hundred
     # nodes per update, each a dispatch on a GPU EP); with it, one by one as before.
-    for batch in flat.batches(members, joined=not e.float64 and n > 1):
+    for batch in flat.batches(members, not e.float64 and n > 1, e.sizes):
         xe, ge = batch[0][2:]
         c = compute_type(xe)
         loads = [{p: e.cast(name, ge if p == "G" else xe, c) for p, name in m[1].items()}

@@ -83,16 +83,19 @@ class Emitter:
     """Builds one expansion. ``types`` maps value names to ONNX element types (at least
     the node's inputs); ``taken`` is the set of names already used in the graph (names
     made here are added to it); ``sqrt``, ``dropout_seed`` and ``float64`` are the rewrite's
-    options. ``float64=False``: no float64 value anywhere (EPs without float64): square
+    options (``sizes``: element counts of values of static shape). ``float64=False``: no
+    float64 value anywhere (EPs without float64): square
     roots native, per-call scalars in float-float (:mod:`.ff`), fmas in float32
     (:func:`~.fma.fma_split`); :attr:`wide` is the type the per-call scalars come in."""
 
     def __init__(self, node, types: Mapping[str, int], taken: set[str], sqrt: str = "exact",
-                 dropout_seed: int = 0, float64: bool = True):
+                 dropout_seed: int = 0, float64: bool = True,
+                 sizes: Mapping[str, int] | None = None):
         self.dropout_seed = int(dropout_seed)
         if sqrt not in SQRT_MODES:
             raise ValueError(f"sqrt: expected one of {', '.join(SQRT_MODES)}, got {sqrt!r}")
         self.float64 = bool(float64)
+        self.sizes = dict(sizes or {})  # element counts of values with static shapes
         self.wide = DOUBLE if self.float64 else FLOAT
         self.sqrt_mode = sqrt if self.float64 else "native"
         self.node = node

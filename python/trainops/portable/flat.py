@@ -5,9 +5,9 @@ update takes a few hundred elementwise nodes per tensor (AdamW's exact fmas in f
 :func:`~trainops.portable.fma.fma_split`), and on a GPU each node is a dispatch. So the
 tensors of one element type are joined: each stream's tensors, loaded in the compute type,
 flattened (``Reshape`` to 1-D, a gradient first ``Expand``-ed to its weight's shape) and
-concatenated, the update run
-once over the joined vectors, and each tensor's part taken back (``Slice`` at offsets from
-the weights' ``Shape``, ``Reshape`` to it). The arithmetic per element is the same, so the
+concatenated, the update run once over the joined vectors (up to :data:`LIMIT` elements:
+the transient memory), and each tensor's part taken back (``Slice`` at offsets from the
+weights' ``Shape``, ``Reshape`` to it). The arithmetic per element is the same, so the
 values are too. ``Slice`` rather than one ``Split``: WebGPU's ``Split`` binds every output
 in one shader, beyond the storage buffers a shader stage may have (a few dozen tensors).
 """
@@ -19,16 +19,33 @@ from .emit import Emitter
 __all__ = ["batches", "join", "split"]
 
 
-def batches(members: list, joined: bool) -> list[list]:
-    """``members`` (tuples whose 3rd and 4th items are the weight's and the gradient's
-    element types) in batches updated together: one per pair of types when ``joined``,
-    else one each."""
+# The most elements joined into one update: its intermediates (a few dozen alive at once
+# in AdamW's fmas) are each that long, so this bounds the transient memory (16 MiB each).
+LIMIT = 2 ** 22
+
+
+def batches(members: list, joined: bool, sizes: dict) -> list[list]:
+    """``members`` (tuples ``(index, streams, weight type, gradient type)``) in batches
+    updated together: with ``joined``, consecutive tensors of one pair of types up to
+    :data:`LIMIT` elements in all (``sizes``: element counts by name; a tensor of unknown
+    size alone); else one each."""
     if not joined:
         return [[m] for m in members]
     by: dict = {}
     for m in members:
         by.setdefault((m[2], m[3]), []).append(m)
-    return list(by.values())
+    out = []
+    for group in by.values():
+        batch, total = [], 0
+        for m in group:
+            size = sizes.get(m[1]["X"], LIMIT)
+            if batch and total + size > LIMIT:
+                out.append(batch)
+                batch, total = [], 0
+            batch.append(m)
+            total += size
+        out.append(batch)
+    return out
 
 
 def join(e: Emitter, streams: list[dict], gradient: str = "G") -> tuple[dict, list]:

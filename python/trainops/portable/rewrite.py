@@ -78,6 +78,26 @@ def value_types(model) -> dict[str, int]:
     return types
 
 
+def value_sizes(model) -> dict[str, int]:
+    """Element counts of the main graph's inputs, initializers and value_info whose shapes
+    are static (the float32-only expansions join tensors up to a size: :mod:`.flat`)."""
+    sizes: dict[str, int] = {}
+    for vi in list(model.graph.input) + list(model.graph.value_info):
+        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else None
+        if dims is not None and vi.type.tensor_type.HasField("shape") and all(
+                d.HasField("dim_value") for d in dims):
+            n = 1
+            for d in dims:
+                n *= d.dim_value
+            sizes.setdefault(vi.name, n)
+    for init in model.graph.initializer:
+        n = 1
+        for d in init.dims:
+            n *= d
+        sizes.setdefault(init.name, n)
+    return sizes
+
+
 def _output_types(node, types: dict[str, int]) -> None:
     """Records the element types of a replaced node's outputs, for the nodes after it."""
     op, ins, outs = node.op_type, list(node.input), list(node.output)
@@ -134,6 +154,7 @@ def rewrite(model, types: Optional[Mapping[str, int]] = None, sqrt: str = "exact
     default = max((v for d, v in opsets.items() if d in _DEFAULT), default=None)
     known = value_types(out)
     known.update(types or {})
+    sizes = value_sizes(out)
     taken = {name for n in out.graph.node for name in list(n.input) + list(n.output) + [n.name]}
     taken |= {vi.name for vi in list(out.graph.input) + list(out.graph.output)}
     taken |= {i.name for i in out.graph.initializer}
@@ -148,7 +169,7 @@ def rewrite(model, types: Optional[Mapping[str, int]] = None, sqrt: str = "exact
                                  f"{default} of the default domain; the expansion needs "
                                  f"{MIN_OPSET} or newer")
         expansion = expand(node, known, taken, sqrt=sqrt, dropout_seed=dropout_seed,
-                           float64=float64)
+                           float64=float64, sizes=sizes)
         nodes.extend(expansion.nodes)
         initializers.extend(expansion.initializers)
         _output_types(node, known)
