@@ -215,12 +215,13 @@ class StepSession:
         if self._profile != "pending" or self._session is None:
             return
         self._profile = "done"
+        session, self._session = self._session, None
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer.detach()
         path = ""
         try:
-            path = self._session.end_profiling()
+            path = session.end_profiling()
             self._counts = profile_counts(path)
         except (OSError, ValueError) as e:  # a file that could not be written or read back
             log.warning("trainer.assignment: the first step's profile could not be read (%s); "
@@ -244,9 +245,3 @@ class StepSession:
                                f"({where}): the step would run on the CPU. List "
                                f"'{CPU}' after it to allow that")
 
-
-def describe(counts: Mapping[str, Any] | None) -> str:
-    """One line of an assignment, e.g. ``WebGpuExecutionProvider 412, CPUExecutionProvider 3``."""
-    if counts is None:
-        return "not known yet"
-    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items(), key=lambda kv: -kv[1]))
