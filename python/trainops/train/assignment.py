@@ -32,7 +32,7 @@ import logging
 import os
 import tempfile
 import weakref
-from typing import Any, Mapping
+from typing import Mapping
 
 from .placement import CPU, check_running
 
