@@ -244,4 +244,3 @@ class StepSession:
             raise RuntimeError(f"Trainer: {name} claims none of the step's {total} nodes "
                                f"({where}): the step would run on the CPU. List "
                                f"'{CPU}' after it to allow that")
-
