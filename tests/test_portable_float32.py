@@ -16,7 +16,6 @@ float64 numpy).
 
 from __future__ import annotations
 
-from decimal import Decimal, localcontext
 
 import numpy as np
 import onnx
