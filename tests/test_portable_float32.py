@@ -10,12 +10,11 @@ float-float, the float64 value rounded to float32 but where it lies within about
 runtime whose float32 ``Sqrt`` and ``Div`` are correctly rounded (onnxruntime 1.32's CPU EP)
 the update is the fused kernel's but for those rare ties and for fmas whose product
 underflows, each at most :data:`MAX_ULPS` off; elsewhere a native ``Sqrt`` / ``Div`` k ulps
-off adds k ulps to the update term (:func:`adamw_bound` carries them as 1 ulp each against
-float64 numpy).
+off adds k ulps to the update term (:func:`adamw_reference` carries them as 1 ulp each
+against float64 numpy).
 """
 
 from __future__ import annotations
-
 
 import numpy as np
 import onnx
