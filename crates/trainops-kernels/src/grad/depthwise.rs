@@ -9,8 +9,18 @@
 //!   dY[n, c*mult + j, oh, ow]` over the `(oh, ow)` whose window reads `(ih, iw)`.
 //! - [`weight_grad`]: `dW[o, 0, kh, kw] = sum_{n, oh, ow} dY[n, o, oh, ow] * X[n, c, ih, iw]`.
 //!
-//! No products and no im2col matrix: direct loops over the width, whose element loops the
-//! compiler vectorises (compiled for AVX2 or AVX-512F where the CPU has them). Each result
+//! No products and no im2col matrix: direct loops the compiler vectorises (compiled for AVX2
+//! or AVX-512F where the CPU has them). The fast path copies each input plane into a
+//! zero-padded buffer whose rows are grouped by their residue modulo the row stride
+//! (`Padded`), so that every output of the plane reads each tap at one fixed offset from
+//! `sw * v`, `v = oh * vw + ow`: the whole plane is one run of 16-wide blocks, however
+//! narrow its rows (4x4 and 8x8 planes are common), the `vw - OW` extra columns per row
+//! computed and dropped. The input gradient does the same over `dY` spread onto the input
+//! grid by the strides (zeros between). A padded term then adds `w * 0` where the
+//! definition skips it: the same bits for finite factors (a sum from `+0` is never `-0`),
+//! so a plane with a non-finite weight (or, for the weight gradient, a non-finite `X` or
+//! `dY` value) takes the general loops, which skip; so do geometries whose pads exceed the
+//! kernel's reach or whose buffer would be large next to the planes. Each result
 //! is a float32 sum in a fixed order, which [`reference`](mod@reference) spells out as plain
 //! scalar loops, and the fast paths give the same bits at every SIMD level and thread count
 //! (Rust never contracts `a * b + c` into a fused multiply-add, so a vector lane rounds as
@@ -20,8 +30,9 @@
 //!   the bias added last.
 //! - input gradient: from `+0`, the terms in `(j, kh, kw)` order.
 //! - weight gradient: [`LANES`] partial sums per weight, term `(n, oh, ow)` going to lane
-//!   `(ow - first_ow) % LANES` (`first_ow`: the tap's first valid column), each lane in
-//!   `(n, oh, ow)` order from `+0`; the lanes then added pairwise (8, 4, 2, 1 apart).
+//!   `(oh * vw + ow) % LANES` (`vw = ceil((pl + IW + pr) / sw)`, the virtual row width of
+//!   the fast path below), each lane in `(n, oh, ow)` order from `+0`; the lanes then
+//!   added pairwise (8, 4, 2, 1 apart).
 //!
 //! Skipping a padded position equals adding `w * 0` (a sum started at `+0` is never `-0`),
 //! except where `w` is infinite or NaN: then the padding adds nothing here, where a padded
@@ -52,8 +63,8 @@ pub struct DepthwiseDims {
     kernel: [usize; 2],
     strides: [usize; 2],
     dilations: [usize; 2],
-    /// Begin pads (the end pads only shape the output).
-    pads: [usize; 2],
+    /// `[top, left, bottom, right]`.
+    pads: [usize; 4],
 }
 
 impl DepthwiseDims {
@@ -95,7 +106,7 @@ impl DepthwiseDims {
             kernel: two(&geo.kernel),
             strides: two(&geo.strides),
             dilations: two(&geo.dilations),
-            pads: [geo.pads[0], geo.pads[1]],
+            pads: [geo.pads[0], geo.pads[1], geo.pads[2], geo.pads[3]],
         };
         let too_big = |e: KernelError| ConvError::Shape(e.to_string());
         for (what, s) in [("X", dims.x_shape()), ("Y", dims.y_shape()), ("W", dims.w_shape())] {
@@ -135,6 +146,31 @@ impl DepthwiseDims {
 
     fn taps(&self) -> usize {
         self.kernel[0] * self.kernel[1]
+    }
+
+    /// The dilated kernel's extent minus one along `axis`.
+    fn reach(&self, axis: usize) -> usize {
+        (self.kernel[axis] - 1) * self.dilations[axis]
+    }
+
+    /// Columns of the virtual output row: the padded width over the column stride,
+    /// rounded up (at least the output's width). The weight gradient's lanes follow it.
+    fn virtual_width(&self) -> usize {
+        (self.pads[1] + self.input[1] + self.pads[3]).div_ceil(self.strides[1])
+    }
+
+    /// The forward's (and the weight gradient's) padded input plane, when its buffer is
+    /// small next to the tensors' planes.
+    fn forward_layout(&self) -> Option<Padded> {
+        let (ph, pw) = (self.pads[0] + self.input[0] + self.pads[2], self.virtual_width() * self.strides[1]);
+        Padded::new(self, ph, pw, self.strides, self.virtual_width())
+    }
+
+    /// The input gradient's buffer: `dY` spread by the strides onto the input's grid,
+    /// widened by the kernel's reach (stride 1 over it).
+    fn input_grad_layout(&self) -> Option<Padded> {
+        let (ph, pw) = (self.input[0] + self.reach(0), self.input[1] + self.reach(1));
+        Padded::new(self, ph, pw, [1, 1], pw)
     }
 
     /// The input row read by output row `oh` at kernel row `kh`, if inside the input.
@@ -181,6 +217,93 @@ impl Span {
     }
 }
 
+/// A zero-padded plane of the fast paths: `ph` rows of `pw` columns (`pw = vw * sw`), row
+/// `r` stored at slot `r / sh` of the rows with its residue `r % sh` (those of each residue
+/// together), then `pw + 16 * sw` zeros of slack. Output `(oh, ow)` at virtual position
+/// `v = oh * vw + ow` then reads `buf[sw * v + slot(kh * dh) * pw + kw * dw]` at tap
+/// `(kh, kw)`: one contiguous (or `sw`-strided) run over the whole plane, whatever its
+/// width. Positions with `ow >= OW` are computed and dropped.
+#[derive(Debug, Clone, Copy)]
+struct Padded {
+    ph: usize,
+    pw: usize,
+    vw: usize,
+    sh: usize,
+    len: usize,
+}
+
+impl Padded {
+    /// `None` where a pad exceeds the kernel's reach (rows no window reads) or the buffer
+    /// would exceed 16 times the input and output planes (plus 4096): the general loops
+    /// then run instead, so no buffer is sized by the attributes alone.
+    fn new(d: &DepthwiseDims, ph: usize, pw: usize, strides: [usize; 2], vw: usize) -> Option<Self> {
+        let within = (0..4).all(|i| d.pads[i] <= d.reach(i % 2));
+        let limit = 16 * (d.in_plane() + d.out_plane()) + 4096;
+        let area = ph.checked_mul(pw).filter(|&a| a <= limit)?;
+        let [sh, sw] = strides;
+        within.then_some(Self { ph, pw, vw, sh, len: area + pw + LANES * sw })
+    }
+
+    /// Where padded row `r` is stored.
+    fn slot(&self, r: usize) -> usize {
+        let b = r % self.sh;
+        b * (self.ph / self.sh) + b.min(self.ph % self.sh) + r / self.sh
+    }
+
+    /// Virtual output positions, whole blocks of [`LANES`].
+    fn virtual_len(&self, rows: usize) -> usize {
+        (rows * self.vw).div_ceil(LANES) * LANES
+    }
+}
+
+/// `out[v] = sum over taps (in order) of w * buf[sw * v + off]`, plus `bias`, for every
+/// `v < out.len()` (a multiple of [`LANES`]); `S` is `sw` when non-zero.
+#[inline(always)]
+fn correlate<const S: usize>(buf: &[f32], taps: &[(f32, usize)], sw: usize, bias: Option<f32>, out: &mut [f32]) {
+    let sw = if S == 0 { sw } else { S };
+    for (b, o) in out.chunks_exact_mut(LANES).enumerate() {
+        let mut acc = [0f32; LANES];
+        for &(w, off) in taps {
+            let s = &buf[sw * b * LANES + off..][..(LANES - 1) * sw + 1];
+            for (l, a) in acc.iter_mut().enumerate() {
+                *a += w * s[l * sw];
+            }
+        }
+        if let Some(b) = bias {
+            acc.iter_mut().for_each(|a| *a += b);
+        }
+        o.copy_from_slice(&acc);
+    }
+}
+
+/// [`correlate`] specialised on the common strides.
+#[inline(always)]
+fn correlate_any(buf: &[f32], taps: &[(f32, usize)], sw: usize, bias: Option<f32>, out: &mut [f32]) {
+    match sw {
+        1 => correlate::<1>(buf, taps, sw, bias, out),
+        2 => correlate::<2>(buf, taps, sw, bias, out),
+        _ => correlate::<0>(buf, taps, sw, bias, out),
+    }
+}
+
+/// Whether every value is finite (the fast paths add `w * 0` for a skipped term, which
+/// is the skipped term's bits only for finite factors).
+#[inline(always)]
+fn finite(v: &[f32]) -> bool {
+    v.iter().fold(true, |ok, x| ok & x.is_finite())
+}
+
+/// Fills `buf` with input plane `xp` zero-padded in `lay`'s layout.
+#[inline(always)]
+fn fill_padded(d: &DepthwiseDims, lay: &Padded, xp: &[f32], buf: &mut [f32]) {
+    buf[..lay.len].fill(0.0);
+    let iw = d.input[1];
+    for (ih, row) in xp.chunks_exact(iw.max(1)).take(d.input[0]).enumerate() {
+        let at = lay.slot(ih + d.pads[0]) * lay.pw + d.pads[1];
+        buf[at..at + iw].copy_from_slice(&row[..iw]);
+    }
+}
+
 /// One term source of a gathered row: `w * src[t * step + off]` for `t` in its span.
 #[derive(Clone, Copy)]
 struct Tap<'a> {
@@ -211,31 +334,44 @@ fn per_task(work: usize) -> usize {
     (TASK_WORK / work.max(1)).max(1)
 }
 
-/// Runs `f` compiled for `isa`'s instruction set (the same operations; wider vectors).
-#[inline(always)]
-fn with_isa<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the token proves the CPU has AVX-512F.
-        Isa::Avx512(t) => unsafe { on_avx512(t, f) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the token proves the CPU has AVX2 and FMA.
-        Isa::Avx2(t) => unsafe { on_avx2(t, f) },
-        _ => f(),
-    }
+/// `$name(isa, args..)` runs `$body(args..)` compiled for `isa`'s instruction set: the
+/// same operations (Rust never contracts `a * b + c`), wider vectors. The body is inlined
+/// into a function with the target features enabled (a closure called from such a
+/// function would keep the baseline's code).
+macro_rules! at_level {
+    ($name:ident, $body:ident, ($($arg:ident: $ty:ty),*)) => {
+        #[allow(clippy::too_many_arguments)]
+        fn $name(isa: Isa, $($arg: $ty),*) {
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512(t) => {
+                    #[target_feature(enable = "avx512f")]
+                    #[allow(clippy::too_many_arguments)]
+                    fn go(_: crate::simd::Avx512, $($arg: $ty),*) {
+                        $body($($arg),*)
+                    }
+                    // SAFETY: the token proves the CPU has AVX-512F.
+                    unsafe { go(t, $($arg),*) }
+                }
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2(t) => {
+                    #[target_feature(enable = "avx2,fma")]
+                    #[allow(clippy::too_many_arguments)]
+                    fn go(_: crate::simd::Avx2, $($arg: $ty),*) {
+                        $body($($arg),*)
+                    }
+                    // SAFETY: the token proves the CPU has AVX2 and FMA.
+                    unsafe { go(t, $($arg),*) }
+                }
+                _ => $body($($arg),*),
+            }
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn on_avx2<R>(_: crate::simd::Avx2, f: impl FnOnce() -> R) -> R {
-    f()
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn on_avx512<R>(_: crate::simd::Avx512, f: impl FnOnce() -> R) -> R {
-    f()
-}
+at_level!(forward_planes_at, forward_planes, (d: &DepthwiseDims, x: &[f32], w: &[f32], bias: Option<&[f32]>, cols: &[Span], p0: usize, planes: &mut [f32]));
+at_level!(input_grad_planes_at, input_grad_planes, (d: &DepthwiseDims, dy: &[f32], w: &[f32], residues: &[(usize, Vec<Option<Span>>)], q0: usize, planes: &mut [f32]));
+at_level!(weight_grad_filters_at, weight_grad_filters, (d: &DepthwiseDims, x: &[f32], dy: &[f32], cols: &[Span], o0: usize, out: &mut [f32]));
 
 /// The sequential runner below `serial_below` units of work, else `par`.
 fn runner<'p>(par: &'p dyn Parallelism, work: usize, seq: &'p Sequential) -> &'p dyn Parallelism {
@@ -364,11 +500,13 @@ pub fn forward_at(
     let seq = Sequential;
     let par = runner(par, numel(&d.y_shape()).saturating_mul(d.taps()), &seq);
     for_each_item(par, items, |(p0, planes)| {
-        with_isa(isa, || forward_planes(d, x, w, bias, &cols, p0, planes));
+        forward_planes_at(isa, d, x, w, bias, &cols, p0, planes);
     });
     Ok(())
 }
 
+/// Output planes `p0..` (`planes`): by the padded layout where there is one and the
+/// plane's filter is finite, else row by row with the taps inside the input.
 #[inline(always)]
 fn forward_planes(
     d: &DepthwiseDims,
@@ -379,13 +517,34 @@ fn forward_planes(
     p0: usize,
     planes: &mut [f32],
 ) {
-    let (m, kk, [_, iw], [_, ow]) = (d.out_channels(), d.taps(), d.input, d.output);
+    let (m, kk, [_, iw], [oh_len, ow]) = (d.out_channels(), d.taps(), d.input, d.output);
+    let lay = d.forward_layout();
+    let (mut buf, mut vout) = match &lay {
+        Some(l) => (vec![0f32; l.len], vec![0f32; l.virtual_len(oh_len)]),
+        None => (Vec::new(), Vec::new()),
+    };
     let mut taps: Vec<Tap<'_>> = Vec::with_capacity(kk);
+    let mut fast_taps: Vec<(f32, usize)> = Vec::with_capacity(kk);
     for (k, yp) in planes.chunks_exact_mut(d.out_plane()).enumerate() {
         let (n, o) = ((p0 + k) / m, (p0 + k) % m);
         let xp = &x[(n * d.channels + o / d.mult) * d.in_plane()..][..d.in_plane()];
         let wk = &w[o * kk..][..kk];
         let b = bias.map(|b| b[o]);
+        if let Some(lay) = lay.as_ref().filter(|_| finite(wk)) {
+            fill_padded(d, lay, xp, &mut buf);
+            fast_taps.clear();
+            for kh in 0..d.kernel[0] {
+                let row = lay.slot(kh * d.dilations[0]) * lay.pw;
+                for kw in 0..d.kernel[1] {
+                    fast_taps.push((wk[kh * d.kernel[1] + kw], row + kw * d.dilations[1]));
+                }
+            }
+            correlate_any(&buf, &fast_taps, d.strides[1], b, &mut vout);
+            for (yrow, vrow) in yp.chunks_exact_mut(ow).zip(vout.chunks(lay.vw)) {
+                yrow.copy_from_slice(&vrow[..ow]);
+            }
+            continue;
+        }
         for (oh, yrow) in yp.chunks_exact_mut(ow).enumerate() {
             taps.clear();
             for kh in 0..d.kernel[0] {
@@ -449,7 +608,7 @@ pub fn input_grad_at(
     let seq = Sequential;
     let par = runner(par, numel(&d.y_shape()).saturating_mul(d.taps()), &seq);
     for_each_item(par, items, |(q0, planes)| {
-        with_isa(isa, || input_grad_planes(d, dy, w, &residues, q0, planes));
+        input_grad_planes_at(isa, d, dy, w, &residues, q0, planes);
     });
     Ok(())
 }
@@ -460,6 +619,8 @@ fn out_row(d: &DepthwiseDims, ih: usize, kh: usize) -> Option<usize> {
     (num.is_multiple_of(d.strides[0]) && num / d.strides[0] < d.output[0]).then_some(num / d.strides[0])
 }
 
+/// Input-gradient planes `q0..` (`planes`): by the spread layout where there is one and the
+/// channel's filters are finite, else row by row.
 #[inline(always)]
 fn input_grad_planes(
     d: &DepthwiseDims,
@@ -470,9 +631,49 @@ fn input_grad_planes(
     planes: &mut [f32],
 ) {
     let (kk, ow, iw, sw) = (d.taps(), d.output[1], d.input[1], d.strides[1]);
+    let lay = d.input_grad_layout();
+    let (mut buf, mut vout) = match &lay {
+        Some(l) => (vec![0f32; l.len * d.mult], vec![0f32; l.virtual_len(d.input[0])]),
+        None => (Vec::new(), Vec::new()),
+    };
     let mut taps: Vec<Tap<'_>> = Vec::with_capacity(kk * d.mult);
+    let mut fast_taps: Vec<(f32, usize)> = Vec::with_capacity(kk * d.mult);
     for (k, xp) in planes.chunks_exact_mut(d.in_plane()).enumerate() {
         let (n, c) = ((q0 + k) / d.channels, (q0 + k) % d.channels);
+        let wc = &w[c * d.mult * kk..][..d.mult * kk];
+        if let Some(lay) = lay.as_ref().filter(|_| finite(wc)) {
+            // dY[oh, ow] at (oh*sh + reach_h - pt, ow*sw + reach_w - pl); dX[ih, iw] then
+            // reads it at tap (kh, kw) from (ih + reach_h - kh*dh, iw + reach_w - kw*dw).
+            let (top, left) = (d.reach(0) - d.pads[0], d.reach(1) - d.pads[1]);
+            fast_taps.clear();
+            for j in 0..d.mult {
+                let o = c * d.mult + j;
+                let ub = &mut buf[j * lay.len..][..lay.len];
+                ub.fill(0.0);
+                let yp = &dy[(n * d.out_channels() + o) * d.out_plane()..][..d.out_plane()];
+                for (oh, yrow) in yp.chunks_exact(ow).enumerate() {
+                    let at = (oh * d.strides[0] + top) * lay.pw + left;
+                    if sw == 1 {
+                        ub[at..at + ow].copy_from_slice(yrow);
+                    } else {
+                        for (owi, &g) in yrow.iter().enumerate() {
+                            ub[at + owi * sw] = g;
+                        }
+                    }
+                }
+                for kh in 0..d.kernel[0] {
+                    for kw in 0..d.kernel[1] {
+                        let off = (d.reach(0) - kh * d.dilations[0]) * lay.pw + d.reach(1) - kw * d.dilations[1];
+                        fast_taps.push((wc[j * kk + kh * d.kernel[1] + kw], j * lay.len + off));
+                    }
+                }
+            }
+            correlate::<1>(&buf, &fast_taps, 1, None, &mut vout);
+            for (xrow, vrow) in xp.chunks_exact_mut(iw).zip(vout.chunks(lay.vw)) {
+                xrow.copy_from_slice(&vrow[..iw]);
+            }
+            continue;
+        }
         for (ih, xrow) in xp.chunks_exact_mut(iw).enumerate() {
             for (r, (count, spans)) in residues.iter().enumerate() {
                 taps.clear();
@@ -528,7 +729,7 @@ pub fn weight_grad_at(
     let seq = Sequential;
     let par = runner(par, work.saturating_mul(d.channels), &seq);
     for_each_item(par, items, |(o0, out)| {
-        with_isa(isa, || weight_grad_filters(d, x, dy, &cols, o0, out));
+        weight_grad_filters_at(isa, d, x, dy, &cols, o0, out);
     });
     Ok(())
 }
@@ -546,27 +747,41 @@ fn fold(mut a: [f32; LANES]) -> f32 {
     a[0]
 }
 
-/// `acc[(t - lo) % LANES] += dy[t] * x[t * step + off]` for `t` in the span, in order.
+/// `acc[tap][v % LANES] += dyv[v] * buf[sw * v + off_tap]` for every virtual position `v`
+/// (`dyv` whole blocks of [`LANES`]); `S` is `sw` when non-zero.
 #[inline(always)]
-fn accumulate<const IS: usize>(acc: &mut [f32; LANES], dy: &[f32], x: &[f32], span: Span, istep: usize) {
-    let istep = if IS == 0 { istep } else { IS };
-    let mut t = span.lo;
-    while t + LANES <= span.hi {
-        let xs = &x[span.at(t, istep)..][..(LANES - 1) * istep + 1];
-        let ds = &dy[t..][..LANES];
-        for (l, a) in acc.iter_mut().enumerate() {
-            *a += ds[l] * xs[l * istep];
+fn accumulate<const S: usize>(acc: &mut [[f32; LANES]], buf: &[f32], dyv: &[f32], offs: &[usize], sw: usize) {
+    let sw = if S == 0 { sw } else { S };
+    // Tap by tap, its lanes held in registers over the plane (dY's blocks stay in L1).
+    for (acc, &off) in acc.iter_mut().zip(offs) {
+        let mut a = *acc;
+        for (b, ds) in dyv.chunks_exact(LANES).enumerate() {
+            let s = &buf[sw * b * LANES + off..][..(LANES - 1) * sw + 1];
+            for (l, v) in a.iter_mut().enumerate() {
+                *v += ds[l] * s[l * sw];
+            }
         }
-        t += LANES;
-    }
-    for (l, a) in acc.iter_mut().enumerate().take(span.hi - t) {
-        *a += dy[t + l] * x[span.at(t + l, istep)];
+        *acc = a;
     }
 }
 
+/// Filters `o0..` (`out`, theirs of dW): per sample, by the padded layout where there is
+/// one and the sample's planes are finite, else term by term; the same lanes either way.
 #[inline(always)]
 fn weight_grad_filters(d: &DepthwiseDims, x: &[f32], dy: &[f32], cols: &[Span], o0: usize, out: &mut [f32]) {
     let (kk, kw_len, iw, ow, sw) = (d.taps(), d.kernel[1], d.input[1], d.output[1], d.strides[1]);
+    let vw = d.virtual_width();
+    let lay = d.forward_layout();
+    let (mut buf, mut dyv) = match &lay {
+        Some(l) => (vec![0f32; l.len], vec![0f32; l.virtual_len(d.output[0])]),
+        None => (Vec::new(), Vec::new()),
+    };
+    let offs: Vec<usize> = match &lay {
+        Some(l) => {
+            (0..kk).map(|t| l.slot((t / kw_len) * d.dilations[0]) * l.pw + (t % kw_len) * d.dilations[1]).collect()
+        }
+        None => Vec::new(),
+    };
     let mut acc = vec![[0f32; LANES]; kk];
     for (k, dwo) in out.chunks_exact_mut(kk).enumerate() {
         let o = o0 + k;
@@ -575,16 +790,29 @@ fn weight_grad_filters(d: &DepthwiseDims, x: &[f32], dy: &[f32], cols: &[Span], 
         for n in 0..d.batch {
             let xp = &x[(n * d.channels + c) * d.in_plane()..][..d.in_plane()];
             let yp = &dy[(n * d.out_channels() + o) * d.out_plane()..][..d.out_plane()];
+            if let Some(lay) = lay.as_ref().filter(|_| finite(xp) && finite(yp)) {
+                fill_padded(d, lay, xp, &mut buf);
+                dyv.fill(0.0);
+                for (vrow, yrow) in dyv.chunks_mut(lay.vw).zip(yp.chunks_exact(ow)) {
+                    vrow[..ow].copy_from_slice(yrow);
+                }
+                match sw {
+                    1 => accumulate::<1>(&mut acc, &buf, &dyv, &offs, sw),
+                    2 => accumulate::<2>(&mut acc, &buf, &dyv, &offs, sw),
+                    _ => accumulate::<0>(&mut acc, &buf, &dyv, &offs, sw),
+                }
+                continue;
+            }
             for (oh, yrow) in yp.chunks_exact(ow).enumerate() {
+                // Lane of (oh, ow): (oh * vw + ow) % LANES, without the product's overflow.
+                let base = (oh % LANES) * (vw % LANES);
                 for kh in 0..d.kernel[0] {
                     let Some(ih) = d.in_row(oh, kh) else { continue };
                     let xrow = &xp[ih * iw..][..iw];
-                    for (kw, &span) in cols.iter().enumerate() {
+                    for (kw, span) in cols.iter().enumerate() {
                         let a = &mut acc[kh * kw_len + kw];
-                        match sw {
-                            1 => accumulate::<1>(a, yrow, xrow, span, sw),
-                            2 => accumulate::<2>(a, yrow, xrow, span, sw),
-                            _ => accumulate::<0>(a, yrow, xrow, span, sw),
+                        for t in span.lo..span.hi {
+                            a[(base + t) % LANES] += yrow[t] * xrow[span.at(t, sw)];
                         }
                     }
                 }
@@ -671,17 +899,13 @@ pub mod reference {
     }
 
     /// `dW`: [`LANES`] partial sums per weight, term `(n, oh, ow)` in lane
-    /// `(ow - first_ow) % LANES`, then added 8, 4, 2, 1 apart.
+    /// `(oh * vw + ow) % LANES`, then added 8, 4, 2, 1 apart.
     pub fn weight_grad(d: &DepthwiseDims, x: &[f32], dy: &[f32], dw: &mut [f32]) {
         let (m, [kh_len, kw_len]) = (d.out_channels(), d.kernel);
         for o in 0..m {
             for kh in 0..kh_len {
                 for kw in 0..kw_len {
-                    // The first output column whose tap kw is inside the input's width.
-                    let first = (0..d.output[1]).find(|&ow| {
-                        let iw = (ow * d.strides[1] + kw * d.dilations[1]) as i128 - d.pads[1] as i128;
-                        (0..d.input[1] as i128).contains(&iw)
-                    });
+                    let vw = d.virtual_width();
                     let mut lanes = [0f32; LANES];
                     for n in 0..d.batch {
                         for oh in 0..d.output[0] {
@@ -689,7 +913,7 @@ pub mod reference {
                                 if let Some((ih, iw)) = input_at(d, oh, ow, kh, kw) {
                                     let g = dy[at(n, o, m, d.output, oh, ow)];
                                     let xv = x[at(n, o / d.mult, d.channels, d.input, ih, iw)];
-                                    lanes[(ow - first.unwrap_or(0)) % LANES] += g * xv;
+                                    lanes[((oh % LANES) * (vw % LANES) + ow) % LANES] += g * xv;
                                 }
                             }
                         }
