@@ -317,3 +317,20 @@ def test_options_need_the_one_step_session():
     with pytest.raises(NotImplementedError, match="not with accumulate > 1 or comm"):
         trainer(free_dimensions={"N": 8}, accumulate=2)
     assert trainer(accumulate=2).assignment is None  # its two CPU sessions: not recorded
+
+
+@plugin_eps
+def test_without_the_record_the_first_step_profiles(library_path, standard_grads, monkeypatch):
+    """The path of onnxruntime before 1.24, here by hiding the record: the counts come from
+    the first step's profile (the plugin EP's Adam node, the rest on the CPU), and a zero
+    claim is raised by that first step."""
+    monkeypatch.setattr(asg, "has_record", lambda: False)
+    dev = td.devices(library_path)[:1]
+    tr = trainer(providers=dev)
+    assert tr.assignment is None
+    tr.step(batch())
+    adam = sum(n.op_type == "Adam" for n in tr.training_model().graph.node)
+    assert tr.assignment[td.EP_NAME] == adam and tr.assignment[CPU] > adam, tr.assignment
+    idle = trainer(providers=dev, portable=True)
+    with pytest.raises(RuntimeError, match=rf"{td.EP_NAME} claims none of the step's"):
+        idle.step(batch())
