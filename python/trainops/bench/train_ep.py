@@ -84,8 +84,11 @@ def providers_for(name: str) -> tuple[list, str]:
     ep = ALIASES.get(name.lower(), name)
     version = f"onnxruntime {ort.__version__}"
     plugin = {WEBGPU: "onnxruntime_ep_webgpu", OPENVINO: "onnxruntime_ep_openvino"}.get(ep)
-    if plugin and ep not in ort.get_available_providers() and \
-            (_has_module(plugin) or ep == WEBGPU):
+    # a plugin registered in this process is listed by name too (and trains so, its
+    # states then host buffers): its OrtEpDevice first
+    registered = any(d.ep_name == ep for d in ort.get_ep_devices()) if plugin else False
+    if plugin and (registered or ep not in ort.get_available_providers()) and \
+            (registered or _has_module(plugin) or ep == WEBGPU):
         devices = _plugin_devices(ort, ep, plugin, cpu_only=ep == OPENVINO)
         meta = dict(devices[0].ep_metadata)
         where = f"{version}, {ep} {meta.get('version', '?')} (plugin, OrtEpDevice)"
