@@ -758,15 +758,23 @@ def conv(c: Ctx):
     out_sp = _out_sizes(in_sp, k, strides, dil, pads)
     gy = c.gy
     out = [None, None, None]
-    if c.need(0):
+    # One input channel per group, 2-d: trainops' direct depthwise kernel for dX and dW
+    # (docs/ops/gradients-depthwise.md: 1.4-6.5x ConvTranspose + ConvWeightGrad there).
+    fused_dw = n == 2 and group > 1 and w_shape[1] == 1 and b.fuses(X, W, c.y)
+    if fused_dw and (c.need(0) or c.need(1)):
+        names = [b.fresh("dX") if c.need(0) else "", b.fresh("dW") if c.need(1) else ""]
+        dx, dw = b.op("DepthwiseConvGrad", [gy, X, W], names, domain=TRAINOPS_DOMAIN,
+                      kernel_shape=k, strides=strides, pads=pads, dilations=dil, group=group)
+        out[0], out[1] = dx or None, dw or None
+    elif c.need(0):
         # Fused or not: onnxruntime's ConvTranspose (MLAS, AVX-512) measured 10-25% faster
         # than com.trainops::ConvInputGrad on the bench's shapes (docs/ops/gradients-conv.md).
         out[0] = _conv_transpose(c, gy, W, in_sp, k, strides, dil, pads, group, out_sp)
-    if c.need(1) and b.fuses(X, W, c.y):
+    if c.need(1) and not fused_dw and b.fuses(X, W, c.y):
         # trainops' kernel (im2col + GEMM over the batch): 1.5-1.8x the batch-as-channels Conv.
         out[1] = b.op("ConvWeightGrad", [X, gy], domain=TRAINOPS_DOMAIN, kernel_shape=k,
                       strides=strides, pads=pads, dilations=dil, group=group)
-    elif c.need(1):
+    elif c.need(1) and not fused_dw:
         # dW[co, ci, k] = sum_{n, o} gy[n, co, o] X[n, ci, o*s + k*d - p]: a convolution of
         # X (batch as channels) with gy (batch as channels), strides and dilations swapped.
         perm = [1, 0] + list(range(2, n + 2))
