@@ -250,6 +250,11 @@ impl Padded {
         b * (self.ph / self.sh) + b.min(self.ph % self.sh) + r / self.sh
     }
 
+    /// Where each input row starts in the buffer (computed once: `slot` divides).
+    fn rows(&self, d: &DepthwiseDims) -> Vec<usize> {
+        (0..d.input[0]).map(|ih| self.slot(ih + d.pads[0]) * self.pw + d.pads[1]).collect()
+    }
+
     /// Virtual output positions, whole blocks of [`LANES`].
     fn virtual_len(&self, rows: usize) -> usize {
         (rows * self.vw).div_ceil(LANES) * LANES
@@ -257,22 +262,51 @@ impl Padded {
 }
 
 /// `out[v] = sum over taps (in order) of w * buf[sw * v + off]`, plus `bias`, for every
-/// `v < out.len()` (a multiple of [`LANES`]); `S` is `sw` when non-zero.
+/// `v < out.len()` (a multiple of [`LANES`]); `S` is `sw` when non-zero. Four blocks of
+/// [`LANES`] at a time: four independent sums in flight hide the adds' latency (one sum
+/// per block would wait on each add); each element's order is the taps' all the same.
 #[inline(always)]
 fn correlate<const S: usize>(buf: &[f32], taps: &[(f32, usize)], sw: usize, bias: Option<f32>, out: &mut [f32]) {
+    let blocks = out.len() / LANES;
+    let mut b = 0;
+    while b + 4 <= blocks {
+        correlate_blocks::<S, 4>(buf, taps, sw, bias, b, &mut out[b * LANES..(b + 4) * LANES]);
+        b += 4;
+    }
+    if b + 2 <= blocks {
+        correlate_blocks::<S, 2>(buf, taps, sw, bias, b, &mut out[b * LANES..(b + 2) * LANES]);
+        b += 2;
+    }
+    if b < blocks {
+        correlate_blocks::<S, 1>(buf, taps, sw, bias, b, &mut out[b * LANES..(b + 1) * LANES]);
+    }
+}
+
+/// [`correlate`] over the `Q` blocks from block `b` (`out` theirs).
+#[inline(always)]
+fn correlate_blocks<const S: usize, const Q: usize>(
+    buf: &[f32],
+    taps: &[(f32, usize)],
+    sw: usize,
+    bias: Option<f32>,
+    b: usize,
+    out: &mut [f32],
+) {
     let sw = if S == 0 { sw } else { S };
-    for (b, o) in out.chunks_exact_mut(LANES).enumerate() {
-        let mut acc = [0f32; LANES];
-        for &(w, off) in taps {
-            let s = &buf[sw * b * LANES + off..][..(LANES - 1) * sw + 1];
-            for (l, a) in acc.iter_mut().enumerate() {
-                *a += w * s[l * sw];
+    let mut acc = [[0f32; LANES]; Q];
+    for &(w, off) in taps {
+        for (q, a) in acc.iter_mut().enumerate() {
+            let s = &buf[sw * (b + q) * LANES + off..][..(LANES - 1) * sw + 1];
+            for (l, v) in a.iter_mut().enumerate() {
+                *v += w * s[l * sw];
             }
         }
-        if let Some(b) = bias {
-            acc.iter_mut().for_each(|a| *a += b);
+    }
+    for (o, a) in out.chunks_exact_mut(LANES).zip(acc.iter_mut()) {
+        if let Some(bv) = bias {
+            a.iter_mut().for_each(|v| *v += bv);
         }
-        o.copy_from_slice(&acc);
+        o.copy_from_slice(a);
     }
 }
 
@@ -293,14 +327,40 @@ fn finite(v: &[f32]) -> bool {
     v.iter().fold(true, |ok, x| ok & x.is_finite())
 }
 
-/// Fills `buf` with input plane `xp` zero-padded in `lay`'s layout.
+/// Copies input plane `xp` into its place in `buf`, a zero-padded plane in `lay`'s layout:
+/// `buf` starts zeroed and only the input's positions are ever written, so the padding
+/// stays zero from plane to plane.
+/// `rows`: where each input row goes ([`Padded::rows`]).
 #[inline(always)]
-fn fill_padded(d: &DepthwiseDims, lay: &Padded, xp: &[f32], buf: &mut [f32]) {
-    buf[..lay.len].fill(0.0);
-    let iw = d.input[1];
-    for (ih, row) in xp.chunks_exact(iw.max(1)).take(d.input[0]).enumerate() {
-        let at = lay.slot(ih + d.pads[0]) * lay.pw + d.pads[1];
-        buf[at..at + iw].copy_from_slice(&row[..iw]);
+fn fill_padded(iw: usize, rows: &[usize], xp: &[f32], buf: &mut [f32]) {
+    for (&at, row) in rows.iter().zip(xp.chunks_exact(iw.max(1))) {
+        copy_row(&mut buf[at..at + iw], &row[..iw]);
+    }
+}
+
+/// `dst = src` for the short rows of small planes in fixed-size moves (a `memcpy` call
+/// per 4- to 16-element row cost more than the copy).
+#[inline(always)]
+fn copy_row(dst: &mut [f32], src: &[f32]) {
+    let (n, mut i) = (src.len().min(dst.len()), 0);
+    while i + 16 <= n {
+        dst[i..i + 16].copy_from_slice(&src[i..i + 16]);
+        i += 16;
+    }
+    if i + 8 <= n {
+        dst[i..i + 8].copy_from_slice(&src[i..i + 8]);
+        i += 8;
+    }
+    if i + 4 <= n {
+        dst[i..i + 4].copy_from_slice(&src[i..i + 4]);
+        i += 4;
+    }
+    if i + 2 <= n {
+        dst[i..i + 2].copy_from_slice(&src[i..i + 2]);
+        i += 2;
+    }
+    if i < n {
+        dst[i] = src[i];
     }
 }
 
@@ -519,9 +579,9 @@ fn forward_planes(
 ) {
     let (m, kk, [_, iw], [oh_len, ow]) = (d.out_channels(), d.taps(), d.input, d.output);
     let lay = d.forward_layout();
-    let (mut buf, mut vout) = match &lay {
-        Some(l) => (vec![0f32; l.len], vec![0f32; l.virtual_len(oh_len)]),
-        None => (Vec::new(), Vec::new()),
+    let (mut buf, mut vout, rows) = match &lay {
+        Some(l) => (vec![0f32; l.len], vec![0f32; l.virtual_len(oh_len)], l.rows(d)),
+        None => (Vec::new(), Vec::new(), Vec::new()),
     };
     let mut taps: Vec<Tap<'_>> = Vec::with_capacity(kk);
     let mut fast_taps: Vec<(f32, usize)> = Vec::with_capacity(kk);
@@ -531,7 +591,7 @@ fn forward_planes(
         let wk = &w[o * kk..][..kk];
         let b = bias.map(|b| b[o]);
         if let Some(lay) = lay.as_ref().filter(|_| finite(wk)) {
-            fill_padded(d, lay, xp, &mut buf);
+            fill_padded(iw, &rows, xp, &mut buf);
             fast_taps.clear();
             for kh in 0..d.kernel[0] {
                 let row = lay.slot(kh * d.dilations[0]) * lay.pw;
@@ -541,7 +601,7 @@ fn forward_planes(
             }
             correlate_any(&buf, &fast_taps, d.strides[1], b, &mut vout);
             for (yrow, vrow) in yp.chunks_exact_mut(ow).zip(vout.chunks(lay.vw)) {
-                yrow.copy_from_slice(&vrow[..ow]);
+                copy_row(yrow, &vrow[..ow]);
             }
             continue;
         }
@@ -649,12 +709,12 @@ fn input_grad_planes(
             for j in 0..d.mult {
                 let o = c * d.mult + j;
                 let ub = &mut buf[j * lay.len..][..lay.len];
-                ub.fill(0.0);
+                // The positions written are the same for every plane: the rest stays zero.
                 let yp = &dy[(n * d.out_channels() + o) * d.out_plane()..][..d.out_plane()];
                 for (oh, yrow) in yp.chunks_exact(ow).enumerate() {
                     let at = (oh * d.strides[0] + top) * lay.pw + left;
                     if sw == 1 {
-                        ub[at..at + ow].copy_from_slice(yrow);
+                        copy_row(&mut ub[at..at + ow], yrow);
                     } else {
                         for (owi, &g) in yrow.iter().enumerate() {
                             ub[at + owi * sw] = g;
@@ -670,7 +730,7 @@ fn input_grad_planes(
             }
             correlate::<1>(&buf, &fast_taps, 1, None, &mut vout);
             for (xrow, vrow) in xp.chunks_exact_mut(iw).zip(vout.chunks(lay.vw)) {
-                xrow.copy_from_slice(&vrow[..iw]);
+                copy_row(xrow, &vrow[..iw]);
             }
             continue;
         }
@@ -748,21 +808,41 @@ fn fold(mut a: [f32; LANES]) -> f32 {
 }
 
 /// `acc[tap][v % LANES] += dyv[v] * buf[sw * v + off_tap]` for every virtual position `v`
-/// (`dyv` whole blocks of [`LANES`]); `S` is `sw` when non-zero.
+/// (`dyv` whole blocks of [`LANES`]), in `v` order; `S` is `sw` when non-zero. Four taps
+/// at a time, their lanes held in registers over the plane (four independent sums in
+/// flight; dY's blocks stay in L1).
 #[inline(always)]
 fn accumulate<const S: usize>(acc: &mut [[f32; LANES]], buf: &[f32], dyv: &[f32], offs: &[usize], sw: usize) {
+    let mut accs = acc.chunks_exact_mut(4);
+    let mut offs4 = offs.chunks_exact(4);
+    for (a, o) in (&mut accs).zip(&mut offs4) {
+        accumulate_taps::<S, 4>(a, buf, dyv, o, sw);
+    }
+    for (a, &o) in accs.into_remainder().iter_mut().zip(offs4.remainder()) {
+        accumulate_taps::<S, 1>(core::slice::from_mut(a), buf, dyv, &[o], sw);
+    }
+}
+
+/// [`accumulate`] for `Q` taps.
+#[inline(always)]
+fn accumulate_taps<const S: usize, const Q: usize>(
+    acc: &mut [[f32; LANES]],
+    buf: &[f32],
+    dyv: &[f32],
+    offs: &[usize],
+    sw: usize,
+) {
     let sw = if S == 0 { sw } else { S };
-    // Tap by tap, its lanes held in registers over the plane (dY's blocks stay in L1).
-    for (acc, &off) in acc.iter_mut().zip(offs) {
-        let mut a = *acc;
-        for (b, ds) in dyv.chunks_exact(LANES).enumerate() {
-            let s = &buf[sw * b * LANES + off..][..(LANES - 1) * sw + 1];
-            for (l, v) in a.iter_mut().enumerate() {
+    let mut a: [[f32; LANES]; Q] = core::array::from_fn(|q| acc[q]);
+    for (b, ds) in dyv.chunks_exact(LANES).enumerate() {
+        for (q, aq) in a.iter_mut().enumerate() {
+            let s = &buf[sw * b * LANES + offs[q]..][..(LANES - 1) * sw + 1];
+            for (l, v) in aq.iter_mut().enumerate() {
                 *v += ds[l] * s[l * sw];
             }
         }
-        *acc = a;
     }
+    acc[..Q].copy_from_slice(&a);
 }
 
 /// Filters `o0..` (`out`, theirs of dW): per sample, by the padded layout where there is
@@ -772,9 +852,9 @@ fn weight_grad_filters(d: &DepthwiseDims, x: &[f32], dy: &[f32], cols: &[Span], 
     let (kk, kw_len, iw, ow, sw) = (d.taps(), d.kernel[1], d.input[1], d.output[1], d.strides[1]);
     let vw = d.virtual_width();
     let lay = d.forward_layout();
-    let (mut buf, mut dyv) = match &lay {
-        Some(l) => (vec![0f32; l.len], vec![0f32; l.virtual_len(d.output[0])]),
-        None => (Vec::new(), Vec::new()),
+    let (mut buf, mut dyv, rows) = match &lay {
+        Some(l) => (vec![0f32; l.len], vec![0f32; l.virtual_len(d.output[0])], l.rows(d)),
+        None => (Vec::new(), Vec::new(), Vec::new()),
     };
     let offs: Vec<usize> = match &lay {
         Some(l) => {
@@ -791,10 +871,9 @@ fn weight_grad_filters(d: &DepthwiseDims, x: &[f32], dy: &[f32], cols: &[Span], 
             let xp = &x[(n * d.channels + c) * d.in_plane()..][..d.in_plane()];
             let yp = &dy[(n * d.out_channels() + o) * d.out_plane()..][..d.out_plane()];
             if let Some(lay) = lay.as_ref().filter(|_| finite(xp) && finite(yp)) {
-                fill_padded(d, lay, xp, &mut buf);
-                dyv.fill(0.0);
+                fill_padded(iw, &rows, xp, &mut buf);
                 for (vrow, yrow) in dyv.chunks_mut(lay.vw).zip(yp.chunks_exact(ow)) {
-                    vrow[..ow].copy_from_slice(yrow);
+                    copy_row(&mut vrow[..ow], yrow);
                 }
                 match sw {
                     1 => accumulate::<1>(&mut acc, &buf, &dyv, &offs, sw),
