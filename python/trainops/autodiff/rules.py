@@ -759,7 +759,7 @@ def conv(c: Ctx):
     gy = c.gy
     out = [None, None, None]
     # One input channel per group, 2-d: trainops' direct depthwise kernel for dX and dW
-    # (docs/ops/gradients-depthwise.md: 1.4-6.5x ConvTranspose + ConvWeightGrad there).
+    # (docs/ops/gradients-depthwise.md: 1.8-3.3x ConvTranspose + ConvWeightGrad there).
     fused_dw = n == 2 and group > 1 and w_shape[1] == 1 and b.fuses(X, W, c.y)
     if fused_dw and (c.need(0) or c.need(1)):
         names = [b.fresh("dX") if c.need(0) else "", b.fresh("dW") if c.need(1) else ""]
