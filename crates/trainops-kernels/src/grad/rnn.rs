@@ -22,6 +22,7 @@
 //! plain float64 form the tests hold it to.
 
 pub mod forward;
+pub mod lstm;
 pub mod reference;
 
 use ndarray::{s, ArrayView2, ArrayViewMut2, Axis};
