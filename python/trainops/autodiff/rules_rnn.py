@@ -20,7 +20,9 @@ hidden-state (and cell-state) gradient back through time.
 Where the builder fuses (the Trainer's CPU placement, float32), GRU's backward is instead
 one ``com.trainops::GRUGrad`` node (the same algorithm in one kernel, ``grad::rnn``); in
 layout 0 it reads the gates of a ``com.trainops::GRUTrain`` node, GRU's forward keeping
-them, which :func:`~.simplify.merge_gru_train` makes the forward node itself.
+them, which :func:`~.simplify.merge_gru_train` makes the forward node itself. LSTM
+(without peepholes) likewise becomes ``com.trainops::LSTMTrain`` + ``LSTMGrad``
+(``grad::rnn::lstm``): the forward keeps the gates and cell states the backward reads.
 
 A Scan rather than an unrolled graph keeps the backward graph's size independent of the
 sequence length, and works when that length is known only at run time.
@@ -485,13 +487,51 @@ def _gru_fused(r: _Rnn) -> list[str | None] | None:
     return grads
 
 
+def _lstm_fused(r: _Rnn) -> list[str | None] | None:
+    """LSTM's backward as one ``com.trainops::LSTMGrad`` node reading the gates and cell
+    states of ``com.trainops::LSTMTrain``, LSTM's forward keeping them (float32, where the
+    builder fuses), or ``None`` for the Scan form (peepholes ``P``). In layout 0 the
+    forward node itself becomes that LSTMTrain (:func:`~.simplify.merge_gru_train`); in
+    layout 1 LSTMTrain runs on transposed inputs beside it (the recurrence then runs twice)
+    and the gradients are transposed back. The checks of :class:`_Rnn` have passed."""
+    c, b = r.c, r.b
+    if c.x(7) is not None:
+        return None
+    if not b.fuses(*[n for n in (r.x_name, c.x(1), c.x(2), c.x(3), c.x(5), c.x(6)) if n]):
+        return None
+    wanted = [0, 1, 2, 3, 5, 6]  # dX, dW, dR, dB, d_initial_h, d_initial_c
+    outs = _trimmed([b.fresh("LSTMGrad_d" + str(i)) if c.need(i) else "" for i in wanted])
+    if not outs:
+        return [None] * len(c.node.input)
+    gys = (list(c.gys) + [None] * 3)[:3]
+    attrs = dict(hidden_size=r.hidden, direction=r.direction)
+    x0 = r.relayout(r.x_name, [1, 0, 2])
+    h0, c0 = (r.relayout(c.x(k), [1, 0, 2]) for k in (5, 6))
+    if r.layout == 0:
+        fwd = _trimmed(list(c.node.input))
+    else:
+        fwd = _trimmed([x0, c.x(1), c.x(2), c.x(3) or "", "", h0 or "", c0 or ""])
+    y, gates = b.op("LSTMTrain", fwd, [b.fresh("Y"), "", "", b.fresh("LSTM_gates")],
+                    domain=TRAINOPS_DOMAIN, **attrs)[0::3]
+    ins = _trimmed([x0, c.x(1), c.x(2), y, gates, h0 or "", c0 or "",
+                    r.relayout(gys[0], [1, 2, 0, 3]) or "", r.relayout(gys[1], [1, 0, 2]) or "",
+                    r.relayout(gys[2], [1, 0, 2]) or ""])
+    names = b.op("LSTMGrad", ins, outs, domain=TRAINOPS_DOMAIN, **attrs)
+    grads: list[str | None] = [None] * len(c.node.input)
+    for i, name in zip(wanted, names):
+        if name:
+            grads[i] = r.relayout(name, [1, 0, 2]) if i in (0, 5, 6) else name
+    return grads
+
+
 @rule("RNN", "GRU", "LSTM")
 def recurrent(c: Ctx):
     """RNN, GRU and LSTM: backpropagation through time with a reverse Scan (see the
-    module's docstring); GRU as one ``GRUGrad`` node where the builder fuses."""
+    module's docstring); GRU as one ``GRUGrad`` node and LSTM (without peepholes) as one
+    ``LSTMGrad`` node where the builder fuses."""
     r = _Rnn(c)
-    if r.kind == "GRU":
-        grads = _gru_fused(r)
+    if r.kind in ("GRU", "LSTM"):
+        grads = (_gru_fused if r.kind == "GRU" else _lstm_fused)(r)
         if grads is not None:
             return grads
     return r.run()

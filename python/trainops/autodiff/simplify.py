@@ -11,7 +11,8 @@ others, and the backward nodes read the same values as before.
 :func:`merge_gru_train`: GRU's fused rule emits the node's forward again as
 ``com.trainops::GRUTrain`` (which also outputs the gates its ``GRUGrad`` reads); the forward
 ``GRU`` node with the same inputs and attributes becomes that GRUTrain node, so the
-recurrence runs once. Run on the step's final node list (after the shape-dependent
+recurrence runs once; LSTM's fused rule and ``com.trainops::LSTMTrain`` likewise. Run on
+the step's final node list (after the shape-dependent
 simplifications: onnx's inference knows GRU, not GRUTrain).
 """
 
@@ -88,69 +89,82 @@ def merge_recomputations(forward: list, backward: list) -> tuple[list, list]:
     return forward, [_reading(n, rename) for n in kept]
 
 
-# GRU's attributes GRUTrain mirrors, with ONNX's defaults; a GRU with any other attribute
-# (clip, activation_alpha, ...) or other activations never merges.
-_GRU_DEFAULTS = {"hidden_size": None, "linear_before_reset": 0, "direction": "forward",
-                 "layout": 0}
-_GRU_ACTS = ("sigmoid", "tanh")
+# The attributes each training forward mirrors, with ONNX's defaults, and its activations
+# (per direction); a node with any other attribute (clip, activation_alpha, input_forget 1,
+# ...) or other activations never merges.
+_TRAIN_OF = {"GRU": "GRUTrain", "LSTM": "LSTMTrain"}
+_DEFAULTS = {"GRU": {"hidden_size": None, "linear_before_reset": 0, "direction": "forward",
+                     "layout": 0},
+             "LSTM": {"hidden_size": None, "direction": "forward", "layout": 0,
+                      "input_forget": 0}}
+_ACTS = {"GRU": ("sigmoid", "tanh"), "LSTM": ("sigmoid", "tanh", "tanh")}
+_N_OUT = {"GRU": 3, "LSTM": 4}  # the training forward's outputs (Y, Y_h, (Y_c,) gates)
 
 
-def _gru_key(node: onnx.NodeProto):
-    """What makes a GRU (or GRUTrain) node compute what another does: its inputs (trailing
-    absent ones dropped) and the attributes of :data:`_GRU_DEFAULTS`; None when the node
-    has anything else."""
-    attrs = dict(_GRU_DEFAULTS)
+def _gru_key(node: onnx.NodeProto, kind: str = "GRU"):
+    """What makes a GRU (or GRUTrain; LSTM or LSTMTrain for ``kind`` "LSTM") node compute
+    what another does: its kind, inputs (trailing absent ones dropped) and the attributes of
+    :data:`_DEFAULTS`; None when the node has anything else (or peepholes)."""
+    attrs = dict(_DEFAULTS[kind])
+    acts_want = _ACTS[kind]
     for a in node.attribute:
         v = onnx.helper.get_attribute_value(a)
         if a.name == "activations":
             acts = [x.decode().lower() if isinstance(x, bytes) else x.lower() for x in v]
-            if len(acts) % 2 or any(tuple(acts[k:k + 2]) != _GRU_ACTS
-                                    for k in range(0, len(acts), 2)):
+            n = len(acts_want)
+            if len(acts) % n or any(tuple(acts[k:k + n]) != acts_want
+                                    for k in range(0, len(acts), n)):
                 return None
             continue
         if a.name not in attrs:
             return None
         attrs[a.name] = v.decode() if isinstance(v, bytes) else v
-    if attrs["layout"] != 0 or attrs["hidden_size"] is None:
+    if attrs["layout"] != 0 or attrs["hidden_size"] is None or attrs.get("input_forget"):
         return None
     ins = list(node.input)
     while ins and not ins[-1]:
         ins.pop()
-    return tuple(ins), tuple(sorted(attrs.items()))
+    if kind == "LSTM" and len(ins) > 7:
+        return None  # peepholes: the training forward has none
+    return kind, tuple(ins), tuple(sorted(attrs.items()))
 
 
 def merge_gru_train(nodes: list) -> list:
-    """``nodes`` (topologically sorted) with each ``com.trainops::GRUTrain`` node merged
-    into the ``GRU`` node computing the same (:func:`_gru_key`): that node becomes a
-    GRUTrain (at the earlier of the two positions, where both read the same inputs) with its
-    own ``Y``/``Y_h`` names and the gates output; readers of the GRUTrain's ``Y`` read the
-    GRU's. A GRUTrain whose ``Y`` a subgraph captures, or without a matching GRU, is left
-    as it is (correct, only computed twice). The list passed in is not changed."""
+    """``nodes`` (topologically sorted) with each ``com.trainops::GRUTrain`` (or
+    ``LSTMTrain``) node merged into the ``GRU`` (``LSTM``) node computing the same
+    (:func:`_gru_key`): that node becomes the training forward (at the earlier of the two
+    positions, where both read the same inputs) with its own ``Y``/``Y_h``(/``Y_c``) names
+    and the gates output; readers of the training node's ``Y`` read the forward's. One whose
+    ``Y`` a subgraph captures, or without a matching forward, is left as it is (correct,
+    only computed twice). The list passed in is not changed."""
+    kind_of = {v: k for k, v in _TRAIN_OF.items()}
     trains = [k for k, n in enumerate(nodes)
-              if n.op_type == "GRUTrain" and n.domain == TRAINOPS_DOMAIN]
+              if n.op_type in kind_of and n.domain == TRAINOPS_DOMAIN]
     if not trains:
         return list(nodes)
-    gru_at = {}
+    fwd_at = {}
     for k, n in enumerate(nodes):
-        if n.op_type == "GRU" and (n.domain or "") == "":
-            key = _gru_key(n)
+        if n.op_type in _TRAIN_OF and (n.domain or "") == "":
+            key = _gru_key(n, n.op_type)
             if key is not None:
-                gru_at.setdefault(key, k)
+                fwd_at.setdefault(key, k)
     captured = {c for n in nodes for c in captures(n)}
     out: list = list(nodes)
     rename: dict[str, str] = {}
     for t in trains:
         train = nodes[t]
-        g = gru_at.get(_gru_key(train))
+        kind = kind_of[train.op_type]
+        key = _gru_key(train, kind)
+        g = fwd_at.get(key)
         if g is None or (train.output and train.output[0] in captured):
             continue
-        gru = out[g]  # a previous merge may have made it a GRUTrain already
-        outs = _merged_outputs(list(gru.output) + [""] * (3 - len(gru.output)),
+        fwd = out[g]  # a previous merge may have made it a training forward already
+        outs = _merged_outputs(list(fwd.output) + [""] * (_N_OUT[kind] - len(fwd.output)),
                                list(train.output), rename)
-        merged = onnx.helper.make_node("GRUTrain", list(train.input), outs, name=gru.name,
+        merged = onnx.helper.make_node(train.op_type, list(train.input), outs, name=fwd.name,
                                        domain=TRAINOPS_DOMAIN)
         merged.attribute.extend(train.attribute)
         out[g] = out[t] = None
         out[min(g, t)] = merged
-        gru_at[_gru_key(train)] = min(g, t)  # a duplicate GRUTrain merges into this one
+        fwd_at[key] = min(g, t)  # a duplicate training forward merges into this one
     return [_reading(n, rename) for n in out if n is not None]

@@ -53,6 +53,8 @@ pub fn catalogue() -> Vec<Domain> {
                 &grad::batchnorm::BatchNormTrainGrad,
                 &grad::rnn::GruGrad,
                 &grad::gru_train::GruTrain,
+                &grad::lstm::LstmTrain,
+                &grad::lstm::LstmGrad,
                 &grad::conv::ConvWeightGrad,
                 &grad::conv::ConvInputGrad,
                 &grad::depthwise::DepthwiseConv,

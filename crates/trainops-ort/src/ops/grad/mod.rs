@@ -9,7 +9,8 @@
 //!   `SoftmaxCrossEntropyLossGrad`.
 //! - [`batchnorm`]: `BatchNormTrainGrad(dY, X, scale; epsilon) -> dX?, dScale?, dBias?`.
 //! - [`rnn`]: `GRUGrad`, backpropagation through time of ONNX's `GRU`; [`gru_train`]:
-//!   `GRUTrain`, GRU's forward keeping the gates `GRUGrad` then reads.
+//!   `GRUTrain`, GRU's forward keeping the gates `GRUGrad` then reads; [`lstm`]: `LSTMTrain`
+//!   and `LSTMGrad`, the same pair for ONNX's `LSTM`.
 //! - [`conv`]: `ConvWeightGrad(X, dY) -> dW`, `ConvInputGrad(dY, W, X_shape) -> dX`.
 //! - [`depthwise`]: `DepthwiseConv(X, W, B?) -> Y`, `DepthwiseConvGrad(dY, X, W) -> dX?, dW?`.
 
@@ -18,6 +19,7 @@ pub mod batchnorm;
 pub mod conv;
 pub mod depthwise;
 pub mod gru_train;
+pub mod lstm;
 pub mod norm;
 pub mod pool;
 pub mod rnn;
