@@ -337,3 +337,33 @@ def test_trainer_fused_matches_portable_within_the_rounding_bound(library_path, 
         assert (np.abs(wa[k] - want) <= E[k] + U * np.abs(wa[k])).all(), k
         # the bound is tight enough to mean something: a gradient 0.1% off exceeds it
         assert (1e-3 * np.abs(g[k]) > 2 * E[k] + U * 2 * np.abs(want)).mean() > 0.5, k
+
+
+@pytest.mark.parametrize("attrs, channels, w_shape, swapped", [
+    (dict(group=4, pads=[1, 1, 1, 1]), 4, [4, 1, 3, 3], True),
+    (dict(group=4, auto_pad="VALID"), 4, [8, 1, 3, 3], True),
+    (dict(group=4, auto_pad="SAME_UPPER"), 4, [4, 1, 3, 3], False),  # pads left to onnxruntime
+    (dict(group=2, pads=[1, 1, 1, 1]), 4, [4, 2, 3, 3], False),  # two channels per group
+    (dict(group=1, pads=[1, 1, 1, 1]), 1, [3, 1, 3, 3], False),  # one group: a plain Conv
+], ids=["pads", "valid-mult2", "same-upper", "grouped", "one-channel"])
+def test_which_forward_convs_become_depthwise(library_path, monkeypatch, rng, attrs, channels, w_shape,
+                                              swapped):
+    """The fused step's forward takes DepthwiseConv for one input channel per group
+    (group > 1) with explicit or VALID pads; anything else stays onnxruntime's Conv."""
+    w = rng.standard_normal(w_shape).astype(np.float32)
+    conv = helper.make_node("Conv", ["x", "W"], ["y"], **attrs)
+    nodes = [conv, helper.make_node("Mul", ["y", "y"], ["sq"]),
+             helper.make_node("ReduceSum", ["sq"], ["loss"], keepdims=0)]
+    graph = helper.make_graph(nodes, "one", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                           [2, channels, 6, 7])],
+                              [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+                              [numpy_helper.from_array(w, "W")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = IR_VERSION
+    monkeypatch.setenv("TRAINOPS_FUSED_GRADS", "1")
+    tr = Trainer(model, "loss", optim.Momentum(lr=0.0), threads=1)
+    ops = [(n.domain, n.op_type) for n in tr.training_model.graph.node]
+    assert ((TRAINOPS_DOMAIN, "DepthwiseConv") in ops) == swapped, ops
+    assert (("", "Conv") in ops) != swapped, ops
+    loss = tr.step({"x": rng.standard_normal([2, channels, 6, 7]).astype(np.float32)})
+    assert np.isfinite(loss)
