@@ -1,8 +1,8 @@
 //! Depthwise convolution: ONNX `Conv` (float32, NCHW, 2-d) with `group` equal to the input
 //! channels `C`, `M = C * mult` filters (output channel `o` reads input channel
 //! `c = o / mult`), any kernel size, strides, dilations and explicit pads. Writing
-//! `ih = oh*sh + kh*dh - ph`, `iw = ow*sw + kw*dw - pw` (positions outside the input read
-//! nothing):
+//! `ih = oh*sh + kh*dh - pt`, `iw = ow*sw + kw*dw - pl` (`pt`, `pl` the top and left pads;
+//! positions outside the input read nothing):
 //!
 //! - [`forward`]: `Y[n, o, oh, ow] = sum_{kh, kw} W[o, 0, kh, kw] * X[n, c, ih, iw] (+ B[o])`.
 //! - [`input_grad`]: `dX[n, c, ih, iw] = sum_{j < mult, kh, kw} W[c*mult + j, 0, kh, kw] *
@@ -34,13 +34,12 @@
 //!   the fast path below), each lane in `(n, oh, ow)` order from `+0`; the lanes then
 //!   added pairwise (8, 4, 2, 1 apart).
 //!
-//! Skipping a padded position equals adding `w * 0` (a sum started at `+0` is never `-0`),
-//! except where `w` is infinite or NaN: then the padding adds nothing here, where a padded
-//! copy would give NaN. Threads: the forward runs groups of whole `(n, o)` output planes as
+//! An infinite or NaN weight therefore adds nothing at a padded position, where a padded
+//! copy of the input would give NaN. Threads: the forward runs groups of whole `(n, o)` output planes as
 //! tasks, the input gradient groups of `(n, c)` planes, the weight gradient groups of
 //! channels (each summing over the whole batch); every result is computed by one task in
 //! the order above, so the cut changes no bit. Against float64, each result is within
-//! `terms * f32::EPSILON * sum |terms|` (a float32 sum of `terms` rounded products).
+//! `(terms + 1) * f32::EPSILON * sum |terms|` (a float32 sum of `terms` rounded products).
 
 use super::conv::{ConvError, ConvGeometry};
 use crate::parallel::{for_each_item, Parallelism, Sequential, CHUNK, SERIAL_BELOW};
