@@ -36,9 +36,10 @@
 //!
 //! Since taps outside the input are skipped, an infinite or NaN weight adds nothing at a
 //! padded position, where a zero-padded copy of the input would give NaN. Threads: the
-//! forward runs groups of whole `(n, o)` output planes as tasks, the input gradient groups of `(n, c)` planes, the weight gradient groups of
-//! channels (each summing over the whole batch); every result is computed by one task in
-//! the order above, so the cut changes no bit. Against float64, each result is within
+//! forward runs groups of whole `(n, o)` output planes as tasks, the input gradient groups
+//! of `(n, c)` planes, the weight gradient groups of filters (each summing over the whole
+//! batch); every result is computed by one task in the order above, so the cut changes no
+//! bit. Against float64, each result is within
 //! `(terms + 1) * f32::EPSILON * sum |terms|` (a float32 sum of `terms` rounded products).
 
 use super::conv::{ConvError, ConvGeometry};
