@@ -3,8 +3,8 @@
 //! runs it), at 1 and 2 threads: GFLOP/s per shape (2 x the multiply-adds) and the weighted
 //! sum, the weight gradients' time in one training step.
 //!
-//! `cargo bench -p trainops-kernels --bench conv_weight_grad [-- REPS]` (best of REPS, 5
-//! unless given, after one untimed call). Plain timing rather than criterion: runs of old
+//! `cargo bench -p trainops-kernels --bench conv_weight_grad [-- REPS] [FILTER]` (best of
+//! REPS, 5 unless given, after one untimed call; only the shapes whose name holds FILTER). Plain timing rather than criterion: runs of old
 //! and new builds are meant to be interleaved on a shared machine.
 
 use std::hint::black_box;
@@ -31,6 +31,7 @@ const BATCH: usize = 8;
 
 fn main() {
     let reps: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(5);
+    let filter = std::env::args().skip(1).find(|a| a.parse::<usize>().is_err() && !a.starts_with('-'));
     let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool");
     let two = RayonPool(Some(&pool));
     let pars: [(&str, &dyn Parallelism); 2] = [("1 thread", &Sequential), ("2 threads", &two)];
@@ -38,8 +39,16 @@ fn main() {
         let mut step = 0.0;
         println!("{label}:");
         for (name, uses, c, m, side, k, s, p) in SHAPES {
-            let geo =
-                ConvGeometry { kernel: vec![k, k], strides: vec![s, s], dilations: vec![1, 1], pads: vec![p; 4], group: 1 };
+            if filter.as_ref().is_some_and(|f| !name.contains(f.as_str())) {
+                continue;
+            }
+            let geo = ConvGeometry {
+                kernel: vec![k, k],
+                strides: vec![s, s],
+                dilations: vec![1, 1],
+                pads: vec![p; 4],
+                group: 1,
+            };
             let dims = ConvDims::new(&geo, BATCH, c, m, &[side, side]).expect("shapes");
             let len = |s: Vec<usize>| s.iter().product::<usize>();
             let (xl, yl, wl) = (len(dims.x_shape()), len(dims.y_shape()), len(dims.w_shape()));

@@ -23,6 +23,11 @@ use super::im2col::Windows;
 use crate::error::KernelError;
 use crate::parallel::{for_each_item, Parallelism};
 use crate::shape;
+use crate::simd::{detected, Isa, Level};
+use fma_chain::{Out, Panels, MR, NR};
+
+#[path = "fma_chain.rs"]
+pub(crate) mod fma_chain;
 
 /// A convolution's attributes, resolved (no `auto_pad`): one entry per spatial dimension,
 /// `pads` the beginnings then the ends.
@@ -285,16 +290,18 @@ fn check_len(what: &'static str, got: usize, dims: &[usize]) -> Result<(), Kerne
 
 /// Below this many multiply-adds a weight gradient runs as one block per group.
 const SPLIT_ABOVE: usize = 1 << 20;
-/// Narrowest column block of a split weight gradient, and most blocks per group.
-const MIN_BLOCK: usize = 32;
-const MAX_BLOCKS: usize = 8;
+/// Most blocks per group of a split weight gradient: enough to balance two to four threads
+/// when the blocks are whole tiles (of 32 columns).
+const MAX_BLOCKS: usize = 16;
 
 /// The column blocks of one group's `dW_g` (a function of the shapes only).
 fn blocks(dims: &ConvDims) -> Vec<Range<usize>> {
     let k = dims.k();
     let work = dims.batch.saturating_mul(dims.mg()).saturating_mul(k).saturating_mul(dims.output_len);
-    let count = if work < SPLIT_ABOVE { 1 } else { (k / MIN_BLOCK).clamp(1, MAX_BLOCKS) };
-    let size = k.div_ceil(count).max(1);
+    // Whole tiles of the product (fma_chain::NR columns) but the last.
+    let tiles = k.div_ceil(NR);
+    let count = if work < SPLIT_ABOVE { 1 } else { tiles.clamp(1, MAX_BLOCKS) };
+    let size = (tiles.div_ceil(count) * NR).max(1);
     (0..k).step_by(size).map(|r| r..(r + size).min(k)).collect()
 }
 
@@ -380,6 +387,19 @@ pub fn weight_grad(
     dw: &mut [f32],
     par: &dyn Parallelism,
 ) -> Result<(), KernelError> {
+    weight_grad_at(detected(), dims, x, dy, dw, par)
+}
+
+/// [`weight_grad`] at SIMD level `level` (scalar where the CPU lacks it): the same bits at
+/// every level.
+pub fn weight_grad_at(
+    level: Level,
+    dims: &ConvDims,
+    x: &[f32],
+    dy: &[f32],
+    dw: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(), KernelError> {
     check_len("X", x.len(), &dims.x_shape())?;
     check_len("dY", dy.len(), &dims.y_shape())?;
     check_len("dW", dw.len(), &dims.w_shape())?;
@@ -391,34 +411,65 @@ pub fn weight_grad(
         dw.fill(0.0);
         return Ok(());
     }
+    let isa = level.isa().unwrap_or(Isa::Scalar);
     let windows = dims.windows()?;
     let (cg, mg, k) = (dims.cg(), dims.mg(), dims.k());
     let (p, il) = (dims.output_len, dims.input_len);
     let chunk = samples_per_chunk(dims);
+    let mt = mg.div_ceil(MR);
+    // dY packed once, shared by every task: per group, `mt` panels of MR output channels
+    // over every sample's output positions (the product's left operand, q-major).
+    let panel_len = shape::mul("ConvWeightGrad's packed dY", dims.batch * p, MR)?;
+    let groups = dims.geo.group;
+    let mut dyp = shape::zeroed::<f32>("ConvWeightGrad's packed dY", groups * mt * panel_len)?;
+    let items: Vec<(usize, &mut [f32])> = dyp.chunks_mut(panel_len).enumerate().collect();
+    for_each_item(par, items, |(idx, panel)| {
+        let m0 = (idx / mt) * mg + (idx % mt) * MR;
+        let valid = MR.min(mg - (idx % mt) * MR);
+        let mut rows: [&[f32]; MR] = [&[]; MR];
+        for n in 0..dims.batch {
+            for (i, row) in rows[..valid].iter_mut().enumerate() {
+                *row = &dy[(n * dims.out_channels + m0 + i) * p..][..p];
+            }
+            fma_chain::pack_panel(&rows[..valid], MR, p, &mut panel[n * p * MR..]);
+        }
+    });
     let ranges = blocks(dims);
     let tasks: Vec<(usize, Range<usize>)> =
-        (0..dims.geo.group).flat_map(|g| ranges.iter().map(move |r| (g, r.clone()))).collect();
+        (0..groups).flat_map(|g| ranges.iter().map(move |r| (g, r.clone()))).collect();
     let results: Vec<Mutex<Vec<f32>>> = tasks.iter().map(|_| Mutex::new(Vec::new())).collect();
     let failed = FirstError::new();
-    // The column matrix, the dY block and the padded input of a task.
-    let spares = Spares::<(Vec<f32>, Vec<f32>, Vec<f32>)>::new();
+    // The column matrix (only without the padded copy), the padded input and the right
+    // operand's panels of a task.
+    let spares = Spares::<[Vec<f32>; 3]>::new();
+    let padded = windows.pads_a_copy();
     let run = |t: usize| {
         let (g, rows) = &tasks[t];
         let nb = rows.len();
-        // dW_g^T (`[nb x M/G]`, row-major) = cols * dY_g^T: the column matrix as the left
-        // operand (its rows contiguous along the reduction) runs the GEMM at 2-3x the speed
-        // of dY_g * cols^T for few output channels (16 x 1024 x 144: 32 -> 88 GFLOP/s).
-        let mut acc = match shape::zeroed::<f32>("ConvWeightGrad's dW block", nb * mg) {
+        let rt = nb.div_ceil(NR);
+        let ldc = rt * NR;
+        // dW_g's columns `rows` (`[M/G x nb]`, rows ldc apart) = dY_g * cols^T, both
+        // operands contiguous along the reduction (every sample's output positions, in
+        // order): the column matrix is lowered KC positions at a time straight into the
+        // panels of `fma_chain`, whose every element is one fused chain over the whole
+        // reduction. Every element of the block is written by the first product (`first`).
+        let mut acc = match shape::zeroed::<f32>("ConvWeightGrad's dW block", mt * MR * ldc) {
             Ok(acc) => acc,
             Err(e) => return failed.set(e),
         };
-        let (mut col, mut buf, mut xp) = spares.take();
-        if let Err(e) = shape::resize(&mut col, nb * (chunk * p + ROW_PAD), "ConvWeightGrad's column matrix") {
+        let [mut col, mut xp, mut bp] = spares.take();
+        if let Err(e) = shape::resize(&mut bp, rt * KC * NR, "ConvWeightGrad's packed columns") {
             return failed.set(e);
+        }
+        if !padded {
+            if let Err(e) = shape::resize(&mut col, nb * (chunk * p + ROW_PAD), "ConvWeightGrad's column matrix") {
+                return failed.set(e);
+            }
         }
         // The channels these rows read (row r is channel r / kernel_len of the group).
         let kl = dims.kernel_len;
         let (c0, c1) = (rows.start / kl, rows.end.div_ceil(kl));
+        let mut first = true;
         for n0 in (0..dims.batch).step_by(chunk) {
             let nc = chunk.min(dims.batch - n0);
             let cols = nc * p;
@@ -430,13 +481,27 @@ pub fn weight_grad(
                     return failed.set(e);
                 }
             }
-            windows.im2col(&xp, nc, c0, rows.clone(), &mut col, ld);
-            let a = dy_block(dims, dy, *g, n0, nc, &mut buf);
-            let c = Mat { data: &col[..nb * ld], rows: nb, cols, rs: ld, cs: 1 };
-            let dy_t = Mat { data: a.data, rows: cols, cols: mg, rs: a.cs, cs: a.rs };
-            matmul(c, dy_t, &mut acc, mg, true);
+            if !padded {
+                windows.im2col(&xp, nc, c0, rows.clone(), &mut col, ld);
+            }
+            for q0 in (0..cols).step_by(KC) {
+                let kc = KC.min(cols - q0);
+                let b = &mut bp[..rt * kc * NR];
+                if padded {
+                    windows.im2col_panels(&xp, nc, c0, rows.clone(), (q0, kc), NR, b);
+                } else {
+                    for (t, panel) in b.chunks_exact_mut(kc * NR).enumerate() {
+                        let src: Vec<&[f32]> =
+                            (t * NR..nb.min((t + 1) * NR)).map(|i| &col[i * ld + q0..][..kc]).collect();
+                        fma_chain::pack_panel(&src, NR, kc, panel);
+                    }
+                }
+                let a = Panels { data: &dyp, mt, stride: panel_len, offset: g * mt * panel_len + (n0 * p + q0) * MR };
+                fma_chain::product(isa, kc, a, b, Out { data: &mut acc, ld: ldc, first });
+                first = false;
+            }
         }
-        spares.give((col, buf, xp));
+        spares.give([col, xp, bp]);
         *results[t].lock().unwrap_or_else(|e| e.into_inner()) = acc;
     };
     if tasks.len() == 1 {
@@ -447,16 +512,18 @@ pub fn weight_grad(
     failed.into_result()?;
     for ((g, rows), block) in tasks.iter().zip(results) {
         let block = block.into_inner().unwrap_or_else(|e| e.into_inner());
-        let nb = rows.len();
+        let ldc = rows.len().div_ceil(NR) * NR;
         for m in 0..mg {
             let dst = (g * mg + m) * k + rows.start;
-            for (i, d) in dw[dst..dst + nb].iter_mut().enumerate() {
-                *d = block[i * mg + m];
-            }
+            dw[dst..dst + rows.len()].copy_from_slice(&block[m * ldc..m * ldc + rows.len()]);
         }
     }
     Ok(())
 }
+
+/// Steps of the reduction (output positions) packed at a time: the right operand's panel
+/// (`KC x NR`, 32 KiB) stays in the L1 cache while the left operand's panels stream past.
+const KC: usize = 256;
 
 /// `dX` (`X`'s shape) from `dy` (`dY`) and `w` (`W`), all row-major; threads from `par`.
 /// The buffers' lengths are checked first; the windows' tables and the column matrices are

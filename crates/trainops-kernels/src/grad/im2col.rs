@@ -393,6 +393,59 @@ impl Windows {
         }
     }
 
+    /// Columns `q0 .. q0 + kc` of rows `rows` of the column matrices of `samples` samples
+    /// side by side (as [`Windows::im2col`] lays them out: column `n * output_len() + p`),
+    /// straight into panels of `width` rows, `q`-major: row `rows.start + i`, column `q0 +
+    /// q` goes to `dst[(i / width) * kc * width + q * width + i % width]`; the lanes past
+    /// the last row are left as they are. `xp` as for [`Windows::im2col`]; only from the
+    /// padded copy (the caller checks [`Windows::pads_a_copy`]), where every run is a
+    /// strided read with no test for the padding.
+    #[allow(clippy::too_many_arguments)] // the block of the matrix and its panels' layout
+    pub(crate) fn im2col_panels(
+        &self,
+        xp: &[f32],
+        samples: usize,
+        c0: usize,
+        rows: core::ops::Range<usize>,
+        (q0, kc): (usize, usize),
+        width: usize,
+        dst: &mut [f32],
+    ) {
+        assert!(self.padded_copy, "im2col_panels reads the padded copy");
+        let (kl, p) = (self.kernel_len(), self.output_len());
+        let out_l = self.output[self.output.len() - 1];
+        let s = self.strides[self.strides.len() - 1];
+        if p == 0 || samples == 0 || kc == 0 {
+            return;
+        }
+        let grid = self.padded_len();
+        let outer = p / out_l;
+        let per_sample = xp.len() / samples;
+        let nb = rows.len();
+        for (t, panel) in dst.chunks_exact_mut(kc * width).take(nb.div_ceil(width)).enumerate() {
+            for i in 0..width.min(nb - t * width) {
+                let r = rows.start + t * width + i;
+                let (c, kk) = (r / kl - c0, r % kl);
+                let starts = &self.starts[kk * outer..(kk + 1) * outer];
+                // Along the columns, one run of the innermost output dimension at a time.
+                let mut q = 0;
+                while q < kc {
+                    let (n, pp) = ((q0 + q) / p, (q0 + q) % p);
+                    let (run, j0) = (pp / out_l, pp % out_l);
+                    let len = (out_l - j0).min(kc - q);
+                    let at = n * per_sample + c * grid + starts[run] + j0 * s;
+                    let lanes = panel[q * width + i..].iter_mut().step_by(width);
+                    if s == 1 {
+                        lanes.zip(&xp[at..at + len]).for_each(|(v, &e)| *v = e);
+                    } else {
+                        lanes.zip(xp[at..at + (len - 1) * s + 1].iter().step_by(s)).for_each(|(v, &e)| *v = e);
+                    }
+                    q += len;
+                }
+            }
+        }
+    }
+
     /// Adds the column matrix (`channels * kernel_len()` rows, row `r` at `col[r * ld +
     /// col0..][..output_len()]`) back onto the input grid `dx` (`channels x input_len()`):
     /// the adjoint of [`Windows::im2col`] (every column element to the input element
@@ -437,9 +490,8 @@ impl Windows {
     }
 }
 
-/// Whether im2col goes through a padded copy of the input (tests).
-#[cfg(test)]
 impl Windows {
+    /// Whether im2col goes through a padded copy of the input.
     pub(crate) fn pads_a_copy(&self) -> bool {
         self.padded_copy
     }
