@@ -99,7 +99,14 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
         if not parts:
             return None
         if len(parts) > 1:
-            grads[name] = [b.op("Sum", parts)]
+            # Add after Add, left to right: the bits of onnxruntime's CPU Sum, which adds its
+            # inputs in order (2-5 inputs of 2^20 values bitwise on 1.17.3 and 1.32.0), and
+            # an op every EP has (WebGPU 0.4.0 has no Sum kernel: the sums of a value's
+            # gradients ran on the CPU, activation-sized tensors copied both ways)
+            acc = parts[0]
+            for part in parts[1:]:
+                acc = b.op("Add", [acc, part])
+            grads[name] = [acc]
         return grads[name][0]
 
     for node in reversed(order):
