@@ -21,8 +21,6 @@ import pytest
 from ep_pairs import MODELS, OPTIMIZERS, Run, unavailable
 
 WEBGPU = "WebGpuExecutionProvider"
-WAITING_SUM = ("the backward's Sum (a gradient summed over a value's uses) has no WebGPU kernel "
-               "(0.4.0): the transformer's 4 Sum nodes run on the CPU, 394 kB copied a step")
 
 
 @pytest.fixture(scope="module")
@@ -55,17 +53,10 @@ def run(name: str, device) -> Run:
     return _RUNS[name]
 
 
-def waiting(reason: str):
-    return [(m, reason) for m in ("mlp", "cnn", "transformer")]
+NAMES = ("mlp", "cnn", "transformer")
 
 
-def params(*waiting):
-    """The three models, those named in ``waiting`` (name -> reason) marked xfail."""
-    return [pytest.param(m, marks=pytest.mark.xfail(strict=True, reason=dict(waiting)[m]))
-            if m in dict(waiting) else m for m in ("mlp", "cnn", "transformer")]
-
-
-@pytest.mark.parametrize("name", params())
+@pytest.mark.parametrize("name", NAMES)
 def test_trains_like_the_cpu(name, device):
     run(name, device).check_matches_cpu()
 
@@ -78,7 +69,7 @@ def test_other_optimizers_train_like_the_cpu(opt, device):
     assert r.dev.transfers.last_step["state_bytes"] == 0, r.dev.transfers.last_step
 
 
-@pytest.mark.parametrize("name", params())
+@pytest.mark.parametrize("name", NAMES)
 def test_step_runs_on_the_ep(name, device):
     dev = run(name, device).trained()
     assert dev.session.get_providers()[0] == WEBGPU
@@ -89,7 +80,7 @@ def test_step_runs_on_the_ep(name, device):
     assert counts.get("CPUExecutionProvider", 0) <= counts[WEBGPU] // 10, counts
 
 
-@pytest.mark.parametrize("name", params())
+@pytest.mark.parametrize("name", NAMES)
 def test_no_float64(name, device):
     import onnx
 
@@ -106,7 +97,7 @@ def test_no_float64(name, device):
         f"float64 in the step graph: casts {casts[:5]}, values {doubles[:5]} ({len(doubles)})"
 
 
-@pytest.mark.parametrize("name", params())
+@pytest.mark.parametrize("name", NAMES)
 def test_no_state_crosses_per_step(name, device):
     r = run(name, device)
     dev = r.trained()
@@ -120,7 +111,7 @@ def test_no_state_crosses_per_step(name, device):
     assert step["to_device_bytes"] + step["to_host_bytes"] < weights, (step, weights)
 
 
-@pytest.mark.parametrize("name", params(("transformer", WAITING_SUM)))
+@pytest.mark.parametrize("name", NAMES)
 def test_only_data_sized_copies_per_step(name, device):
     """ONNX Runtime's own copies inside the step (memcpy nodes between the EP and the CPU,
     from its profiler; ``trainer.transfers`` counts only what the runtime binds): with the
