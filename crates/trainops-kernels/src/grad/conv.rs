@@ -488,7 +488,7 @@ pub fn weight_grad_at(
                 let kc = KC.min(cols - q0);
                 let b = &mut bp[..rt * kc * NR];
                 if padded {
-                    windows.im2col_panels(&xp, nc, c0, rows.clone(), (q0, kc), NR, b);
+                    windows.im2col_panels(isa, &xp, nc, c0, rows.clone(), (q0, kc), NR, b);
                 } else {
                     for (t, panel) in b.chunks_exact_mut(kc * NR).enumerate() {
                         let src: Vec<&[f32]> =

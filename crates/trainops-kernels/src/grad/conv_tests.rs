@@ -133,6 +133,30 @@ fn fast_matches_reference() {
     }
 }
 
+/// Every SIMD level gives the weight gradient bit for bit (one fused chain per element in
+/// the same order at every level), on one thread and on three.
+#[test]
+fn weight_grad_is_the_same_at_every_level() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    for (seed, c) in cases().into_iter().enumerate() {
+        let dims = ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input).unwrap();
+        let x = random(dims.x_shape().iter().product(), 50 + seed as u64);
+        let dy = random(dims.y_shape().iter().product(), 90 + seed as u64);
+        let wl: usize = dims.w_shape().iter().product();
+        let mut want = vec![f32::NAN; wl];
+        weight_grad_at(Level::Scalar, &dims, &x, &dy, &mut want, &Sequential).unwrap();
+        for level in crate::simd::available_levels() {
+            for threaded in [false, true] {
+                let mut got = vec![f32::NAN; wl];
+                let par: &dyn Parallelism = if threaded { &RayonPool(Some(&pool)) } else { &Sequential };
+                weight_grad_at(level, &dims, &x, &dy, &mut got, par).unwrap();
+                let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{}: dW at {level:?} (threaded {threaded}) differs from the scalar level", c.name);
+            }
+        }
+    }
+}
+
 /// The cases with pads far beyond the input really skip the padded copy (else the runs
 /// path of im2col goes untested), and the ordinary ones keep it.
 #[test]

@@ -13,6 +13,7 @@
 //! is never sized by the attributes alone.
 
 use crate::shape;
+use crate::simd::Isa;
 use crate::KernelError;
 
 /// The windows of one convolution over one input grid (all lists per spatial dimension),
@@ -403,6 +404,7 @@ impl Windows {
     #[allow(clippy::too_many_arguments)] // the block of the matrix and its panels' layout
     pub(crate) fn im2col_panels(
         &self,
+        isa: Isa,
         xp: &[f32],
         samples: usize,
         c0: usize,
@@ -423,6 +425,39 @@ impl Windows {
         let per_sample = xp.len() / samples;
         let nb = rows.len();
         for (t, panel) in dst.chunks_exact_mut(kc * width).take(nb.div_ceil(width)).enumerate() {
+            #[cfg(target_arch = "x86_64")]
+            if let (Isa::Avx512(token), GATHER_LANES) = (isa, width) {
+                if xp.len() <= i32::MAX as usize {
+                    let first = rows.start + t * width;
+                    let lanes: Vec<(usize, usize)> = (first..rows.end.min(first + width))
+                        .map(|r| ((r / kl - c0) * grid, (r % kl) * outer))
+                        .collect();
+                    let mut q = 0;
+                    while q < kc {
+                        let (n, pp) = ((q0 + q) / p, (q0 + q) % p);
+                        let (run, j0) = (pp / out_l, pp % out_l);
+                        let len = (out_l - j0).min(kc - q);
+                        let base = n * per_sample + j0 * s;
+                        let mut at = [0i32; GATHER_LANES];
+                        for (a, &(off, kk)) in at.iter_mut().zip(&lanes) {
+                            let e = base + off + self.starts[kk + run];
+                            // Every element the run reads lies in `xp` (which fits i32).
+                            assert!(e + (len - 1) * s < xp.len(), "im2col_panels: a run past the input");
+                            *a = e as i32;
+                        }
+                        // Lanes past the last row read the first row's elements.
+                        let a0 = at[0];
+                        at[lanes.len()..].fill(a0);
+                        // The step wraps only where the run has one element (else the
+                        // assertion above bounds it by the input's length).
+                        let step = s as i32;
+                        // SAFETY: the token proves the CPU has AVX-512F.
+                        unsafe { gather_runs(token, xp, &at, step, &mut panel[q * width..(q + len) * width]) };
+                        q += len;
+                    }
+                    continue;
+                }
+            }
             for i in 0..width.min(nb - t * width) {
                 let r = rows.start + t * width + i;
                 let (c, kk) = (r / kl - c0, r % kl);
@@ -494,6 +529,34 @@ impl Windows {
     /// Whether im2col goes through a padded copy of the input.
     pub(crate) fn pads_a_copy(&self) -> bool {
         self.padded_copy
+    }
+}
+
+/// Rows of a panel gathered at once by [`gather_runs`].
+const GATHER_LANES: usize = 32;
+
+/// `dst[j * 32 + i] = xp[at[i] + j * s]` for every `j < dst.len() / 32`: one run of the
+/// output's innermost dimension for the 32 rows of a panel, two 16-lane gathers a column.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn gather_runs(_: crate::simd::Avx512, xp: &[f32], at: &[i32; GATHER_LANES], s: i32, dst: &mut [f32]) {
+    use core::arch::x86_64::*;
+    let len = dst.len() / GATHER_LANES;
+    // SAFETY: `at` (16 lanes at a time) and `dst` (its whole columns) are read and written
+    // inside their lengths; every gathered element, `at[i] + j * s` for `j < len`, lies in
+    // `xp`, which the caller asserted for every lane (indices non-negative, below
+    // `xp.len() <= i32::MAX`).
+    unsafe {
+        let step = _mm512_set1_epi32(s);
+        let mut i0 = _mm512_loadu_si512(at.as_ptr().cast());
+        let mut i1 = _mm512_loadu_si512(at.as_ptr().add(16).cast());
+        let out = dst.as_mut_ptr();
+        for j in 0..len {
+            _mm512_storeu_ps(out.add(j * GATHER_LANES), _mm512_i32gather_ps::<4>(i0, xp.as_ptr()));
+            _mm512_storeu_ps(out.add(j * GATHER_LANES + 16), _mm512_i32gather_ps::<4>(i1, xp.as_ptr()));
+            i0 = _mm512_add_epi32(i0, step);
+            i1 = _mm512_add_epi32(i1, step);
+        }
     }
 }
 
