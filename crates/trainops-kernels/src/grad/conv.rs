@@ -3,17 +3,24 @@
 //! (`g = m / (M/G)`, `c < C/G`, positions outside the input read 0):
 //!
 //! - [`weight_grad`]: `dW[m, c, k] = sum_{n, o} dY[n, m, o] * X[n, g*C/G + c, o*s + k*d - p]`,
-//!   as `dW_g += dY_{n,g} [M/G x P] * col_{n,g}^T [P x K]` over the samples (`col` the
-//!   [`im2col`](super::im2col) matrix, `K = C/G * prod(kernel)`, `P = prod(output)`).
+//!   as one product `dW_g [M/G x K] = dY_g [M/G x N*P] * col_g^T [N*P x K]` whose reduction
+//!   runs over every sample's output positions (`col` the [`im2col`](super::im2col)
+//!   matrix, `K = C/G * prod(kernel)`, `P = prod(output)`), on `fma_chain`: every
+//!   element of `dW` is one chain of fused multiply-adds, sample 0's positions first, so
+//!   the result is the same bits at every SIMD level ([`weight_grad_at`]) and thread count.
+//!   `dY` is packed once into the product's panels and shared; the column matrix is
+//!   lowered a block of 256 positions at a time straight into panels (AVX-512 gathers).
 //! - [`input_grad`]: `dX[n, g*C/G + c, i] = sum_{m in g, k, o: o*s + k*d - p = i} W[m, c, k]
-//!   * dY[n, m, o]`, as `col = W_g^T [K x M/G] * dY_{n,g} [M/G x P]`, then col2im.
+//!   * dY[n, m, o]`, as `col = W_g^T [K x M/G] * dY_{n,g} [M/G x P]` (the `gemm` crate),
+//!   then col2im.
 //!
 //! Consecutive samples share one column matrix (side by side) until it has 256 columns, so
 //! small grids make few large products. Threads: the weight gradient is cut into blocks of
-//! `dW`'s columns (rows of `col`) per group, each task summing its own block over every
-//! sample; the input gradient into chunks of samples. The cut depends on the shapes only, so results do not depend on
-//! the thread count. Against the float64 [`reference`](mod@reference), each result is within
-//! `terms * f32::EPSILON * sum |terms|` (float32 sums of `terms` products, any order).
+//! `dW`'s columns (rows of `col`, whole tiles of 32) per group, each task running its
+//! block's chains over every sample; the input gradient into chunks of samples. The cut
+//! depends on the shapes only, so results do not depend on the thread count. Against the
+//! float64 [`reference`](mod@reference), each result is within `terms * f32::EPSILON *
+//! sum |terms|` (float32 sums of `terms` products, any order).
 
 use core::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};

@@ -6,13 +6,13 @@
 //! the reduction or threads: an element carried in memory between two blocks of `q` is
 //! stored and reloaded exactly.
 //!
-//! The convolution's weight gradient runs on it (`dW^T += col * dY^T` with the reduction
-//! over every sample's output positions): both operands are contiguous along the
-//! reduction, so each block of it is first packed into panels, `q`-major, [`MR`] rows of
-//! the left operand or [`NR`] columns of the right one per panel, zero past the matrix's
-//! edge, and the tiles of the result are padded to whole tiles likewise, so the kernels
-//! have no edge cases. A zero row or column only adds `fma(0, b, c)` or `fma(a, 0, c)` to
-//! elements that are thrown away.
+//! The convolution's weight gradient runs on it (`dW = dY * col^T` with the reduction over
+//! every sample's output positions `q`): both operands are contiguous along the reduction,
+//! so they are packed into panels, `q`-major: [`MR`] rows of the left operand (`dY`'s
+//! output channels, broadcast) or [`NR`] columns of the right one (`col`'s rows, two
+//! AVX-512 vectors) per panel. The result is row-major with its rows and columns padded
+//! to whole tiles, so the kernels have no edge cases: the lanes past a matrix's edge may
+//! hold anything, and only reach elements of the result that are thrown away.
 //!
 //! Measured with `cargo bench -p trainops-kernels --bench conv_weight_grad`.
 
