@@ -12,18 +12,23 @@
 //! The forward saves per step and batch row [`LSTM_ROW`] `hidden` values, `[i | o | f | g |
 //! c' | tanh(c')]`; the backward then needs no transcendental function and no GEMM but one
 //! `[batch, 4H] x [4H, H]` product per step. Per direction the forward runs `X W^T` for all
-//! steps in one GEMM and `H_{t-1} R^T` per step; the backward carries `dH` and `dC` back
-//! through time and then forms `dX`, `dW`, `dR` in one GEMM each over all steps, `dB` as
-//! column sums. The element loops run under the same AVX2 dispatch as GRU's (equal bits
-//! either way), the GEMMs in the same blocks on the caller's [`Parallelism`] (equal bits at
-//! any thread count). [`reference`](mod@reference) is the plain float64 form the tests hold
+//! steps in one product and `H_{t-1} R^T` per step; the backward carries `dH` and `dC` back
+//! through time and then forms `dX`, `dW`, `dR` in one product each over all steps, `dB` as
+//! column sums. Every product is `panel`'s: the shared operand packed once per call
+//! (`R^T` or `R` for all steps: no packing per step, which made the `gemm` crate's per-step
+//! products 1.6x slower here), an FMA microkernel per SIMD level with the same bits at each.
+//! The element loops run under the same AVX2 dispatch as GRU's (equal bits either way); the
+//! products split into column blocks on the caller's [`Parallelism`] (equal bits at any
+//! thread count). [`reference`](mod@reference) is the plain float64 form the tests hold
 //! both to.
 
+mod panel;
 pub mod reference;
 
 use ndarray::s;
 
-use super::{check, column_sums, gemm, sigmoid, sized, tanh, view, view_mut, wide, Direction, GATE_TASK};
+use self::panel::{gemm_packed, Packed};
+use super::{check, column_sums, portable_forced, sigmoid, sized, tanh, view, view_mut, wide, Direction, GATE_TASK};
 use crate::parallel::{for_each_item, Parallelism};
 use crate::KernelError;
 
@@ -216,8 +221,17 @@ pub struct LstmTrainScratch {
     /// `[batch, H]`: the previous hidden and cell states.
     hp: Vec<f32>,
     cp: Vec<f32>,
-    /// `[H, 4H]`: `R^T` of one direction, row-major.
+    /// `[H, 4H]`: `R^T` of one direction, row-major, and packed for the steps' products.
     rt: Vec<f32>,
+    rp: Packed,
+    /// `W^T` of one direction, packed for `X W^T`.
+    wp: Packed,
+}
+
+/// The instruction set of the packed products (portable when a test asks for it).
+fn isa() -> crate::simd::Isa {
+    let level = if portable_forced() { crate::simd::Level::Scalar } else { crate::simd::detected() };
+    level.isa().unwrap_or(crate::simd::Isa::Scalar)
 }
 
 /// [`lstm_train_with`] with fresh working memory.
@@ -268,13 +282,13 @@ pub fn lstm_train_with(
         }
         return Ok(());
     }
-    let x = view(i.x, n, isz);
-    let LstmTrainScratch { gh, hp, cp, rt } = scratch;
+    let LstmTrainScratch { gh, hp, cp, rt, rp, wp } = scratch;
+    let isa = isa();
     let (gh, hp, cp, rt) = (sized(gh, bt * g4), sized(hp, bh), sized(cp, bh), sized(rt, h * g4));
     for d in 0..dirs {
-        let w = view(&i.w[d * g4 * isz..], g4, isz);
         let r = view(&i.r[d * g4 * h..], g4, h);
         rt.iter_mut().zip(r.t().iter()).for_each(|(a, &b)| *a = b);
+        rp.pack(rt, h, g4, g4);
         // Both halves of the bias summed once (zeros when absent).
         let bias: Vec<f32> = match i.b {
             Some(b) => {
@@ -284,12 +298,13 @@ pub fn lstm_train_with(
             None => vec![0.0; g4],
         };
         let g = &mut gates[d * n * g6..(d + 1) * n * g6];
-        gemm(par, x, w.t(), 0.0, view_mut(g, n, g6).slice_move(s![.., ..g4]));
+        wp.pack_t(&i.w[d * g4 * isz..], isz, g4, isz);
+        gemm_packed(par, isa, i.x, isz, wp, view_mut(g, n, g6).slice_move(s![.., ..g4]), false);
         initial(hp, i.initial_h, d);
         initial(cp, i.initial_c, d);
         for s_ in 0..t_len {
             let t = if sh.direction.reversed(d) { t_len - 1 - s_ } else { s_ };
-            gemm(par, view(hp, bt, h), view(rt, h, g4), 0.0, view_mut(gh, bt, g4));
+            gemm_packed(par, isa, hp, h, rp, view_mut(gh, bt, g4), false);
             let g_t = &mut g[t * bt * g6..(t + 1) * bt * g6];
             let y_t = &mut y[(t * dirs + d) * bh..(t * dirs + d + 1) * bh];
             cells(par, h, g_t, gh, &bias, cp, y_t);
@@ -376,6 +391,24 @@ pub struct LstmScratch {
     dhn: Vec<f32>,
     dc: Vec<f32>,
     cp: Vec<f32>,
+    /// R of one direction, packed for the steps' products (then W, X, H_{t-1} in turn).
+    rp: Packed,
+    /// `[4H, n]`: dA transposed.
+    dat: Vec<f32>,
+}
+
+/// `dst = src^T` for a row-major `[rows, cols]` `src`, in 32 x 32 tiles.
+fn transpose(src: &[f32], rows: usize, cols: usize, dst: &mut [f32]) {
+    const T: usize = 32;
+    for r0 in (0..rows).step_by(T) {
+        for c0 in (0..cols).step_by(T) {
+            for r in r0..(r0 + T).min(rows) {
+                for c in c0..(c0 + T).min(cols) {
+                    dst[c * rows + r] = src[r * cols + c];
+                }
+            }
+        }
+    }
 }
 
 /// The gradients of one LSTM node's inputs given its forward's gates. Every output given is
@@ -436,12 +469,12 @@ fn one_direction(
     let (t_len, bt, isz, h) = (sh.seq, sh.batch, sh.input, sh.hidden);
     let (dirs, rev) = (sh.direction.count(), sh.direction.reversed(d));
     let (g4, g6, n, bh) = (4 * h, LSTM_ROW * h, t_len * bt, bt * h);
-    let w = view(&i.w[d * g4 * isz..], g4, isz);
-    let r = view(&i.r[d * g4 * h..], g4, h);
     let g = &i.gates[d * n * g6..(d + 1) * n * g6];
     let y_at = |t: usize| &i.y[(t * dirs + d) * bh..(t * dirs + d + 1) * bh];
     let prev = |t: usize| if rev { (t + 1 < t_len).then_some(t + 1) } else { t.checked_sub(1) };
-    let LstmScratch { hp, da, dh, dhn, dc, cp } = wk;
+    let LstmScratch { hp, da, dh, dhn, dc, cp, rp, dat } = wk;
+    rp.pack(&i.r[d * g4 * h..], g4, h, h);
+    let isa = isa();
     let (hp, da) = (sized(hp, n * h), sized(da, n * g4));
     let (dh, dhn, dc, cp) = (sized(dh, bh), sized(dhn, bh), sized(dc, bh), sized(cp, bh));
 
@@ -479,7 +512,7 @@ fn one_direction(
             #[inline(always)]
             || step_cells(h, g_t, cp, dh, dc, da_t),
         );
-        gemm(par, view(da_t, bt, g4), r, 0.0, view_mut(dhn, bt, h));
+        gemm_packed(par, isa, da_t, g4, rp, view_mut(dhn, bt, h), false);
         std::mem::swap(&mut dh, &mut dhn);
     }
     if let Some(dh0) = o.dh0.as_deref_mut() {
@@ -490,15 +523,23 @@ fn one_direction(
     }
 
     // 3. The weights' and the input's gradients over all steps at once.
-    let dav = view(da, n, g4);
+    // All through the packed products (as the steps'): dX = dA W; dW = dA^T X and dR =
+    // dA^T H_{t-1} from dA transposed once.
     if let Some(dx) = o.dx.as_deref_mut() {
-        gemm(par, dav, w, if d == 0 { 0.0 } else { 1.0 }, view_mut(dx, n, isz));
+        rp.pack(&i.w[d * g4 * isz..], g4, isz, isz);
+        gemm_packed(par, isa, da, g4, rp, view_mut(dx, n, isz), d != 0);
     }
-    if let Some(dw) = o.dw.as_deref_mut() {
-        gemm(par, dav.t(), view(i.x, n, isz), 0.0, view_mut(&mut dw[d * g4 * isz..], g4, isz));
-    }
-    if let Some(dr) = o.dr.as_deref_mut() {
-        gemm(par, dav.t(), view(hp, n, h), 0.0, view_mut(&mut dr[d * g4 * h..], g4, h));
+    if o.dw.is_some() || o.dr.is_some() {
+        let dat = sized(dat, g4 * n);
+        transpose(da, n, g4, dat);
+        if let Some(dw) = o.dw.as_deref_mut() {
+            rp.pack(i.x, n, isz, isz);
+            gemm_packed(par, isa, dat, n, rp, view_mut(&mut dw[d * g4 * isz..], g4, isz), false);
+        }
+        if let Some(dr) = o.dr.as_deref_mut() {
+            rp.pack(hp, n, h, h);
+            gemm_packed(par, isa, dat, n, rp, view_mut(&mut dr[d * g4 * h..], g4, h), false);
+        }
     }
     if let Some(db) = o.db.as_deref_mut() {
         let db = &mut db[d * 8 * h..(d + 1) * 8 * h];

@@ -1,0 +1,287 @@
+//! `C = A B` (or `C += A B`) for a B that many products share (the LSTM's `R^T` in every
+//! forward step, `R` in every backward step): B is packed once into panels of [`NR`] columns,
+//! and each product reads them straight, so a step's small product (`batch` rows) costs no
+//! packing. Every element is `acc = fma(a[m, k], b[k, n], acc)` for `k` ascending, from 0
+//! (or from C), at every SIMD level and in every split into tasks: the same bits throughout
+//! (the portable loop's `f32::mul_add` rounds once, as the FMA instructions do).
+
+use ndarray::{ArrayViewMut2, Axis};
+
+use crate::parallel::{for_each_item, Parallelism};
+use crate::simd::Isa;
+
+/// Columns per panel.
+pub(crate) const NR: usize = 32;
+
+/// B (`[k, n]`) as panels `[n / NR][k][NR]`, the last one zero-padded.
+#[derive(Debug, Default)]
+pub(crate) struct Packed {
+    k: usize,
+    n: usize,
+    data: Vec<f32>,
+}
+
+impl Packed {
+    /// Packs `b`, row-major `[k, n]` with row stride `ldb`.
+    pub(crate) fn pack(&mut self, b: &[f32], k: usize, n: usize, ldb: usize) {
+        let panels = n.div_ceil(NR);
+        self.data.clear();
+        self.data.resize(panels * k * NR, 0.0);
+        for p in 0..panels {
+            let (c0, w) = (p * NR, NR.min(n - p * NR));
+            for kk in 0..k {
+                let dst = &mut self.data[(p * k + kk) * NR..][..w];
+                dst.copy_from_slice(&b[kk * ldb + c0..][..w]);
+            }
+        }
+        (self.k, self.n) = (k, n);
+    }
+
+    /// Packs the `[k, n]` matrix whose transpose is `bt`, row-major `[n, k]` with row stride
+    /// `ld` (W for `X W^T`).
+    pub(crate) fn pack_t(&mut self, bt: &[f32], k: usize, n: usize, ld: usize) {
+        let panels = n.div_ceil(NR);
+        self.data.clear();
+        self.data.resize(panels * k * NR, 0.0);
+        for j in 0..n {
+            let (p, jj) = (j / NR, j % NR);
+            let src = &bt[j * ld..][..k];
+            for (kk, &v) in src.iter().enumerate() {
+                self.data[(p * k + kk) * NR + jj] = v;
+            }
+        }
+        (self.k, self.n) = (k, n);
+    }
+}
+
+/// Multiply-accumulates below which a product stays one task.
+const TASK_MACS: usize = 1 << 18;
+
+/// `C = A B` (`accumulate`: `C += A B`) with A row-major `[m, k]` (row stride `lda`) and C
+/// `[m, n]` (any row stride, columns contiguous); large products run as column blocks on
+/// `par` (whole panels each: the same bits at any thread count).
+pub(crate) fn gemm_packed(
+    par: &dyn Parallelism,
+    isa: Isa,
+    a: &[f32],
+    lda: usize,
+    b: &Packed,
+    mut c: ArrayViewMut2<'_, f32>,
+    accumulate: bool,
+) {
+    let (m, n, k) = (c.nrows(), b.n, b.k);
+    assert_eq!(c.ncols(), n, "gemm_packed: C's columns");
+    assert!(m == 0 || (m - 1) * lda + k <= a.len(), "gemm_packed: A past its slice");
+    let panels = n.div_ceil(NR);
+    let tasks = ((m * n * k) / TASK_MACS).clamp(1, 8).min(panels);
+    if tasks <= 1 {
+        run(isa, a, lda, b, 0, c.view_mut(), accumulate);
+        return;
+    }
+    let per = panels.div_ceil(tasks);
+    let items: Vec<_> = c.axis_chunks_iter_mut(Axis(1), per * NR).enumerate().collect();
+    for_each_item(par, items, |(t, c)| run(isa, a, lda, b, t * per, c, accumulate));
+}
+
+/// The panels from `p0` on, into C's columns (which start at panel `p0`).
+fn run(isa: Isa, a: &[f32], lda: usize, b: &Packed, p0: usize, mut c: ArrayViewMut2<'_, f32>, accumulate: bool) {
+    let (m, k, ncols) = (c.nrows(), b.k, c.ncols());
+    let mut acc = [[0.0f32; NR]; 8];
+    for (q, c0) in (0..ncols).step_by(NR).enumerate() {
+        let w = NR.min(ncols - c0);
+        let panel = &b.data[(p0 + q) * k * NR..][..k * NR];
+        let mut r0 = 0;
+        while r0 < m {
+            let mr = match isa {
+                Isa::Avx512(_) => 8,
+                Isa::Avx2(_) => 3,
+                Isa::Scalar => 4,
+            }
+            .min(m - r0);
+            for (r, row) in acc[..mr].iter_mut().enumerate() {
+                match accumulate {
+                    true => row[..w].copy_from_slice(&c.row(r0 + r).as_slice().expect("contiguous")[c0..c0 + w]),
+                    false => row.fill(0.0),
+                }
+            }
+            block(isa, &a[r0 * lda..], lda, k, panel, &mut acc[..mr]);
+            for (r, row) in acc[..mr].iter().enumerate() {
+                let mut dst = c.row_mut(r0 + r);
+                dst.as_slice_mut().expect("contiguous")[c0..c0 + w].copy_from_slice(&row[..w]);
+            }
+            r0 += mr;
+        }
+    }
+}
+
+/// `acc[r] = fma(a[r, k], panel[k], acc[r])` for every k, for the rows of `acc`.
+fn block(isa: Isa, a: &[f32], lda: usize, k: usize, panel: &[f32], acc: &mut [[f32; NR]]) {
+    assert!(acc.is_empty() || (acc.len() - 1) * lda + k <= a.len());
+    assert!(panel.len() >= k * NR);
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves AVX-512F; the reads stay in `a` and `panel` (asserted).
+        Isa::Avx512(t) => unsafe { block_avx512(t, a, lda, k, panel, acc) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves AVX2 and FMA; as above.
+        Isa::Avx2(t) => unsafe { block_avx2(t, a, lda, k, panel, acc) },
+        _ => {
+            for (r, row) in acc.iter_mut().enumerate() {
+                for kk in 0..k {
+                    let av = a[r * lda + kk];
+                    for (o, &bv) in row.iter_mut().zip(&panel[kk * NR..(kk + 1) * NR]) {
+                        *o = av.mul_add(bv, *o);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::needless_range_loop)] // indices name registers, unrolled
+unsafe fn block_avx512(_: crate::simd::Avx512, a: &[f32], lda: usize, k: usize, panel: &[f32], acc: &mut [[f32; NR]]) {
+    // SAFETY: every pointer read or written stays in `a`, `panel` and `acc` (the caller
+    // asserted their lengths); the token proves the instruction set.
+    unsafe {
+        use std::arch::x86_64::*;
+        let mr = acc.len();
+        let mut v = [[_mm512_setzero_ps(); 2]; 8];
+        for r in 0..mr {
+            v[r] = [_mm512_loadu_ps(acc[r].as_ptr()), _mm512_loadu_ps(acc[r].as_ptr().add(16))];
+        }
+        let (ap, bp) = (a.as_ptr(), panel.as_ptr());
+        macro_rules! rows {
+            ($n:literal) => {
+                for kk in 0..k {
+                    let b0 = _mm512_loadu_ps(bp.add(kk * NR));
+                    let b1 = _mm512_loadu_ps(bp.add(kk * NR + 16));
+                    for r in 0..$n {
+                        let av = _mm512_set1_ps(*ap.add(r * lda + kk));
+                        v[r][0] = _mm512_fmadd_ps(av, b0, v[r][0]);
+                        v[r][1] = _mm512_fmadd_ps(av, b1, v[r][1]);
+                    }
+                }
+            };
+        }
+        match mr {
+            8 => rows!(8),
+            7 => rows!(7),
+            6 => rows!(6),
+            5 => rows!(5),
+            4 => rows!(4),
+            3 => rows!(3),
+            2 => rows!(2),
+            _ => rows!(1),
+        }
+        for r in 0..mr {
+            _mm512_storeu_ps(acc[r].as_mut_ptr(), v[r][0]);
+            _mm512_storeu_ps(acc[r].as_mut_ptr().add(16), v[r][1]);
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::needless_range_loop)] // indices name registers, unrolled
+unsafe fn block_avx2(_: crate::simd::Avx2, a: &[f32], lda: usize, k: usize, panel: &[f32], acc: &mut [[f32; NR]]) {
+    // SAFETY: every pointer read or written stays in `a`, `panel` and `acc` (the caller
+    // asserted their lengths); the token proves the instruction set.
+    unsafe {
+        use std::arch::x86_64::*;
+        let mr = acc.len();
+        let mut v = [[_mm256_setzero_ps(); 4]; 3];
+        for r in 0..mr {
+            for q in 0..4 {
+                v[r][q] = _mm256_loadu_ps(acc[r].as_ptr().add(8 * q));
+            }
+        }
+        let (ap, bp) = (a.as_ptr(), panel.as_ptr());
+        macro_rules! rows {
+            ($n:literal) => {
+                for kk in 0..k {
+                    let b = [0, 1, 2, 3].map(|q| _mm256_loadu_ps(bp.add(kk * NR + 8 * q)));
+                    for r in 0..$n {
+                        let av = _mm256_set1_ps(*ap.add(r * lda + kk));
+                        for q in 0..4 {
+                            v[r][q] = _mm256_fmadd_ps(av, b[q], v[r][q]);
+                        }
+                    }
+                }
+            };
+        }
+        match mr {
+            3 => rows!(3),
+            2 => rows!(2),
+            _ => rows!(1),
+        }
+        for r in 0..mr {
+            for q in 0..4 {
+                _mm256_storeu_ps(acc[r].as_mut_ptr().add(8 * q), v[r][q]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::simd::{available_levels, Level};
+    use crate::test_util::uniform;
+    use crate::{RayonPool, Sequential};
+    use ndarray::Array2;
+
+    /// Every level and thread count gives the same bits, within a float64 product's
+    /// `k` roundings (gamma_k of the terms' magnitudes).
+    #[test]
+    fn levels_and_threads_agree_bitwise_and_with_float64() {
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        for &(m, k, n) in &[(1, 1, 1), (16, 256, 1024), (7, 13, 45), (9, 5, 32), (17, 64, 33), (3, 0, 40)] {
+            let mut u = uniform((m * 31 + k * 7 + n) as u64);
+            let a: Vec<f32> = (0..m * k).map(|_| u() as f32).collect();
+            let b: Vec<f32> = (0..k * n).map(|_| u() as f32).collect();
+            let c0: Vec<f32> = (0..m * n).map(|_| u() as f32).collect();
+            let mut packed = Packed::default();
+            packed.pack(&b, k, n, n);
+            let bt: Vec<f32> = (0..n * k).map(|q| b[(q % k) * n + q / k]).collect();
+            let mut from_t = Packed::default();
+            from_t.pack_t(&bt, k, n, k);
+            assert_eq!(from_t.data, packed.data);
+            let mut first: Option<Vec<f32>> = None;
+            for level in available_levels() {
+                for par in [&Sequential as &dyn Parallelism, &RayonPool(Some(&pool))] {
+                    for acc in [false, true] {
+                        let mut c = Array2::from_shape_vec((m, n), c0.clone()).unwrap();
+                        gemm_packed(par, level.isa().unwrap(), &a, k, &packed, c.view_mut(), acc);
+                        let got = c.into_raw_vec_and_offset().0;
+                        for i in 0..m {
+                            for j in 0..n {
+                                let terms: Vec<f64> =
+                                    (0..k).map(|q| f64::from(a[i * k + q]) * f64::from(b[q * n + j])).collect();
+                                let base = if acc { f64::from(c0[i * n + j]) } else { 0.0 };
+                                let want = base + terms.iter().sum::<f64>();
+                                let mag = base.abs() + terms.iter().map(|t| t.abs()).sum::<f64>();
+                                let g = (k + 1) as f64 * f64::from(f32::EPSILON) / 2.0;
+                                assert!(
+                                    (f64::from(got[i * n + j]) - want).abs() <= 1.01 * g * mag,
+                                    "{level:?} {m}x{k}x{n}"
+                                );
+                            }
+                        }
+                        if acc {
+                            match &first {
+                                None => first = Some(got),
+                                Some(f) => assert!(
+                                    f.iter().zip(&got).all(|(x, y)| x.to_bits() == y.to_bits()),
+                                    "{level:?} vs {:?}: {m}x{k}x{n}",
+                                    Level::Scalar
+                                ),
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
