@@ -14,7 +14,9 @@ use trainops_kernels::grad::conv::{weight_grad, ConvDims, ConvGeometry};
 use trainops_kernels::{Parallelism, RayonPool, Sequential};
 
 /// (name, uses per step, in channels, out channels, input side, kernel, stride, pad).
-const SHAPES: [(&str, usize, usize, usize, usize, usize, usize, usize); 11] = [
+type Shape = (&'static str, usize, usize, usize, usize, usize, usize, usize);
+
+const SHAPES: [Shape; 11] = [
     ("stem 7x7 s2 3->64 @128", 1, 3, 64, 128, 7, 2, 3),
     ("layer1 3x3 64->64 @32", 4, 64, 64, 32, 3, 1, 1),
     ("layer2 3x3 s2 64->128 @32", 1, 64, 128, 32, 3, 2, 1),

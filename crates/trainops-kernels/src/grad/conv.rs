@@ -11,8 +11,8 @@
 //!   `dY` is packed once into the product's panels and shared; the column matrix is
 //!   lowered a block of 256 positions at a time straight into panels (AVX-512 gathers).
 //! - [`input_grad`]: `dX[n, g*C/G + c, i] = sum_{m in g, k, o: o*s + k*d - p = i} W[m, c, k]
-//!   * dY[n, m, o]`, as `col = W_g^T [K x M/G] * dY_{n,g} [M/G x P]` (the `gemm` crate),
-//!   then col2im.
+//!   * dY[n, m, o]`, as `col = W_g^T [K x M/G] * dY_{n,g} [M/G x P]`, then col2im (the
+//!   product on the `gemm` crate).
 //!
 //! Consecutive samples share one column matrix (side by side) until it has 256 columns, so
 //! small grids make few large products. Threads: the weight gradient is cut into blocks of
