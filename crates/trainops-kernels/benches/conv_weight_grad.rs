@@ -3,14 +3,15 @@
 //! runs it), at 1 and 2 threads: GFLOP/s per shape (2 x the multiply-adds) and the weighted
 //! sum, the weight gradients' time in one training step.
 //!
-//! `cargo bench -p trainops-kernels --bench conv_weight_grad [-- REPS] [FILTER]` (best of
-//! REPS, 5 unless given, after one untimed call; only the shapes whose name holds FILTER). Plain timing rather than criterion: runs of old
+//! `cargo bench -p trainops-kernels --bench conv_weight_grad [-- REPS] [FILTER] [--dx]`
+//! (best of REPS, 5 unless given, after one untimed call; only the shapes whose name holds
+//! FILTER; `--dx`: the input gradient, `grad::conv::input_grad`, instead). Plain timing rather than criterion: runs of old
 //! and new builds are meant to be interleaved on a shared machine.
 
 use std::hint::black_box;
 use std::time::Instant;
 
-use trainops_kernels::grad::conv::{weight_grad, ConvDims, ConvGeometry};
+use trainops_kernels::grad::conv::{input_grad, weight_grad, ConvDims, ConvGeometry};
 use trainops_kernels::{Parallelism, RayonPool, Sequential};
 
 /// (name, uses per step, in channels, out channels, input side, kernel, stride, pad).
@@ -33,6 +34,7 @@ const BATCH: usize = 8;
 
 fn main() {
     let reps: usize = std::env::args().skip(1).find_map(|a| a.parse().ok()).unwrap_or(5);
+    let dx_mode = std::env::args().any(|a| a == "--dx");
     let filter = std::env::args().skip(1).find(|a| a.parse::<usize>().is_err() && !a.starts_with('-'));
     let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().expect("a pool");
     let two = RayonPool(Some(&pool));
@@ -57,17 +59,23 @@ fn main() {
             let x: Vec<f32> = (0..xl).map(|i| ((i * 7919 + 13) % 1009) as f32 / 1009.0 - 0.5).collect();
             let dy: Vec<f32> = (0..yl).map(|i| ((i * 104_729 + 7) % 997) as f32 / 997.0 - 0.5).collect();
             let mut dw = vec![0f32; wl];
+            let mut dx = vec![0f32; xl];
             let flops = 2.0 * (wl * yl / m) as f64;
             let mut best = f64::INFINITY;
             for _ in 0..=reps {
                 let t = Instant::now();
-                weight_grad(&dims, black_box(&x), black_box(&dy), &mut dw, par).expect("sizes");
+                if dx_mode {
+                    input_grad(&dims, black_box(&dy), black_box(&dw), &mut dx, par).expect("sizes");
+                } else {
+                    weight_grad(&dims, black_box(&x), black_box(&dy), &mut dw, par).expect("sizes");
+                }
                 best = best.min(t.elapsed().as_secs_f64());
             }
-            black_box(&dw);
+            black_box((&dw, &dx));
             step += uses as f64 * best;
             println!("  {name:<28} x{uses}  {:8.3} ms  {:6.1} GFLOP/s", best * 1e3, flops / best / 1e9);
         }
-        println!("  weight gradients of one step: {:.1} ms", step * 1e3);
+        let what = if dx_mode { "input" } else { "weight" };
+        println!("  {what} gradients of one step: {:.1} ms", step * 1e3);
     }
 }
