@@ -89,11 +89,12 @@ def forward(X, W, R, B, h0, c0, reverse=False, eX=None):
     return v, e
 
 
-def backward(X, W, R, fv, fe, dY, dYh, dYc, reverse=False, eX=None, edY=None):
+def backward(X, W, R, fv, fe, dY, dYh, dYc, reverse=False, eX=None, edY=None, edYh=None):
     """Gradients of one direction for the loss ``sum(dY Y) + sum(dYh Y_h) + sum(dYc Y_c)``
     (``dY`` ``[seq, batch, H]``, ``dYh``/``dYc`` ``[batch, H]``, any None: zeros) from
     :func:`forward`'s ``fv, fe``: ``(grads, errs)`` dicts with ``x, w, r, b`` (``[8H]``, both
-    halves), ``h0, c0``. ``edY``: bounds on dY's own errors (a layer above), else exact."""
+    halves), ``h0, c0``. ``edY``, ``edYh``: bounds on dY's and dYh's own errors (a layer or
+    head above), else exact."""
     X, W, R = (np.asarray(v, np.float64) for v in (X, W, R))
     T, N, I = X.shape
     H = R.shape[1]
@@ -103,7 +104,8 @@ def backward(X, W, R, fv, fe, dY, dYh, dYc, reverse=False, eX=None, edY=None):
     eX = np.zeros_like(X) if eX is None else eX
     dh = z if dYh is None else np.asarray(dYh, np.float64)
     dc = z if dYc is None else np.asarray(dYc, np.float64)
-    edh, edc = np.zeros_like(z), np.zeros_like(z)
+    edh = np.zeros_like(z) if edYh is None else edYh
+    edc = np.zeros_like(z)
     da, eda = np.zeros((T, N, 4 * H)), np.zeros((T, N, 4 * H))
     aR = np.abs(R)
     g6 = gamma(6)
