@@ -196,7 +196,7 @@ def _peers(fam, threads, args, torch_version, notes):
 # the ratio trainops can reach without faster matrix products.
 DENSE_OPS = frozenset({"Gemm", "MatMul", "FusedMatMul", "FusedGemm", "Conv", "FusedConv",
                        "ConvTranspose", "ConvWeightGrad", "ConvInputGrad", "GRU", "GRUGrad",
-                       "GRUTrain", "LSTM", "RNN"})
+                       "GRUTrain", "LSTM", "LSTMGrad", "LSTMTrain", "RNN"})
 
 
 def run(argv=None) -> int:
