@@ -25,7 +25,6 @@
 use core::ops::Range;
 use std::sync::{Arc, Mutex, OnceLock};
 
-use super::gemm::{matmul, Mat};
 use super::im2col::Windows;
 use crate::error::KernelError;
 use crate::parallel::{for_each_item, Parallelism};
@@ -329,7 +328,14 @@ fn samples_per_chunk(dims: &ConvDims) -> usize {
 /// Group `g` of `dY` for samples `n0 .. n0 + nc` as one `[M/G x nc*P]` matrix, gathered
 /// into `buf` with rows [`ROW_PAD`] apart beyond their length (a view of `dy` itself would
 /// put them `P` apart: 4 KiB for a 32x32 grid, aliasing in the cache).
-fn dy_block<'a>(dims: &ConvDims, dy: &[f32], g: usize, n0: usize, nc: usize, buf: &'a mut Vec<f32>) -> Mat<'a> {
+fn dy_block<'a>(
+    dims: &ConvDims,
+    dy: &[f32],
+    g: usize,
+    n0: usize,
+    nc: usize,
+    buf: &'a mut Vec<f32>,
+) -> (&'a [f32], usize) {
     let (mg, p, m_all) = (dims.mg(), dims.output_len, dims.out_channels);
     let cols = nc * p;
     let ld = cols + ROW_PAD;
@@ -340,7 +346,7 @@ fn dy_block<'a>(dims: &ConvDims, dy: &[f32], g: usize, n0: usize, nc: usize, buf
             buf[m * ld + s * p..m * ld + (s + 1) * p].copy_from_slice(&dy[src..src + p]);
         }
     }
-    Mat { data: buf, rows: mg, cols, rs: ld, cs: 1 }
+    (buf, ld)
 }
 
 /// The first error of a kernel's tasks (tasks cannot return one).
@@ -542,6 +548,19 @@ pub fn input_grad(
     dx: &mut [f32],
     par: &dyn Parallelism,
 ) -> Result<(), KernelError> {
+    input_grad_at(detected(), dims, dy, w, dx, par)
+}
+
+/// [`input_grad`] at SIMD level `level` (scalar where the CPU lacks it): the same bits at
+/// every level.
+pub fn input_grad_at(
+    level: Level,
+    dims: &ConvDims,
+    dy: &[f32],
+    w: &[f32],
+    dx: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(), KernelError> {
     check_len("dY", dy.len(), &dims.y_shape())?;
     check_len("W", w.len(), &dims.w_shape())?;
     check_len("dX", dx.len(), &dims.x_shape())?;
@@ -552,35 +571,66 @@ pub fn input_grad(
         dx.fill(0.0);
         return Ok(());
     }
+    let isa = level.isa().unwrap_or(Isa::Scalar);
     let windows = dims.windows()?;
     let (cg, mg, k) = (dims.cg(), dims.mg(), dims.k());
     let (p, il) = (dims.output_len, dims.input_len);
     let sample = dims.channels * il;
     let chunk = samples_per_chunk(dims);
+    let groups = dims.geo.group;
+    // W_g^T packed once, shared by every item: per group, `kt` panels of MR rows of the
+    // column matrix (MR columns of W_g), over W_g's rows (the reduction).
+    let kt = k.div_ceil(MR);
+    let panel_len = shape::mul("ConvInputGrad's packed W", mg, MR)?;
+    let mut wp = shape::zeroed::<f32>("ConvInputGrad's packed W", groups * kt * panel_len)?;
+    for (idx, panel) in wp.chunks_exact_mut(panel_len).enumerate() {
+        let (g, k0) = (idx / kt, (idx % kt) * MR);
+        let valid = MR.min(k - k0);
+        for (m, lanes) in panel.chunks_exact_mut(MR).enumerate() {
+            lanes[..valid].copy_from_slice(&w[(g * mg + m) * k + k0..][..valid]);
+        }
+    }
     let failed = FirstError::new();
-    // The column matrix (every element written by the product before col2im reads it) and
-    // the dY block of an item.
-    let spares = Spares::<(Vec<f32>, Vec<f32>)>::new();
+    // The column matrix (every element written by the first product before col2im reads
+    // it), the dY block and the right operand's panels of an item.
+    let spares = Spares::<[Vec<f32>; 3]>::new();
     // One item per chunk of samples: their dX, contiguous.
     let items: Vec<(usize, &mut [f32])> = dx.chunks_mut(chunk * sample).enumerate().collect();
     for_each_item(par, items, |(item, dxc)| {
         let (n0, nc) = (item * chunk, dxc.len() / sample);
         let cols = nc * p;
+        let rt = cols.div_ceil(NR);
+        let ldc = rt * NR;
         dxc.fill(0.0);
-        let (mut col, mut buf) = spares.take();
-        if let Err(e) = shape::resize(&mut col, k * cols, "ConvInputGrad's column matrix") {
+        let [mut col, mut buf, mut bp] = spares.take();
+        if let Err(e) = shape::resize(&mut col, kt * MR * ldc, "ConvInputGrad's column matrix") {
             return failed.set(e);
         }
-        for g in 0..dims.geo.group {
-            let a = Mat { data: &w[g * mg * k..(g + 1) * mg * k], rows: k, cols: mg, rs: 1, cs: k };
-            let b = dy_block(dims, dy, g, n0, nc, &mut buf);
-            matmul(a, b, &mut col, cols, false);
+        if let Err(e) = shape::resize(&mut bp, rt * KC.min(mg) * NR, "ConvInputGrad's packed dY") {
+            return failed.set(e);
+        }
+        for g in 0..groups {
+            // col = W_g^T dY_g: every element one fused chain over the output channels,
+            // packed KC channels at a time (rows of the dY block, cut into NR columns).
+            let (block, ld) = dy_block(dims, dy, g, n0, nc, &mut buf);
+            for m0 in (0..mg).step_by(KC) {
+                let kc = KC.min(mg - m0);
+                let b = &mut bp[..rt * kc * NR];
+                for (j, panel) in b.chunks_exact_mut(kc * NR).enumerate() {
+                    let (q0, valid) = (j * NR, NR.min(cols - j * NR));
+                    for (m, lanes) in panel.chunks_exact_mut(NR).enumerate() {
+                        lanes[..valid].copy_from_slice(&block[(m0 + m) * ld + q0..][..valid]);
+                    }
+                }
+                let a = Panels { data: &wp, mt: kt, stride: panel_len, offset: g * kt * panel_len + m0 * MR };
+                fma_chain::product(isa, kc, a, b, Out { data: &mut col, ld: ldc, first: m0 == 0 });
+            }
             for s in 0..nc {
                 let start = s * sample + g * cg * il;
-                windows.col2im_add(&col, cols, s * p, &mut dxc[start..start + cg * il]);
+                windows.col2im_add(&col, ldc, s * p, &mut dxc[start..start + cg * il]);
             }
         }
-        spares.give((col, buf));
+        spares.give([col, buf, bp]);
     });
     failed.into_result()
 }

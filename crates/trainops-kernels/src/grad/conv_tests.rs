@@ -133,18 +133,22 @@ fn fast_matches_reference() {
     }
 }
 
-/// Every SIMD level gives the weight gradient bit for bit (one fused chain per element in
-/// the same order at every level), on one thread and on three.
+/// Every SIMD level gives both gradients bit for bit (one fused chain per element of the
+/// product in the same order at every level), on one thread and on three.
 #[test]
-fn weight_grad_is_the_same_at_every_level() {
+fn gradients_are_the_same_at_every_level() {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
     for (seed, c) in cases().into_iter().enumerate() {
         let dims = ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input).unwrap();
         let x = random(dims.x_shape().iter().product(), 50 + seed as u64);
         let dy = random(dims.y_shape().iter().product(), 90 + seed as u64);
         let wl: usize = dims.w_shape().iter().product();
+        let w = random(wl, 70 + seed as u64);
+        let xl: usize = dims.x_shape().iter().product();
         let mut want = vec![f32::NAN; wl];
         weight_grad_at(Level::Scalar, &dims, &x, &dy, &mut want, &Sequential).unwrap();
+        let mut want_dx = vec![f32::NAN; xl];
+        input_grad_at(Level::Scalar, &dims, &dy, &w, &mut want_dx, &Sequential).unwrap();
         for level in crate::simd::available_levels() {
             for threaded in [false, true] {
                 let mut got = vec![f32::NAN; wl];
@@ -152,6 +156,10 @@ fn weight_grad_is_the_same_at_every_level() {
                 weight_grad_at(level, &dims, &x, &dy, &mut got, par).unwrap();
                 let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "{}: dW at {level:?} (threaded {threaded}) differs from the scalar level", c.name);
+                let mut got = vec![f32::NAN; xl];
+                input_grad_at(level, &dims, &dy, &w, &mut got, par).unwrap();
+                let same = got.iter().zip(&want_dx).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{}: dX at {level:?} (threaded {threaded}) differs from the scalar level", c.name);
             }
         }
     }
