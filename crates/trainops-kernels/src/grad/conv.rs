@@ -587,7 +587,7 @@ pub fn input_grad_at(
         let (g, k0) = (idx / kt, (idx % kt) * MR);
         let valid = MR.min(k - k0);
         for (m, lanes) in panel.chunks_exact_mut(MR).enumerate() {
-            lanes[..valid].copy_from_slice(&w[(g * mg + m) * k + k0..][..valid]);
+            copy_lanes::<MR>(lanes, &w[(g * mg + m) * k + k0..], valid);
         }
     }
     let failed = FirstError::new();
@@ -619,7 +619,7 @@ pub fn input_grad_at(
                 for (j, panel) in b.chunks_exact_mut(kc * NR).enumerate() {
                     let (q0, valid) = (j * NR, NR.min(cols - j * NR));
                     for (m, lanes) in panel.chunks_exact_mut(NR).enumerate() {
-                        lanes[..valid].copy_from_slice(&block[(m0 + m) * ld + q0..][..valid]);
+                        copy_lanes::<NR>(lanes, &block[(m0 + m) * ld + q0..], valid);
                     }
                 }
                 let a = Panels { data: &wp, mt: kt, stride: panel_len, offset: g * kt * panel_len + m0 * MR };
@@ -633,6 +633,15 @@ pub fn input_grad_at(
         spares.give([col, buf, bp]);
     });
     failed.into_result()
+}
+
+/// `dst[..valid] = src[..valid]` (`dst` a panel row of `W` lanes): whole rows in
+/// fixed-size moves (a `memcpy` call per 8 or 32 elements cost more than the copy).
+fn copy_lanes<const W: usize>(dst: &mut [f32], src: &[f32], valid: usize) {
+    match (<&mut [f32; W]>::try_from(&mut dst[..]), src.get(..W)) {
+        (Ok(d), Some(s)) if valid == W => d.copy_from_slice(s),
+        _ => dst[..valid].copy_from_slice(&src[..valid]),
+    }
 }
 
 /// The specification as written: the six loops of the convolution's adjoint, in float64.
