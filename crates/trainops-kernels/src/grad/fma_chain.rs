@@ -300,6 +300,30 @@ mod tests {
             for level in available_levels() {
                 let got = run(level.isa().unwrap(), &a, &b, rows, cols, k, kc);
                 prop_assert!(got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()), "{level:?}");
+                // The left operand read in place (whole panels of its transpose, a step a
+                // row), as the input gradient reads W.
+                let full = rows / MR * MR;
+                if full > 0 && k > 0 {
+                    let at: Vec<f32> = (0..k * full).map(|e| a[(e % full) * k + e / full]).collect();
+                    let ld = cols.div_ceil(NR) * NR;
+                    let mut c = vec![f32::NAN; full * ld];
+                    for q0 in (0..k).step_by(kc) {
+                        let n = kc.min(k - q0);
+                        let mut bp = vec![f32::NAN; cols.div_ceil(NR) * n * NR];
+                        for (t, panel) in bp.chunks_exact_mut(n * NR).enumerate() {
+                            let src: Vec<&[f32]> =
+                                (t * NR..cols.min((t + 1) * NR)).map(|j| &b[j * k + q0..j * k + q0 + n]).collect();
+                            pack_panel(&src, NR, n, panel);
+                        }
+                        let ap = Panels { data: &at, mt: full / MR, stride: MR, offset: q0 * full, step: full };
+                        product(level.isa().unwrap(), n, ap, &bp, Out { data: &mut c, ld, first: q0 == 0 });
+                    }
+                    for r in 0..full {
+                        for m in 0..cols {
+                            prop_assert_eq!(c[r * ld + m].to_bits(), want[r * cols + m].to_bits(), "{:?} in place", level);
+                        }
+                    }
+                }
             }
             for r in 0..rows {
                 for m in 0..cols {
