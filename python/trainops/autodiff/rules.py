@@ -767,8 +767,9 @@ def conv(c: Ctx):
                       kernel_shape=k, strides=strides, pads=pads, dilations=dil, group=group)
         out[0], out[1] = dx or None, dw or None
     elif c.need(0):
-        # Fused or not: onnxruntime's ConvTranspose (MLAS, AVX-512) measured 10-25% faster
-        # than com.trainops::ConvInputGrad on the bench's shapes (docs/ops/gradients-conv.md).
+        # Fused or not: onnxruntime's ConvTranspose (MLAS, AVX-512). It measured 10-25%
+        # faster than com.trainops::ConvInputGrad on the gemm crate; on fma_chain the two
+        # tie on most of resnet18's shapes (docs/ops/gradients-conv.md).
         out[0] = _conv_transpose(c, gy, W, in_sp, k, strides, dil, pads, group, out_sp)
     if c.need(1) and not fused_dw and b.fuses(X, W, c.y):
         # trainops' kernel (im2col + GEMM over the batch): 1.5-1.8x the batch-as-channels Conv.
