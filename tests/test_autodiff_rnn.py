@@ -421,3 +421,47 @@ def test_trainer_momentum_step_against_numpy_bptt(op):
     assert set(after) == set(p)
     for n in p:
         _compare((p[n] - after[n]) / lr, want[n], 1e-4, 1e-5, f"step of {n}")
+
+
+@pytest.mark.parametrize("minimal", [False, True])
+@pytest.mark.parametrize("portable", [False, True])
+@pytest.mark.parametrize("op", ["GRU", "LSTM"])
+def test_trainer_step_when_the_node_leaves_y_out(op, portable, minimal):
+    """The classifier reading Y_h instead of Y (the recurrent node's first output left
+    out, so the rule recomputes Y): one Momentum step (V from 0) moves every weight by
+    -lr * the numpy BPTT gradient, with trainops' kernels and in standard ops alike (the
+    standard-op step once failed to load: the copy computing Y beside the forward node)."""
+    from trainops import Trainer, optim
+    model, x, labels, p = _classifier(op)
+    g = model.graph
+    nodes = []
+    for n in g.node:
+        if n.op_type == "Gradient" or n.output[0] in ("Ys", "h_last"):
+            if n.output[0] == "h_last":
+                nodes.append(helper.make_node("Squeeze", ["Y_h", "ax0"], ["h_last"]))
+            continue
+        if n.op_type == op:
+            n.output[0] = ""
+            if minimal:  # X, W, R only: no bias, zero initial state
+                del n.input[3:]
+        nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    del g.output[:]
+    g.output.append(helper.make_tensor_value_info("loss", F32, []))
+    if minimal:
+        keep = [i for i in g.initializer if i.name != "B"]
+        del g.initializer[:]
+        g.initializer.extend(keep)
+        p["B"] = np.zeros_like(p["B"])
+    _, want = (ref.gru_bptt if op == "GRU" else ref.lstm_bptt)(
+        x, p["W"], p["R"], p["B"], p["Wh"], p["bh"], labels)
+    if minimal:
+        del p["B"]
+    lr = 0.5
+    trainer = Trainer(model, loss="loss", optimizer=optim.Momentum(lr=lr), seed=1,
+                      portable=portable)
+    trainer.step({"X": x.astype(np.float32), "labels": labels})
+    after = trainer.parameters()
+    for n in p:
+        _compare((p[n] - after[n]) / lr, want[n], 1e-4, 1e-5, f"step of {n}")

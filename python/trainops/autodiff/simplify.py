@@ -25,8 +25,11 @@ from .graph import captures
 
 __all__ = ["merge_recomputations", "merge_gru_train", "MERGEABLE"]
 
-# Ops whose optional outputs do not change what the node computes for the others.
-MERGEABLE = frozenset({"MaxPool", "LayerNormalization"})
+# Ops whose optional outputs do not change what the node computes for the others. The
+# recurrent ops' rules recompute Y where the forward node leaves it out: merged, the
+# recurrence runs once (and onnxruntime 1.17-1.32 refuse the graph with the copy beside an
+# LSTM whose first output is absent: "Argument type mismatch when adding edge").
+MERGEABLE = frozenset({"MaxPool", "LayerNormalization", "RNN", "GRU", "LSTM"})
 
 
 def _key(node: onnx.NodeProto):
@@ -65,14 +68,11 @@ def merge_recomputations(forward: list, backward: list) -> tuple[list, list]:
     recomputes a forward node merged into it: the forward node (a copy; the lists passed in
     are not changed) takes the backward node's outputs where it had none, and readers of
     the backward node's other outputs read the forward node's."""
-    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
-           for n in backward for a in n.attribute):
-        return list(forward), list(backward)  # subgraph captures are not renamed: leave all
     by_key = {}
     for k, n in enumerate(forward):
         if n.op_type in MERGEABLE and (n.domain or "") == "":
             by_key.setdefault(_key(n), k)
-    forward = list(forward)
+    original, forward = forward, list(forward)
     rename: dict[str, str] = {}
     kept = []
     for n in backward:
@@ -86,6 +86,12 @@ def merge_recomputations(forward: list, backward: list) -> tuple[list, list]:
         del f.output[:]
         f.output.extend(outs)
         forward[k] = f
+    if rename and any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS)
+                      for n in kept for a in n.attribute):
+        # subgraph captures are not renamed: leave all. Without renames (the forward node
+        # only fills output slots it left empty, as a recurrent node's Y) nothing is read
+        # under another name, so the merge stands.
+        return list(original), list(backward)
     return forward, [_reading(n, rename) for n in kept]
 
 
