@@ -111,6 +111,36 @@ pub struct GruShape {
     pub linear_before_reset: bool,
 }
 
+/// Element counts of a recurrent op's X, W, R, B, initial_h and Y in layout 0 for
+/// `[seq, batch, input, hidden, dirs]` and `gates` gates per direction (GRU 3, LSTM 4), every
+/// product overflow-checked left to right; `names` word W, R and B in the errors.
+pub(crate) fn recurrent_lens(
+    [t, b, i, h, d]: [usize; 5],
+    gates: usize,
+    names: [&str; 3],
+) -> Result<[usize; 6], KernelError> {
+    let p = crate::shape::product;
+    Ok([
+        p("X", &[t, b, i])?,
+        p(names[0], &[d, gates, h, i])?,
+        p(names[1], &[d, gates, h, h])?,
+        p(names[2], &[d, 2 * gates, h])?,
+        p("initial_h (dirs, batch, hidden_size)", &[d, b, h])?,
+        p("Y (seq, dirs, batch, hidden_size)", &[t, d, b, h])?,
+    ])
+}
+
+/// Element count of the gates a training forward saves, `[dirs, seq, batch, row * hidden]`
+/// for `[seq, batch, hidden, dirs]`, overflow-checked; `names` word the row and the whole.
+pub(crate) fn recurrent_gates_len(
+    [t, b, h, d]: [usize; 4],
+    row: usize,
+    names: [&str; 2],
+) -> Result<usize, KernelError> {
+    let row = crate::shape::product(names[0], &[row, h])?;
+    crate::shape::product(names[1], &[d, t, b, row])
+}
+
 impl GruShape {
     /// Element counts of X, W, R, B, initial_h, Y (Y_h and dY_h have `initial_h`'s), for a
     /// shape [checked](Self::checked_lens) (else `usize::MAX`, which no buffer matches).
@@ -122,16 +152,12 @@ impl GruShape {
     /// dimension of every shape (`3 * hidden`, `6 * hidden`) fits too: `hidden_size` and
     /// the dimensions of an empty X may be anything up to `2^63 - 1`.
     pub fn checked_lens(&self) -> Result<[usize; 6], KernelError> {
-        let (t, b, i, h, d) = (self.seq, self.batch, self.input, self.hidden, self.direction.count());
-        let p = crate::shape::product;
-        Ok([
-            p("X", &[t, b, i])?,
-            p("W (dirs, 3 hidden_size, input)", &[d, 3, h, i])?,
-            p("R (dirs, 3 hidden_size, hidden_size)", &[d, 3, h, h])?,
-            p("B (dirs, 6 hidden_size)", &[d, 6, h])?,
-            p("initial_h (dirs, batch, hidden_size)", &[d, b, h])?,
-            p("Y (seq, dirs, batch, hidden_size)", &[t, d, b, h])?,
-        ])
+        let dims = [self.seq, self.batch, self.input, self.hidden, self.direction.count()];
+        recurrent_lens(
+            dims,
+            3,
+            ["W (dirs, 3 hidden_size, input)", "R (dirs, 3 hidden_size, hidden_size)", "B (dirs, 6 hidden_size)"],
+        )
     }
 
     /// Element count of the saved gates, `[dirs, seq, batch, GATE_ROW * hidden]` (for a
@@ -142,11 +168,8 @@ impl GruShape {
 
     /// [`GruShape::gates_len`], overflow-checked.
     pub fn checked_gates_len(&self) -> Result<usize, KernelError> {
-        let gate_row = crate::shape::product("4 hidden_size", &[GATE_ROW, self.hidden])?;
-        crate::shape::product(
-            "gates (dirs, seq, batch, 4 hidden_size)",
-            &[self.direction.count(), self.seq, self.batch, gate_row],
-        )
+        let dims = [self.seq, self.batch, self.hidden, self.direction.count()];
+        recurrent_gates_len(dims, GATE_ROW, ["4 hidden_size", "gates (dirs, seq, batch, 4 hidden_size)"])
     }
 }
 

@@ -28,7 +28,10 @@ pub mod reference;
 use ndarray::s;
 
 use self::panel::{gemm_packed, Packed};
-use super::{check, column_sums, portable_forced, sigmoid, sized, tanh, view, view_mut, wide, Direction, GATE_TASK};
+use super::{
+    check, column_sums, portable_forced, recurrent_gates_len, recurrent_lens, sigmoid, sized, tanh, view, view_mut,
+    wide, Direction, GATE_TASK,
+};
 use crate::parallel::{for_each_item, Parallelism};
 use crate::KernelError;
 
@@ -61,16 +64,12 @@ impl LstmShape {
     /// [`LstmShape::lens`], every product overflow-checked left to right (so `4 *
     /// hidden_size` and `8 * hidden_size` fit too).
     pub fn checked_lens(&self) -> Result<[usize; 6], KernelError> {
-        let (t, b, i, h, d) = (self.seq, self.batch, self.input, self.hidden, self.direction.count());
-        let p = crate::shape::product;
-        Ok([
-            p("X", &[t, b, i])?,
-            p("W (dirs, 4 hidden_size, input)", &[d, 4, h, i])?,
-            p("R (dirs, 4 hidden_size, hidden_size)", &[d, 4, h, h])?,
-            p("B (dirs, 8 hidden_size)", &[d, 8, h])?,
-            p("initial_h (dirs, batch, hidden_size)", &[d, b, h])?,
-            p("Y (seq, dirs, batch, hidden_size)", &[t, d, b, h])?,
-        ])
+        let dims = [self.seq, self.batch, self.input, self.hidden, self.direction.count()];
+        recurrent_lens(
+            dims,
+            4,
+            ["W (dirs, 4 hidden_size, input)", "R (dirs, 4 hidden_size, hidden_size)", "B (dirs, 8 hidden_size)"],
+        )
     }
 
     /// Element count of the saved gates, `[dirs, seq, batch, LSTM_ROW * hidden]` (for a
@@ -81,11 +80,8 @@ impl LstmShape {
 
     /// [`LstmShape::gates_len`], overflow-checked.
     pub fn checked_gates_len(&self) -> Result<usize, KernelError> {
-        let row = crate::shape::product("6 hidden_size", &[LSTM_ROW, self.hidden])?;
-        crate::shape::product(
-            "gates (dirs, seq, batch, 6 hidden_size)",
-            &[self.direction.count(), self.seq, self.batch, row],
-        )
+        let dims = [self.seq, self.batch, self.hidden, self.direction.count()];
+        recurrent_gates_len(dims, LSTM_ROW, ["6 hidden_size", "gates (dirs, seq, batch, 6 hidden_size)"])
     }
 }
 
