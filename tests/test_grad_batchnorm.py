@@ -202,20 +202,18 @@ def test_trainer_fused_matches_standard_ops(monkeypatch, library_path, name, bat
     gradient RMS: a fixed rtol on the weights is too tight where a gradient cancels and
     too loose elsewhere). A gradient 1% off exceeds the bound in every tensor of the BN CNN
     but conv1.bn.b (1.4%); in the residual CNN only from block2 on (six BatchNorms
-    compound the worst case). The running statistics of the first step identical (the
-    forward has the same weights), then within the difference the weights make to the
-    batch statistics plus their rounding."""
+    compound the worst case). The running statistics after every step within the
+    difference the weights make to the batch statistics plus their rounding (the fused
+    forward, BatchNormTrain, sums in float64 where onnxruntime's BatchNormalization sums in
+    float32: the first step's differ by those roundings alone)."""
     from trainops.bench.train_models import family
 
     fused, ops, run, bns = _train(monkeypatch, name, batch, True)
     plain, plain_ops, plain_run, _ = _train(monkeypatch, name, batch, False)
     fam = family(name, batch)
-    assert bns > 0 and ops.count("BatchNormTrainGrad") == bns
+    assert bns > 0 and ops.count("BatchNormTrainGrad") == bns == ops.count("BatchNormTrain")
     assert "BatchNormTrainGrad" not in plain_ops
     assert len(ops) < len(plain_ops)
-    stats, plain_stats = run[1][1]["stats"], plain_run[1][1]["stats"]
-    for k, v in plain_stats.items():
-        np.testing.assert_array_equal(stats[k], v, err_msg=k)
     assert_running_stats_agree(fam.model, fam.feeds, run[1], plain_run[1])
     assert_runs_agree(fam.model, fam.feeds, fused.optimizer, run, plain_run)
 

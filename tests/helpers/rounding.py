@@ -252,6 +252,72 @@ def _leaky_relu_back(n, v, e, cache, g, E):
     return [(g * slope, np.where(tie, abs(1 - alpha) * A + Ex, Ex))]
 
 
+def _sigmoid_op(n, v, e, a):
+    """onnxruntime's Sigmoid allowed ELEMENTARY ulps; x off by ex moves it by at most
+    s (1 - s) ex + ex^2 / 10 (|sigmoid''| <= 0.1)."""
+    x, ex = v[0], e[0]
+    s = 0.5 * (1 + np.tanh(x / 2))
+    return s, s * (1 - s) * ex + 0.1 * ex * ex + ELEMENTARY * U * s, s
+
+
+def _sigmoid_back(n, v, e, s, g, E):
+    """The rule's gy * (y * (1 - y)) from the forward's y (off by its own bound)."""
+    es = s * (1 - s) * e[0] + 0.1 * e[0] * e[0] + ELEMENTARY * U * s
+    d = s * (1 - s)
+    Ed = (1 + 2 * s) * es + es * es + gamma(2) * s * (1 + s)
+    A = np.abs(g) + E
+    return [(g * d, d * E + A * Ed + U * A * (d + Ed))]
+
+
+def _hard_parts(x, ex, alpha, beta):
+    """HardSigmoid's u = alpha x + beta and its bound, and the inputs whose side of the
+    kinks (u = 0, u = 1) float32 rounding could flip."""
+    u = alpha * x + beta
+    eu = abs(alpha) * ex + gamma(2) * (np.abs(alpha * x) + abs(beta))
+    tie = ((np.abs(u) <= eu) | (np.abs(u - 1) <= eu)) & ~((eu == 0))
+    return u, eu, tie
+
+
+def _hard_sigmoid(n, v, e, a):
+    x, ex = v[0], e[0]
+    alpha, beta = float(np.float32(a.get("alpha", 0.2))), float(np.float32(a.get("beta", 0.5)))
+    u, eu, tie = _hard_parts(x, ex, alpha, beta)
+    inside = (u > 0) & (u < 1)
+    return np.clip(u, 0, 1), np.where(inside | tie, eu, 0.0), (inside, tie, alpha)
+
+
+def _hard_sigmoid_back(n, v, e, cache, g, E):
+    inside, tie, alpha = cache
+    d = np.where(inside, alpha, 0.0)
+    A = np.abs(g) + E
+    Ex = abs(alpha) * E * inside + U * A * abs(alpha) * inside
+    # at a kink the float32 run may take either side: off by the whole alpha * gy
+    return [(g * d, np.where(tie, abs(alpha) * A * (1 + U) + Ex, Ex))]
+
+
+def _hard_swish(n, v, e, a):
+    """ONNX HardSwish, x * clip(x / 6 + 1/2, 0, 1); its derivative jumps by 1/2 at both
+    kinks (x = -3, 3)."""
+    x, ex = v[0], e[0]
+    u, eu, tie = _hard_parts(x, ex, 1 / 6, 0.5)
+    c = np.clip(u, 0, 1)
+    d = np.where(u <= 0, 0.0, np.where(u >= 1, 1.0, x / 3 + 0.5))
+    ey = (np.abs(d) + ex / 3) * ex + gamma(3) * np.abs(x) * (np.abs(c) + eu)
+    return x * c, ey, (x, tie)
+
+
+def _hard_swish_back(n, v, e, cache, g, E):
+    """The rule's 0 / gy / gy * (x / 3 + 1/2) on the thresholds -3 and 3."""
+    x, tie = cache
+    tie = tie | (np.abs(np.abs(x) - 3) <= e[0] + 4 * U * 3)
+    mid = (x >= -3) & (x <= 3)
+    d = np.where(x < -3, 0.0, np.where(x > 3, 1.0, x / 3 + 0.5))
+    Ed = np.where(mid, e[0] / 3 + gamma(2) * (np.abs(x) / 3 + 0.5), 0.0)
+    A = np.abs(g) + E
+    Ex = np.abs(d) * E + A * Ed + U * A * (np.abs(d) + Ed)
+    return [(g * d, np.where(tie, A * (0.5 + Ed) * (1 + U) + Ex, Ex))]
+
+
 def _maxpool(n, v, e, a):
     x, ex = v[0], e[0]
     k, s, p, d = _geometry(n, shape=x.shape)
@@ -1049,6 +1115,9 @@ OPS = {
     "BatchNormalization": (_batchnorm, _batchnorm_back),
     "LayerNormalization": (_layernorm, _layernorm_back),
     "Gelu": (_gelu, _gelu_back),
+    "Sigmoid": (_sigmoid_op, _sigmoid_back),
+    "HardSigmoid": (_hard_sigmoid, _hard_sigmoid_back),
+    "HardSwish": (_hard_swish, _hard_swish_back),
     "SoftmaxCrossEntropyLoss": (_sce, _sce_back),
     "Softmax": (_softmax, _softmax_back),
     "LogSoftmax": (_log_softmax, _log_softmax_back),

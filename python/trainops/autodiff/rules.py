@@ -22,11 +22,12 @@ from .graph import FLOAT_TYPES, Builder, GradientError, attr, describe
 
 class Ctx:
     def __init__(self, b: Builder, node: onnx.NodeProto, gys: list[str | None],
-                 needs: list[bool]):
+                 needs: list[bool], producer: dict[str, onnx.NodeProto] | None = None):
         self.b = b
         self.node = node
         self.gys = gys
         self.needs = needs
+        self.producer = producer or {}
 
     @property
     def gy(self) -> str:
@@ -103,9 +104,28 @@ def sub(c: Ctx):
             c.unb(c.b.op("Neg", [c.gy]), 1) if c.need(1) else None]
 
 
+def _silu_input(c: Ctx) -> int | None:
+    """Which input of a ``Mul`` is ``x`` when the node is SiLU, ``Mul(x, Sigmoid(x))`` in
+    either order (PyTorch's ``nn.SiLU`` as both exporters write it), else None."""
+    for k in (0, 1):
+        s = c.producer.get(c.x(1 - k) or "")
+        if (s is not None and s.op_type == "Sigmoid" and s.domain in ("", "ai.onnx")
+                and s.input[0] == c.x(k)):
+            return k
+    return None
+
+
 @rule("Mul")
 def mul(c: Ctx):
     b = c.b
+    k = _silu_input(c)
+    if k is not None and c.need(k) and b.fuses(c.x(k), c.y):
+        # One com.trainops kernel for SiLU's whole derivative, s + x s (1 - s): x's
+        # gradient by this path, and none for Sigmoid's output by it (another reader of
+        # Sigmoid's output still sends its own gradient through the Sigmoid rule).
+        out = [None, None]
+        out[k] = b.op("SiluGrad", [c.gy, c.x(k)], domain=TRAINOPS_DOMAIN)
+        return out
     return [c.unb(b.op("Mul", [c.gy, c.x(1)]), 0) if c.need(0) else None,
             c.unb(b.op("Mul", [c.gy, c.x(0)]), 1) if c.need(1) else None]
 

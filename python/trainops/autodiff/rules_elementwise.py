@@ -12,6 +12,7 @@ Celu, PRelu: the negative branch at 0).
 
 from __future__ import annotations
 
+from ..onnx_defs import TRAINOPS_DOMAIN
 from .rules import Ctx, rule
 
 
@@ -105,6 +106,8 @@ def hard_sigmoid(c: Ctx):
     b = c.b
     x = c.x(0)
     alpha, beta = float(c.attr("alpha", 0.2)), float(c.attr("beta", 0.5))
+    if b.fuses(x, c.y):  # the same float32 operations in one com.trainops kernel
+        return [b.op("HardSigmoidGrad", [c.gy, x], domain=TRAINOPS_DOMAIN, alpha=alpha, beta=beta)]
     u = b.op("Add", [b.op("Mul", [x, b.scalar(alpha, x)]), b.scalar(beta, x)])
     inside = b.op("And", [b.op("Greater", [u, b.scalar(0.0, x)]),
                           b.op("Less", [u, b.scalar(1.0, x)])])
@@ -116,6 +119,8 @@ def hard_swish(c: Ctx):
     """0 below -3, ``x/3 + 1/2`` on [-3, 3], 1 above (PyTorch's hardswish_backward)."""
     b = c.b
     x = c.x(0)
+    if b.fuses(x, c.y):  # the same float32 operations in one com.trainops kernel
+        return [b.op("HardSwishGrad", [c.gy, x], domain=TRAINOPS_DOMAIN)]
     s = lambda v: b.scalar(v, x)  # noqa: E731
     mid = b.op("Mul", [c.gy, b.op("Add", [b.op("Div", [x, s(3.0)]), s(0.5)])])
     upper = b.op("Where", [b.op("Greater", [x, s(3.0)]), c.gy, mid])

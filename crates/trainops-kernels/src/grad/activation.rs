@@ -4,6 +4,12 @@
 //!   a NaN `x` gives 0, `gy` is copied bit for bit). Relu's output `y` may stand for `x`
 //!   (`y > 0` exactly when `x > 0`).
 //! - [`leaky_relu_grad`]: `gx = x > 0 ? gy : alpha * gy` (exact: one float32 product).
+//! - [`hard_sigmoid_grad`]: `gx = 0 < alpha x + beta < 1 ? alpha * gy : 0`, and
+//!   [`hard_swish_grad`]: `gx = x < -3 ? 0 : x > 3 ? gy : gy * (x / 3 + 1/2)` (PyTorch's
+//!   hardswish_backward): the standard-op rules' float32 operations in their order, so the
+//!   same bits as the rules' `Where` chains.
+//! - [`silu_grad`]: `gx = gy * SiLU'(x)` for `SiLU(x) = x * sigmoid(x)`, in float32 lanes
+//!   (see `silu` for the bound).
 //! - [`gelu_grad`]: ONNX Gelu's exact derivative, `none` (erf) and `tanh` forms, evaluated
 //!   in float64 lanes (vectorised, see `gelu`) and rounded once: at most 1 ulp (float32) from the exact value of
 //!   `gy * Gelu'(x)` (tested against numpy's float64 in `tests/test_grad_activation.py` and
@@ -89,6 +95,56 @@ pub fn leaky_relu_grad(
     })
 }
 
+/// HardSigmoid's gradient: `u = x * alpha + beta` (two float32 roundings, as the rule's
+/// `Mul` then `Add`), `gx = 0 < u < 1 ? gy * alpha : 0` (a NaN `x` gives 0). Errors when the
+/// lengths differ.
+pub fn hard_sigmoid_grad(
+    gy: &[f32],
+    x: &[f32],
+    alpha: f32,
+    beta: f32,
+    gx: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(), KernelError> {
+    run(gy, x, gx, par, (CHUNK, SERIAL_BELOW), |p| {
+        for ((o, &g), &x) in p.gx.iter_mut().zip(p.gy).zip(p.x) {
+            let u = x * alpha + beta;
+            *o = if u > 0.0 && u < 1.0 { g * alpha } else { 0.0 };
+        }
+    })
+}
+
+/// HardSwish's gradient (PyTorch's hardswish_backward): 0 below -3, `gy` above 3, `gy * (x
+/// / 3 + 0.5)` between (three float32 roundings, as the rule's `Div`, `Add`, `Mul`); a NaN
+/// `x` gives NaN. Errors when the lengths differ.
+pub fn hard_swish_grad(gy: &[f32], x: &[f32], gx: &mut [f32], par: &dyn Parallelism) -> Result<(), KernelError> {
+    run(gy, x, gx, par, (CHUNK, SERIAL_BELOW), |p| {
+        for ((o, &g), &x) in p.gx.iter_mut().zip(p.gy).zip(p.x) {
+            let mid = g * (x / 3.0 + 0.5);
+            let upper = if x > 3.0 { g } else { mid };
+            *o = if x < -3.0 { 0.0 } else { upper };
+        }
+    })
+}
+
+/// `gx[i] = gy[i] * SiLU'(x[i])` (`SiLU(x) = x * sigmoid(x)`), in float32 within
+/// `11 u |gy| (s + 2 |x| s (1 - s))` (see `silu`). Errors when the lengths differ.
+pub fn silu_grad(gy: &[f32], x: &[f32], gx: &mut [f32], par: &dyn Parallelism) -> Result<(), KernelError> {
+    silu_grad_with(crate::simd::detected(), gy, x, gx, par)
+}
+
+/// [`silu_grad`] at a given instruction-set level (the portable code where `level` is not
+/// available); every level gives the same bits.
+pub fn silu_grad_with(
+    level: Level,
+    gy: &[f32],
+    x: &[f32],
+    gx: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(), KernelError> {
+    run(gy, x, gx, par, (CHUNK, SERIAL_BELOW), |p| super::silu::run_piece(level, p.gy, p.x, p.gx))
+}
+
 /// `gx[i] = gy[i] * Gelu'(x[i])`, computed in float64 and rounded once to float32 (at most
 /// 1 ulp from the exact value; see `gelu` for how). `Gelu'(+inf) = 1`, `Gelu'(-inf) = 0`;
 /// a NaN gives NaN. Errors when the lengths differ.
@@ -130,6 +186,42 @@ pub mod reference {
     /// LeakyRelu's gradient, element by element.
     pub fn leaky_relu_grad(gy: &[f32], x: &[f32], alpha: f32) -> Vec<f32> {
         gy.iter().zip(x).map(|(&g, &x)| if x > 0.0 { g } else { alpha * g }).collect()
+    }
+
+    /// HardSigmoid's gradient, element by element, as the standard-op rule computes it.
+    pub fn hard_sigmoid_grad(gy: &[f32], x: &[f32], alpha: f32, beta: f32) -> Vec<f32> {
+        gy.iter()
+            .zip(x)
+            .map(|(&g, &x)| {
+                let u = x * alpha + beta;
+                if u > 0.0 && u < 1.0 {
+                    g * alpha
+                } else {
+                    0.0
+                }
+            })
+            .collect()
+    }
+
+    /// HardSwish's gradient, element by element, as the standard-op rule computes it.
+    pub fn hard_swish_grad(gy: &[f32], x: &[f32]) -> Vec<f32> {
+        gy.iter()
+            .zip(x)
+            .map(|(&g, &x)| match x {
+                x if x < -3.0 => 0.0,
+                x if x > 3.0 => g,
+                x => g * (x / 3.0 + 0.5),
+            })
+            .collect()
+    }
+
+    /// SiLU's derivative in float64 from the textbook form `s + x s (1 - s)`, `s = 1 / (1 +
+    /// e^-x)` with the standard library's `exp` (an implementation independent of the fast
+    /// path's).
+    #[cfg(test)]
+    pub fn silu_derivative(x: f64) -> f64 {
+        let s = 1.0 / (1.0 + (-x).exp());
+        s + x * s * (1.0 - s)
     }
 
     /// Gelu's derivative in float64 (libm's erf), straight from the textbook forms: `Phi(x) + x phi(x)`
@@ -318,6 +410,71 @@ mod tests {
             gelu_grad(&[1.0], &[x as f32], Gelu::Erf, &mut got, &Sequential).unwrap();
             assert!(ulps(got[0], want) <= 2, "x = {x}: {} vs {want}", got[0]);
         }
+    }
+
+    #[test]
+    fn hard_sigmoid_equals_reference() {
+        for (alpha, beta) in [(0.2, 0.5), (1.0 / 6.0, 0.5), (-0.3, 0.1)] {
+            check_all(
+                |gy, x, gx, p| hard_sigmoid_grad(gy, x, alpha, beta, gx, p).unwrap(),
+                |gy, x| reference::hard_sigmoid_grad(gy, x, alpha, beta),
+            );
+        }
+        // The kinks: 0 at both ends of the linear piece (u = 0 and u = 1 exactly).
+        let mut gx = [9.0; 5];
+        hard_sigmoid_grad(&[2.0; 5], &[-2.5, 2.5, 0.0, f32::NAN, -3.0], 0.2, 0.5, &mut gx, &Sequential).unwrap();
+        assert_eq!(gx, [0.0, 0.0, 0.4, 0.0, 0.0]);
+    }
+
+    #[test]
+    fn hard_swish_equals_reference() {
+        check_all(|gy, x, gx, p| hard_swish_grad(gy, x, gx, p).unwrap(), reference::hard_swish_grad);
+        let mut gx = [9.0; 6];
+        hard_swish_grad(&[3.0; 6], &[-4.0, -3.0, 0.0, 3.0, 4.0, f32::NAN], &mut gx, &Sequential).unwrap();
+        assert_eq!(gx[..5], [0.0, -1.5, 1.5, 4.5, 3.0]);
+        assert!(gx[5].is_nan());
+    }
+
+    #[test]
+    fn silu_every_level_and_cut_gives_the_same_bits() {
+        for &n in &SIZES {
+            let gy = specials(data(n, 23 + n as u64, 4.0));
+            let x = specials(data(n, 29 + n as u64, 40.0));
+            let mut want = vec![0.0; n];
+            silu_grad_with(Level::Scalar, &gy, &x, &mut want, &Sequential).unwrap();
+            for level in crate::simd::available_levels() {
+                let mut got = vec![0.0; n];
+                silu_grad_with(level, &gy, &x, &mut got, &RayonPool(None)).unwrap();
+                assert_eq!(bits(&got), bits(&want), "{level:?} n = {n}");
+            }
+        }
+    }
+
+    /// Within the module's bound of the textbook float64 form (the standard library's
+    /// `exp`), over a dense sweep through the root near -1.2785, the tails and the flat
+    /// cut at |x| = 87, and the special values.
+    #[test]
+    fn silu_within_the_bound_of_reference() {
+        let mut x: Vec<f32> = (0..200_001).map(|k| (-40.0 + 80.0 * f64::from(k) / 200_000.0) as f32).collect();
+        x.extend((0..20_001).map(|k| (-1.3 + 0.05 * f64::from(k) / 20_000.0) as f32));
+        x.extend((0..20_001).map(|k| (80.0 + 20.0 * f64::from(k) / 20_000.0) as f32));
+        x.extend((0..20_001).map(|k| (-100.0 + 20.0 * f64::from(k) / 20_000.0) as f32));
+        let gy: Vec<f32> = (0..x.len()).map(|k| 0.5 + (k % 13) as f32 * 0.75).collect();
+        let mut got = vec![0.0; x.len()];
+        silu_grad(&gy, &x, &mut got, &Sequential).unwrap();
+        for ((&g, &x), &o) in gy.iter().zip(&x).zip(&got) {
+            let (g, x) = (f64::from(g), f64::from(x));
+            let exact = g * reference::silu_derivative(x);
+            let s = 1.0 / (1.0 + (-x).exp());
+            let bound =
+                11.0 * 2f64.powi(-24) * g.abs() * (s + 2.0 * x.abs() * s * (1.0 - s)) + 2f64.powi(-100) * g.abs();
+            assert!((f64::from(o) - exact).abs() <= bound, "x = {x}: {o} vs {exact}");
+        }
+        let mut s = [0.0f32; 5];
+        silu_grad(&[1.0; 5], &[f32::INFINITY, f32::NEG_INFINITY, 0.0, f32::NAN, -1e30], &mut s, &Sequential).unwrap();
+        assert_eq!(s[..3], [1.0, 0.0, 0.5]);
+        assert!(s[3].is_nan());
+        assert_eq!(s[4], 0.0);
     }
 
     #[test]

@@ -22,4 +22,5 @@ pub mod im2col;
 pub mod norm;
 pub mod pool;
 pub mod rnn;
+mod silu;
 pub mod softmax;

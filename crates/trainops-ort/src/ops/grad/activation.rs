@@ -1,7 +1,8 @@
-//! `com.trainops::ReluGrad(dY, X)`, `LeakyReluGrad(dY, X; alpha)` and
-//! `GeluGrad(dY, X; approximate)` (since version 1): float32 `dX = dY * f'(X)`, `dY` and `X`
-//! of one shape (no broadcasting). `X` of ReluGrad may be Relu's output `Y` (`Y > 0` exactly
-//! when `X > 0`).
+//! `com.trainops::ReluGrad(dY, X)`, `LeakyReluGrad(dY, X; alpha)`, `GeluGrad(dY, X;
+//! approximate)`, `HardSigmoidGrad(dY, X; alpha, beta)`, `HardSwishGrad(dY, X)` and
+//! `SiluGrad(dY, X)` (since version 1): float32 `dX = dY * f'(X)`, `dY` and `X` of one shape
+//! (no broadcasting). `X` of ReluGrad may be Relu's output `Y` (`Y > 0` exactly when `X >
+//! 0`); SiluGrad's `f` is `X * sigmoid(X)`.
 
 use trainops_kernels::grad::activation::{self as kernels, Gelu};
 use trainops_kernels::KernelError;
@@ -21,9 +22,12 @@ enum Act {
     Relu,
     LeakyRelu(f32),
     Gelu(Gelu),
+    HardSigmoid(f32, f32),
+    HardSwish,
+    Silu,
 }
 
-/// One of the three ops as registered in `com.trainops`.
+/// One of the ops as registered in `com.trainops`.
 pub struct ActivationGrad {
     signature: Signature,
 }
@@ -38,6 +42,25 @@ pub static LEAKY_RELU_GRAD: ActivationGrad =
 pub static GELU_GRAD: ActivationGrad =
     ActivationGrad { signature: Signature { name: c"GeluGrad", inputs: &INPUTS, outputs: &OUTPUTS } };
 
+/// `HardSigmoidGrad(dY, X; alpha = 0.2, beta = 0.5) -> dX`.
+pub static HARD_SIGMOID_GRAD: ActivationGrad =
+    ActivationGrad { signature: Signature { name: c"HardSigmoidGrad", inputs: &INPUTS, outputs: &OUTPUTS } };
+/// `HardSwishGrad(dY, X) -> dX`.
+pub static HARD_SWISH_GRAD: ActivationGrad =
+    ActivationGrad { signature: Signature { name: c"HardSwishGrad", inputs: &INPUTS, outputs: &OUTPUTS } };
+/// `SiluGrad(dY, X) -> dX`.
+pub static SILU_GRAD: ActivationGrad =
+    ActivationGrad { signature: Signature { name: c"SiluGrad", inputs: &INPUTS, outputs: &OUTPUTS } };
+
+/// A float attribute that must be finite.
+fn finite(info: &KernelInfo<'_>, op: &'static str, name: &'static str, default: f32) -> Result<f32> {
+    let v = info.f32_or(name, default)?;
+    if !v.is_finite() {
+        return Err(Error::Attribute { op, name, what: format!("expected a finite value, got {v}") });
+    }
+    Ok(v)
+}
+
 impl OpSpec for ActivationGrad {
     fn signature(&self) -> &Signature {
         &self.signature
@@ -46,17 +69,10 @@ impl OpSpec for ActivationGrad {
     fn create(&'static self, info: &KernelInfo<'_>) -> Result<Box<dyn Kernel>> {
         let op = self.op();
         let act = match op {
-            "LeakyReluGrad" => {
-                let alpha = info.f32_or("alpha", 0.01)?;
-                if !alpha.is_finite() {
-                    return Err(Error::Attribute {
-                        op,
-                        name: "alpha",
-                        what: format!("expected a finite value, got {alpha}"),
-                    });
-                }
-                Act::LeakyRelu(alpha)
-            }
+            "LeakyReluGrad" => Act::LeakyRelu(finite(info, op, "alpha", 0.01)?),
+            "HardSigmoidGrad" => Act::HardSigmoid(finite(info, op, "alpha", 0.2)?, finite(info, op, "beta", 0.5)?),
+            "HardSwishGrad" => Act::HardSwish,
+            "SiluGrad" => Act::Silu,
             "GeluGrad" => match info.string_opt("approximate")?.as_deref() {
                 None | Some("none") => Act::Gelu(Gelu::Erf),
                 Some("tanh") => Act::Gelu(Gelu::Tanh),
@@ -99,6 +115,9 @@ impl Kernel for ActivationKernel {
             Act::Relu => kernels::relu_grad(gy, x, gx, &pool),
             Act::LeakyRelu(alpha) => kernels::leaky_relu_grad(gy, x, alpha, gx, &pool),
             Act::Gelu(g) => kernels::gelu_grad(gy, x, g, gx, &pool),
+            Act::HardSigmoid(alpha, beta) => kernels::hard_sigmoid_grad(gy, x, alpha, beta, gx, &pool),
+            Act::HardSwish => kernels::hard_swish_grad(gy, x, gx, &pool),
+            Act::Silu => kernels::silu_grad(gy, x, gx, &pool),
         };
         done.map_err(|e: KernelError| Error::input(op, 1, "X", "as many elements as dY", e.to_string()))
     }

@@ -3,11 +3,14 @@
 //! All float32; the arithmetic is `trainops_kernels::grad`.
 //!
 //! - [`activation`]: `ReluGrad(dY, X)`, `LeakyReluGrad(dY, X; alpha)`,
-//!   `GeluGrad(dY, X; approximate)` -> `dX`.
+//!   `GeluGrad(dY, X; approximate)`, `HardSigmoidGrad(dY, X; alpha, beta)`,
+//!   `HardSwishGrad(dY, X)`, `SiluGrad(dY, X)` -> `dX`.
 //! - [`pool`]: `MaxPoolGrad(dY, Indices, shape) -> dX`, `MaxPoolGradFromInput(dY, X) -> dX`.
 //! - [`norm`]: `LayerNormGrad`; [`softmax`]: `SoftmaxGrad`, `LogSoftmaxGrad`,
 //!   `SoftmaxCrossEntropyLossGrad`.
-//! - [`batchnorm`]: `BatchNormTrainGrad(dY, X, scale; epsilon) -> dX?, dScale?, dBias?`.
+//! - [`batchnorm`]: `BatchNormTrainGrad(dY, X, scale; epsilon) -> dX?, dScale?, dBias?`, and
+//!   the forward it belongs to, `BatchNormTrain(X, scale, B, input_mean, input_var; epsilon,
+//!   momentum) -> Y, running_mean?, running_var?` (the training-mode BatchNormalization).
 //! - [`rnn`]: `GRUGrad`, backpropagation through time of ONNX's `GRU`; [`gru_train`]:
 //!   `GRUTrain`, GRU's forward keeping the gates `GRUGrad` then reads; [`lstm`]: `LSTMTrain`
 //!   and `LSTMGrad`, the same pair for ONNX's `LSTM`.

