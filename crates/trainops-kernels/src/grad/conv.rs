@@ -16,8 +16,9 @@
 //!
 //! Consecutive samples share one column matrix (side by side) until it has 256 columns, so
 //! small grids make few large products. Threads: the weight gradient is cut into blocks of
-//! `dW`'s columns (rows of `col`, whole tiles of 32) per group, each task running its
-//! block's chains over every sample; the input gradient into chunks of samples. The cut
+//! `dW`'s columns (rows of `col`, whole tiles of 32) per group, and where those are too
+//! few into blocks of its rows (output channels, whole panels of 8) as well, each task
+//! running its block's chains over every sample; the input gradient into chunks of samples. The cut
 //! depends on the shapes only, so results do not depend on the thread count. Against the
 //! float64 [`reference`](mod@reference), each result is within `terms * f32::EPSILON *
 //! sum |terms|` (float32 sums of `terms` products, any order).
@@ -302,24 +303,54 @@ const SPLIT_ABOVE: usize = 1 << 20;
 /// 16 blocks of 1 or 2 tiles balance them.
 const MAX_BLOCKS: usize = 16;
 
+/// Tasks per group a split weight gradient aims at. Where `dW` has too few column tiles
+/// (a pointwise convolution of 16-96 input channels has 1-3 of them, and two tiles of 32
+/// and 8 columns are one task of 4/5 of the work), its rows (output channels) are cut
+/// too, in blocks of at least [`MIN_ROW_PANELS`] panels of `MR`.
+const TARGET_TASKS: usize = 8;
+/// Panels of `MR` rows a row block has at least: each row block lowers its own copy of the
+/// columns, which costs about what 8 to 16 rows of the product do.
+const MIN_ROW_PANELS: usize = 8;
+
+/// True when the weight gradient is large enough to be cut into blocks.
+fn split(dims: &ConvDims) -> bool {
+    let work = dims.batch.saturating_mul(dims.mg()).saturating_mul(dims.k()).saturating_mul(dims.output_len);
+    work >= SPLIT_ABOVE
+}
+
 /// The column blocks of one group's `dW_g` (a function of the shapes only): whole tiles
 /// of the product (fma_chain::NR columns), the first blocks one tile longer where they
 /// cannot all be equal; the last tile may be partial.
 fn blocks(dims: &ConvDims) -> Vec<Range<usize>> {
     let k = dims.k();
-    let work = dims.batch.saturating_mul(dims.mg()).saturating_mul(k).saturating_mul(dims.output_len);
     let tiles = k.div_ceil(NR);
-    let count = if work < SPLIT_ABOVE { 1 } else { tiles.clamp(1, MAX_BLOCKS) };
-    let (each, longer) = (tiles / count, tiles % count);
+    let count = if split(dims) { tiles.clamp(1, MAX_BLOCKS) } else { 1 };
+    even(tiles, count).into_iter().map(|t| t.start * NR..(t.end * NR).min(k)).filter(|r| !r.is_empty()).collect()
+}
+
+/// The row blocks of one group's `dW_g`, as ranges of its panels of `MR` output channels,
+/// given `columns` column blocks (a function of the shapes only): one block unless the
+/// columns make fewer than [`TARGET_TASKS`] tasks and there are panels enough.
+fn row_blocks(dims: &ConvDims, columns: usize) -> Vec<Range<usize>> {
+    let mt = dims.mg().div_ceil(MR);
+    let wanted = TARGET_TASKS.div_ceil(columns.max(1));
+    let count = if split(dims) { wanted.min(mt / MIN_ROW_PANELS).max(1) } else { 1 };
+    even(mt, count)
+}
+
+/// `0..units` cut into `count` consecutive ranges whose lengths differ by at most one (the
+/// longer first).
+fn even(units: usize, count: usize) -> Vec<Range<usize>> {
+    let count = count.clamp(1, units.max(1));
+    let (each, longer) = (units / count, units % count);
     let mut start = 0;
     (0..count)
         .map(|b| {
-            let end = (start + (each + usize::from(b < longer)) * NR).min(k);
+            let end = start + each + usize::from(b < longer);
             let r = start..end;
             start = end;
             r
         })
-        .filter(|r| !r.is_empty())
         .collect()
 }
 
@@ -460,8 +491,13 @@ pub fn weight_grad_at(
         }
     });
     let ranges = blocks(dims);
-    let tasks: Vec<(usize, Range<usize>)> =
-        (0..groups).flat_map(|g| ranges.iter().map(move |r| (g, r.clone()))).collect();
+    let panels = row_blocks(dims, ranges.len());
+    let mut tasks: Vec<(usize, Range<usize>, Range<usize>)> = Vec::new();
+    for g in 0..groups {
+        for pr in &panels {
+            tasks.extend(ranges.iter().map(|r| (g, pr.clone(), r.clone())));
+        }
+    }
     let results: Vec<Mutex<Vec<f32>>> = tasks.iter().map(|_| Mutex::new(Vec::new())).collect();
     let failed = FirstError::new();
     // The column matrix (only without the padded copy), the padded input and the right
@@ -469,16 +505,18 @@ pub fn weight_grad_at(
     let spares = Spares::<[Vec<f32>; 3]>::new();
     let padded = windows.pads_a_copy();
     let run = |t: usize| {
-        let (g, rows) = &tasks[t];
+        let (g, panel_rows, rows) = &tasks[t];
+        let pt = panel_rows.len();
         let nb = rows.len();
         let rt = nb.div_ceil(NR);
         let ldc = rt * NR;
-        // dW_g's columns `rows` (`[M/G x nb]`, rows ldc apart) = dY_g * cols^T, both
+        // dW_g's columns `rows` of the output channels in panels `panel_rows` (`[pt*MR x
+        // nb]`, rows ldc apart) = dY_g * cols^T, both
         // operands contiguous along the reduction (every sample's output positions, in
         // order): the column matrix is lowered KC positions at a time straight into the
         // panels of `fma_chain`, whose every element is one fused chain over the whole
         // reduction. Every element of the block is written by the first product (`first`).
-        let mut acc = match shape::zeroed::<f32>("ConvWeightGrad's dW block", mt * MR * ldc) {
+        let mut acc = match shape::zeroed::<f32>("ConvWeightGrad's dW block", pt * MR * ldc) {
             Ok(acc) => acc,
             Err(e) => return failed.set(e),
         };
@@ -523,9 +561,9 @@ pub fn weight_grad_at(
                 }
                 let a = Panels {
                     data: &dyp,
-                    mt,
+                    mt: pt,
                     stride: panel_len,
-                    offset: g * mt * panel_len + (n0 * p + q0) * MR,
+                    offset: (g * mt + panel_rows.start) * panel_len + (n0 * p + q0) * MR,
                     step: MR,
                 };
                 fma_chain::product(isa, kc, a, b, Out { data: &mut acc, ld: ldc, first });
@@ -541,12 +579,14 @@ pub fn weight_grad_at(
         par.run(tasks.len(), &run);
     }
     failed.into_result()?;
-    for ((g, rows), block) in tasks.iter().zip(results) {
+    for ((g, panel_rows, rows), block) in tasks.iter().zip(results) {
         let block = block.into_inner().unwrap_or_else(|e| e.into_inner());
         let ldc = rows.len().div_ceil(NR) * NR;
-        for m in 0..mg {
+        let m0 = panel_rows.start * MR;
+        for m in m0..mg.min(panel_rows.end * MR) {
             let dst = (g * mg + m) * k + rows.start;
-            dw[dst..dst + rows.len()].copy_from_slice(&block[m * ldc..m * ldc + rows.len()]);
+            let src = (m - m0) * ldc;
+            dw[dst..dst + rows.len()].copy_from_slice(&block[src..src + rows.len()]);
         }
     }
     Ok(())

@@ -61,6 +61,9 @@ fn cases() -> Vec<Case> {
         // Big enough to cut the weight gradient into column blocks (SPLIT_ABOVE).
         case("split blocks", (4, 16, 32), &[16, 16], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
         case("split blocks, groups", (2, 32, 64), &[12, 12], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 2),
+        // Too few column tiles (a pointwise convolution): dW's rows are cut too, the last
+        // row block short (140 output channels: 18 panels, the last of 4 rows).
+        case("split rows, pointwise", (2, 40, 140), &[16, 16], &[1, 1], &[1, 1], &[1, 1], &[0, 0, 0, 0], 1),
         // Output grids above GATHER_MAX positions: col2im's runs path.
         case("large grid runs", (2, 2, 3), &[20, 19], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
         case("large grid stride 2", (1, 3, 2), &[41, 37], &[3, 2], &[2, 2], &[1, 2], &[2, 0, 1, 1], 1),
@@ -194,6 +197,24 @@ fn large_weight_gradients_are_cut_into_blocks() {
     assert_eq!(b.first().unwrap().start, 0);
     assert_eq!(b.last().unwrap().end, dims.k());
     assert!(b.windows(2).all(|p| p[0].end == p[1].start));
+}
+
+/// A weight gradient with few column tiles is cut along its rows too (else a pointwise
+/// convolution runs as one or two uneven tasks), in blocks of whole panels covering every
+/// row once; a weight gradient whose columns make tasks enough keeps its rows whole.
+#[test]
+fn few_column_tiles_cut_the_rows() {
+    let c = cases().into_iter().find(|c| c.name == "split rows, pointwise").unwrap();
+    let dims = ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input).unwrap();
+    let cols = blocks(&dims);
+    assert_eq!(cols, vec![0..32, 32..40]);
+    let rows = row_blocks(&dims, cols.len());
+    assert_eq!(rows, vec![0..9, 9..18]);
+    let big = ConvDims::new(&c.geo, 8, 512, 64, &[8, 8]).unwrap();
+    assert_eq!(row_blocks(&big, blocks(&big).len()).len(), 1);
+    // Few panels: no row cut (each row block lowers the columns again).
+    let narrow = ConvDims::new(&c.geo, 64, 16, 32, &[16, 16]).unwrap();
+    assert_eq!(row_blocks(&narrow, blocks(&narrow).len()).len(), 1);
 }
 
 /// The reference is the adjoint of the forward convolution:
