@@ -294,7 +294,8 @@ def test_trainer_fused_matches_standard_ops(library_path, monkeypatch, which):
     fused = _trainer(model, params, monkeypatch, True)
     plain = _trainer(model, params, monkeypatch, False)
     ops = _conv_grad_ops(fused)
-    # The rule keeps ConvTranspose for dX (measured faster, docs/ops/gradients-conv.md).
+    # These grids (8x8 and up) keep ConvTranspose for dX (measured faster there,
+    # docs/ops/gradients-conv.md).
     assert "ConvWeightGrad" in ops and "ConvInputGrad" not in ops, ops
     assert _conv_grad_ops(plain) == []
     # ConvWeightGrad sums N x OH x OW products in another order than the standard form's
@@ -307,6 +308,45 @@ def test_trainer_fused_matches_standard_ops(library_path, monkeypatch, which):
     # test_grad_activation.py covers the same kernels at 1%).
     assert_runs_agree(model, feeds, fused.optimizer, record(fused, feeds, 4),
                       record(plain, feeds, 4), what=f"{name}: ")
+
+
+def _small_grid_net(seed=0):
+    """x [2, 8, 4, 4] -> Conv 8->128 (3x3, pad 1) -> Relu -> Conv 128->8 (3x3, pad 1) ->
+    GlobalAveragePool -> Flatten -> Gemm -> loss: the second Conv's dX has 16 positions per
+    sample and a column of 128 x 9 = 1152 rows, where the rule picks ConvInputGrad."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w = {"w1": rng.standard_normal((128, 8, 3, 3)) / 8.5, "w2": rng.standard_normal((8, 128, 3, 3)) / 34,
+         "fc": rng.standard_normal((5, 8)) / 2.8, "fb": np.zeros(5)}
+    w = {k: v.astype(np.float32) for k, v in w.items()}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"], pads=[1, 1, 1, 1]),
+             helper.make_node("GlobalAveragePool", ["c2"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "fc", "fb"], ["logits"], transB=1),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "t"], ["loss"])]
+    g = helper.make_graph(nodes, "small_grid",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 4, 4]),
+                           helper.make_tensor_value_info("t", TensorProto.INT64, [2])],
+                          [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+                          [numpy_helper.from_array(v, k) for k, v in w.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
+    m.ir_version = IR_VERSION
+    feeds = {"x": rng.standard_normal((2, 8, 4, 4)).astype(np.float32), "t": np.array([1, 3], np.int64)}
+    return m, list(w), feeds
+
+
+def test_trainer_small_grid_uses_input_grad_kernel(library_path, monkeypatch):
+    """Few positions per sample and a long column: dX from ConvInputGrad, the run within
+    helpers/adam_pair.py's bound of the standard-op step's after every step."""
+    model, params, feeds = _small_grid_net()
+    fused = _trainer(model, params, monkeypatch, True)
+    plain = _trainer(model, params, monkeypatch, False)
+    assert _conv_grad_ops(fused) == ["ConvInputGrad", "ConvWeightGrad", "ConvWeightGrad"]
+    assert "ConvTranspose" not in {n.op_type for n in fused.training_model.graph.node}
+    assert_runs_agree(model, feeds, fused.optimizer, record(fused, feeds, 4), record(plain, feeds, 4))
 
 
 def test_portable_has_no_fused_ops(library_path, monkeypatch):

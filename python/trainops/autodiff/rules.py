@@ -761,6 +761,18 @@ def _conv_transpose(c: Ctx, g: str, w: str, in_sp, k, strides, dil, pads, group,
                   group=group, **kw)
 
 
+def _input_grad_kernel(w_shape, out_sp) -> bool:
+    """True where com.trainops::ConvInputGrad beats onnxruntime's ConvTranspose for dX:
+    few output positions per sample (<= 32) and a long column of the product (C/group x
+    kernel >= 1024). Measured per node at one thread (2026-11-28): resnet18's layer4 3x3
+    gradients (4x4 grid, 2304-4608 rows) 1.4-1.6x faster; on larger grids (8x8 and up)
+    within -12%..+5% of ConvTranspose, and slower on every short column (pointwise
+    convolutions of mobilenet_v3_small, 16-32 channels of the small residual CNN: up to
+    1.7x slower), so those keep ConvTranspose."""
+    column = (w_shape[1] if len(w_shape) > 1 else 0) * math.prod(w_shape[2:])
+    return math.prod(out_sp) <= 32 and column >= 1024
+
+
 @rule("Conv")
 def conv(c: Ctx):
     b = c.b
@@ -786,10 +798,15 @@ def conv(c: Ctx):
         dx, dw = b.op("DepthwiseConvGrad", [gy, X, W], names, domain=TRAINOPS_DOMAIN,
                       kernel_shape=k, strides=strides, pads=pads, dilations=dil, group=group)
         out[0], out[1] = dx or None, dw or None
+    elif c.need(0) and b.fuses(X, W, c.y) and _input_grad_kernel(w_shape, out_sp):
+        xs = b.shape(X)
+        shape = (b.ints(xs) if xs is not None and all(isinstance(d, int) for d in xs)
+                 else b.op("Shape", [X]))
+        out[0] = b.op("ConvInputGrad", [gy, W, shape], domain=TRAINOPS_DOMAIN, kernel_shape=k,
+                      strides=strides, pads=pads, dilations=dil, group=group)
     elif c.need(0):
-        # Fused or not: onnxruntime's ConvTranspose (MLAS, AVX-512). It measured 10-25%
-        # faster than com.trainops::ConvInputGrad on the gemm crate; on fma_chain the two
-        # tie on most of resnet18's shapes (docs/ops/gradients-conv.md).
+        # onnxruntime's ConvTranspose (MLAS, AVX-512) everywhere else, and in the portable
+        # and device steps (docs/ops/gradients-conv.md).
         out[0] = _conv_transpose(c, gy, W, in_sp, k, strides, dil, pads, group, out_sp)
     if c.need(1) and not fused_dw and b.fuses(X, W, c.y):
         # trainops' kernel (im2col + GEMM over the batch): 1.5-1.8x the batch-as-channels Conv.

@@ -631,7 +631,7 @@ pub fn input_grad_at(
     }
     let isa = level.isa().unwrap_or(Isa::Scalar);
     let windows = dims.windows()?;
-    let (cg, mg, k) = (dims.cg(), dims.mg(), dims.k());
+    let (mg, k) = (dims.mg(), dims.k());
     let (p, il) = (dims.output_len, dims.input_len);
     let sample = dims.channels * il;
     let chunk = samples_per_chunk(dims);
@@ -658,54 +658,94 @@ pub fn input_grad_at(
     // The column matrix (every element written by the first product before col2im reads
     // it), the dY block and the right operand's panels of an item.
     let spares = Spares::<[Vec<f32>; 3]>::new();
-    // One item per chunk of samples: their dX, contiguous.
-    let items: Vec<(usize, &mut [f32])> = dx.chunks_mut(chunk * sample).enumerate().collect();
-    for_each_item(par, items, |(item, dxc)| {
-        let (n0, nc) = (item * chunk, dxc.len() / sample);
+    // One item per chunk of samples and block of a group's input channels: their dX, one
+    // slice per sample. A block's rows of the column matrix are whole panels of MR rows
+    // around its channels' rows (a panel two blocks share is computed by both, the same
+    // bits): each dX element still sums its channel's rows in order.
+    let blocks = channel_blocks(dims);
+    let mut items: Vec<(usize, usize, usize, Vec<&mut [f32]>)> = Vec::new();
+    for (chunk_index, dxc) in dx.chunks_mut(chunk * sample).enumerate() {
+        let first = items.len();
+        for g in 0..groups {
+            items.extend(blocks.iter().map(|b| (chunk_index, g, b.start, Vec::new())));
+        }
+        for sample_dx in dxc.chunks_mut(sample) {
+            let mut rest = sample_dx;
+            for item in &mut items[first..] {
+                let (piece, tail) = rest.split_at_mut((blocks_len(&blocks, item.2)) * il);
+                item.3.push(piece);
+                rest = tail;
+            }
+        }
+    }
+    for_each_item(par, items, |(chunk_index, g, c0, mut dxs)| {
+        let (n0, nc) = (chunk_index * chunk, dxs.len());
+        let c1 = c0 + dxs.first().map_or(0, |d| d.len() / il.max(1));
         let cols = nc * p;
         let rt = cols.div_ceil(NR);
         let ldc = rt * NR;
-        dxc.fill(0.0);
+        // The panels of K's rows (c, kernel position) that hold channels c0..c1.
+        let (pa, pb) = ((c0 * dims.kernel_len) / MR, (c1 * dims.kernel_len).div_ceil(MR).min(kt));
         let [mut col, mut buf, mut bp] = spares.take();
-        if let Err(e) = shape::resize(&mut col, kt * MR * ldc, "ConvInputGrad's column matrix") {
+        if let Err(e) = shape::resize(&mut col, (pb - pa) * MR * ldc, "ConvInputGrad's column matrix") {
             return failed.set(e);
         }
         if let Err(e) = shape::resize(&mut bp, rt * KC.min(mg) * NR, "ConvInputGrad's packed dY") {
             return failed.set(e);
         }
-        for g in 0..groups {
-            // col = W_g^T dY_g: every element one fused chain over the output channels,
-            // packed KC channels at a time (rows of the dY block, cut into NR columns).
-            let (block, ld) = dy_block(dims, dy, g, n0, nc, &mut buf);
-            for m0 in (0..mg).step_by(KC) {
-                let kc = KC.min(mg - m0);
-                let b = &mut bp[..rt * kc * NR];
-                for (j, panel) in b.chunks_exact_mut(kc * NR).enumerate() {
-                    let (q0, valid) = (j * NR, NR.min(cols - j * NR));
-                    for (m, lanes) in panel.chunks_exact_mut(NR).enumerate() {
-                        copy_lanes::<NR>(lanes, &block[(m0 + m) * ld + q0..], valid);
-                    }
-                }
-                let first = m0 == 0;
-                if first_packed > 0 {
-                    let a = Panels { data: w, mt: first_packed, stride: MR, offset: (g * mg + m0) * k, step: k };
-                    fma_chain::product(isa, kc, a, b, Out { data: &mut col, ld: ldc, first });
-                }
-                if packed_cols > 0 {
-                    let offset = g * packed_cols * panel_len + m0 * MR;
-                    let a = Panels { data: &wp, mt: packed_cols, stride: panel_len, offset, step: MR };
-                    let c = Out { data: &mut col[first_packed * MR * ldc..], ld: ldc, first };
-                    fma_chain::product(isa, kc, a, b, c);
+        // col = W_g^T dY_g: every element one fused chain over the output channels,
+        // packed KC channels at a time (rows of the dY block, cut into NR columns).
+        let (block, ld) = dy_block(dims, dy, g, n0, nc, &mut buf);
+        let in_place = pa..pb.min(first_packed);
+        let packed = pa.max(first_packed)..pb;
+        for m0 in (0..mg).step_by(KC) {
+            let kc = KC.min(mg - m0);
+            let b = &mut bp[..rt * kc * NR];
+            for (j, panel) in b.chunks_exact_mut(kc * NR).enumerate() {
+                let (q0, valid) = (j * NR, NR.min(cols - j * NR));
+                for (m, lanes) in panel.chunks_exact_mut(NR).enumerate() {
+                    copy_lanes::<NR>(lanes, &block[(m0 + m) * ld + q0..], valid);
                 }
             }
-            for s in 0..nc {
-                let start = s * sample + g * cg * il;
-                windows.col2im_add(&col, ldc, s * p, &mut dxc[start..start + cg * il]);
+            let first = m0 == 0;
+            if !in_place.is_empty() {
+                let offset = (g * mg + m0) * k + in_place.start * MR;
+                let a = Panels { data: w, mt: in_place.len(), stride: MR, offset, step: k };
+                fma_chain::product(isa, kc, a, b, Out { data: &mut col, ld: ldc, first });
             }
+            if !packed.is_empty() {
+                let offset = (g * packed_cols + packed.start - first_packed) * panel_len + m0 * MR;
+                let a = Panels { data: &wp, mt: packed.len(), stride: panel_len, offset, step: MR };
+                let c = Out { data: &mut col[(packed.start - pa) * MR * ldc..], ld: ldc, first };
+                fma_chain::product(isa, kc, a, b, c);
+            }
+        }
+        let rows = &col[(c0 * dims.kernel_len - pa * MR) * ldc..];
+        for (s, d) in dxs.iter_mut().enumerate() {
+            d.fill(0.0);
+            windows.col2im_add(rows, ldc, s * p, d);
         }
         spares.give([col, buf, bp]);
     });
     failed.into_result()
+}
+
+/// Channels per block of a group's input channels for the input gradient (a function of
+/// the shapes only): one block unless the chunks of samples make fewer than
+/// [`TARGET_TASKS`] tasks; each block at least [`MIN_ROW_PANELS`] panels of the column
+/// matrix's rows (each block packs dY's panels again).
+fn channel_blocks(dims: &ConvDims) -> Vec<Range<usize>> {
+    let (cg, kl) = (dims.cg(), dims.kernel_len.max(1));
+    let chunks = dims.batch.div_ceil(samples_per_chunk(dims)) * dims.geo.group;
+    let work = dims.batch.saturating_mul(dims.mg()).saturating_mul(dims.k()).saturating_mul(dims.output_len);
+    let most = (cg * kl) / (MIN_ROW_PANELS * MR);
+    let count = if work >= SPLIT_ABOVE { TARGET_TASKS.div_ceil(chunks.max(1)).min(most).max(1) } else { 1 };
+    even(cg, count)
+}
+
+/// The length of the block of [`channel_blocks`] that starts at channel `c0`.
+fn blocks_len(blocks: &[Range<usize>], c0: usize) -> usize {
+    blocks.iter().find(|b| b.start == c0).map_or(0, |b| b.len())
 }
 
 /// Output positions (samples x grid) from which the input gradient packs all of `W`.

@@ -63,6 +63,9 @@ fn cases() -> Vec<Case> {
         case("split blocks, groups", (2, 32, 64), &[12, 12], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 2),
         // Too few column tiles (a pointwise convolution): dW's rows are cut too, the last
         // row block short (140 output channels: 18 panels, the last of 4 rows).
+        // Few chunks of samples: the input gradient is cut into blocks of input channels,
+        // 7 or 8 channels of 9 rows each, so blocks share panels of the column matrix.
+        case("split channels", (2, 60, 32), &[8, 8], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
         case("split rows, pointwise", (2, 40, 140), &[16, 16], &[1, 1], &[1, 1], &[1, 1], &[0, 0, 0, 0], 1),
         // Output grids above GATHER_MAX positions: col2im's runs path.
         case("large grid runs", (2, 2, 3), &[20, 19], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
@@ -215,6 +218,20 @@ fn few_column_tiles_cut_the_rows() {
     // Few panels: no row cut (each row block lowers the columns again).
     let narrow = ConvDims::new(&c.geo, 64, 16, 32, &[16, 16]).unwrap();
     assert_eq!(row_blocks(&narrow, blocks(&narrow).len()).len(), 1);
+}
+
+/// The input gradient of few sample chunks is cut into channel blocks covering every
+/// channel once; the grouped split case too.
+#[test]
+fn few_sample_chunks_cut_the_channels() {
+    for (name, count) in [("split channels", 8), ("split blocks, groups", 2)] {
+        let c = cases().into_iter().find(|c| c.name == name).unwrap();
+        let dims = ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input).unwrap();
+        let b = channel_blocks(&dims);
+        assert_eq!(b.len(), count, "{name}: {b:?}");
+        assert_eq!((b.first().unwrap().start, b.last().unwrap().end), (0, dims.cg()), "{name}");
+        assert!(b.windows(2).all(|p| p[0].end == p[1].start), "{name}");
+    }
 }
 
 /// The reference is the adjoint of the forward convolution:
