@@ -1,11 +1,14 @@
-//! Training-mode BatchNormalization's backward (`grad::batchnorm::batch_norm_train_grad`) at
-//! the shapes of the architecture bench's CNNs, on a rayon pool of 1 and of 2 threads: the
-//! median of `reps` calls and the 2-thread speed-up.
+//! Training-mode BatchNormalization's backward (`grad::batchnorm::batch_norm_train_grad`)
+//! and forward (`grad::batchnorm::forward::batch_norm_train`) at the shapes of the
+//! architecture bench's CNNs, on a rayon pool of 1 and of 2 threads: the median of `reps`
+//! calls, the 2-thread speed-up, and the bytes each moves at least (X and dY read, dX
+//! written; X read, Y written) per second.
 //!
 //! `cargo bench -p trainops-kernels --bench batchnorm_grad [-- reps]`.
 
 use std::time::Instant;
 
+use trainops_kernels::grad::batchnorm::forward::{batch_norm_train, BnOutputs, BnParams};
 use trainops_kernels::grad::batchnorm::{batch_norm_train_grad, BnGrads, BnShape};
 use trainops_kernels::RayonPool;
 
@@ -44,6 +47,40 @@ fn main() {
                 })
             })
             .collect();
-        println!("N={n:3} C={c:5} S={s:5}: {:8.3} ms  {:8.3} ms  x{:.2}", ms[0], ms[1], ms[0] / ms[1]);
+        let gbs = |bytes: usize, ms: f64| bytes as f64 / ms / 1e6;
+        println!(
+            "backward N={n:3} C={c:5} S={s:5}: {:8.3} ms  {:8.3} ms  x{:.2}  {:5.1} GB/s at 1 thread",
+            ms[0],
+            ms[1],
+            ms[0] / ms[1],
+            gbs(12 * len, ms[0])
+        );
+        let bias: Vec<f32> = (0..c).map(|k| k as f32 / c as f32 - 0.5).collect();
+        let var = vec![1.0f32; c];
+        let mut y = vec![0f32; len];
+        let fwd: Vec<f64> = pools
+            .iter()
+            .map(|p| {
+                median_ms(reps, || {
+                    let params = BnParams {
+                        scale: &scale,
+                        bias: &bias,
+                        input_mean: &bias,
+                        input_var: &var,
+                        epsilon: 1e-5,
+                        momentum: 0.9,
+                    };
+                    let out = BnOutputs { y: &mut y, running_mean: Some(&mut ds), running_var: Some(&mut db) };
+                    batch_norm_train(&x, params, shape, out, &RayonPool(Some(p))).expect("sizes");
+                })
+            })
+            .collect();
+        println!(
+            "forward  N={n:3} C={c:5} S={s:5}: {:8.3} ms  {:8.3} ms  x{:.2}  {:5.1} GB/s at 1 thread",
+            fwd[0],
+            fwd[1],
+            fwd[0] / fwd[1],
+            gbs(8 * len, fwd[0])
+        );
     }
 }

@@ -504,10 +504,20 @@ fn one_direction(
         }
         let g_t = &g[t * bt * g6..(t + 1) * bt * g6];
         let da_t = &mut da[t * bt * g4..(t + 1) * bt * g4];
-        wide(
-            #[inline(always)]
-            || step_cells(h, g_t, cp, dh, dc, da_t),
-        );
+        // The step's gate gradients in row blocks run as tasks, as the forward's `cells`
+        // (each row alone: the same bits however the rows are cut).
+        let rows = (GATE_TASK / g6).max(1);
+        let items: Vec<_> = g_t
+            .chunks(rows * g6)
+            .zip(cp.chunks(rows * h).zip(dh.chunks(rows * h)))
+            .zip(dc.chunks_mut(rows * h).zip(da_t.chunks_mut(rows * g4)))
+            .collect();
+        for_each_item(par, items, |((g_r, (cp_r, dh_r)), (dc_r, da_r))| {
+            wide(
+                #[inline(always)]
+                || step_cells(h, g_r, cp_r, dh_r, dc_r, da_r),
+            );
+        });
         gemm_packed(par, isa, da_t, (g4, 1), rp, view_mut(dhn, bt, h), false);
         std::mem::swap(&mut dh, &mut dhn);
     }
