@@ -18,7 +18,7 @@
 //! writes `Y = (X - m) * k + B` in `f32` with per-channel `m = mean` and `k = scale * rstd`
 //! rounded to `f32`. No fused multiply-add is formed, and each channel's sums run in one
 //! task in a fixed order, so the bits depend neither on the [`Parallelism`] nor on the SIMD
-//! level. Error bound (tested here against the `f64` [`reference`] and in
+//! level. Error bound (tested here against the `f64` [`reference`](mod@reference) and in
 //! `tests/test_batchnorm_train_op.py` against numpy in float64): every element of `Y` is
 //! within `4 * 2^-24 * (|k| (|X - mean| + |mean|) + |B|)` of the exact value; the running
 //! statistics within `2^-24 * |exact| + 2^-30 * (|input| * momentum + |stat| * (1 -
