@@ -311,9 +311,11 @@ def test_trainer_fused_matches_standard_ops(library_path, monkeypatch, which):
 
 
 def _small_grid_net(seed=0):
-    """x [2, 8, 4, 4] -> Conv 8->128 (3x3, pad 1) -> Relu -> Conv 128->8 (3x3, pad 1) ->
+    """x [8, 8, 4, 4] -> Conv 8->128 (3x3, pad 1) -> Relu -> Conv 128->8 (3x3, pad 1) ->
     GlobalAveragePool -> Flatten -> Gemm -> loss: the second Conv's dX has 16 positions per
-    sample and a column of 128 x 9 = 1152 rows, where the rule picks ConvInputGrad."""
+    sample and a column of 128 x 9 = 1152 rows, where the rule picks ConvInputGrad; its
+    8 x 8 x 1152 x 16 multiply-adds (over 2^20) make the kernel cut the channels into
+    blocks, the batch being one chunk of samples."""
     from onnx import numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -328,13 +330,13 @@ def _small_grid_net(seed=0):
              helper.make_node("Gemm", ["f", "fc", "fb"], ["logits"], transB=1),
              helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "t"], ["loss"])]
     g = helper.make_graph(nodes, "small_grid",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 4, 4]),
-                           helper.make_tensor_value_info("t", TensorProto.INT64, [2])],
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [8, 8, 4, 4]),
+                           helper.make_tensor_value_info("t", TensorProto.INT64, [8])],
                           [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
                           [numpy_helper.from_array(v, k) for k, v in w.items()])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
     m.ir_version = IR_VERSION
-    feeds = {"x": rng.standard_normal((2, 8, 4, 4)).astype(np.float32), "t": np.array([1, 3], np.int64)}
+    feeds = {"x": rng.standard_normal((8, 8, 4, 4)).astype(np.float32), "t": rng.integers(0, 5, 8).astype(np.int64)}
     return m, list(w), feeds
 
 

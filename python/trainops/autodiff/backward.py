@@ -132,7 +132,7 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
             raise GradientError(f"no gradient rule for {describe(node)} ({why}); it lies "
                                 f"between {list(xs)} and {target}. Ops with rules: "
                                 f"{', '.join(sorted(RULES) + ['If'])}")
-        results = fn(Ctx(b, node, gys, need, producer))
+        results = fn(Ctx(b, node, gys, need, producer, xset))
         for i, g in enumerate(results):
             if g is not None and i < len(need) and need[i]:
                 grads.setdefault(node.input[i], []).append(g)

@@ -22,12 +22,14 @@ from .graph import FLOAT_TYPES, Builder, GradientError, attr, describe
 
 class Ctx:
     def __init__(self, b: Builder, node: onnx.NodeProto, gys: list[str | None],
-                 needs: list[bool], producer: dict[str, onnx.NodeProto] | None = None):
+                 needs: list[bool], producer: dict[str, onnx.NodeProto] | None = None,
+                 wrt: frozenset[str] | set[str] = frozenset()):
         self.b = b
         self.node = node
         self.gys = gys
         self.needs = needs
-        self.producer = producer or {}
+        self.producer = producer or {}  # the forward nodes' producers of each value
+        self.wrt = wrt  # the values whose gradients are asked for
 
     @property
     def gy(self) -> str:
@@ -106,11 +108,12 @@ def sub(c: Ctx):
 
 def _silu_input(c: Ctx) -> int | None:
     """Which input of a ``Mul`` is ``x`` when the node is SiLU, ``Mul(x, Sigmoid(x))`` in
-    either order (PyTorch's ``nn.SiLU`` as both exporters write it), else None."""
+    either order (PyTorch's ``nn.SiLU`` as both exporters write it), else None. Not when the
+    Sigmoid's output is itself asked for: its gradient needs this Mul's share."""
     for k in (0, 1):
         s = c.producer.get(c.x(1 - k) or "")
         if (s is not None and s.op_type == "Sigmoid" and s.domain in ("", "ai.onnx")
-                and s.input[0] == c.x(k)):
+                and s.input[0] == c.x(k) and c.x(1 - k) not in c.wrt):
             return k
     return None
 

@@ -48,7 +48,8 @@ __all__ = ["block_of", "find_blocks", "recompute_blocks"]
 
 _SCOPES = "pkg.torch.onnx.name_scopes"
 _INDEX = re.compile(r"^\d+$")
-_NEVER = frozenset({"BatchNormalization"})  # running statistics must not update twice
+# running statistics must not update twice (BatchNormTrain: the fused step's form of it)
+_NEVER = frozenset({"BatchNormalization", "BatchNormTrain"})
 _NAME = f"{_P}/recompute"
 
 

@@ -97,7 +97,7 @@ const BN_SERIAL_BELOW: usize = 1 << 18;
 /// least [`MIN_GROUPS`] tasks where there are channels enough; a function of the shape
 /// alone. `sh` has an element.
 pub(super) fn group_width(sh: BnShape) -> usize {
-    TASK_ELEMENTS.div_ceil(sh.n * sh.s).min(sh.c.div_ceil(MIN_GROUPS)).max(1)
+    TASK_ELEMENTS.div_ceil(sh.n.saturating_mul(sh.s).max(1)).min(sh.c.div_ceil(MIN_GROUPS)).max(1)
 }
 
 /// The gradients of training-mode BatchNormalization (see the module text), with the
@@ -127,7 +127,7 @@ pub fn batch_norm_train_grad_at(
     par: &dyn Parallelism,
 ) -> Result<(), KernelError> {
     check(dy, x, scale, shape, &out)?;
-    if shape.n == 0 || shape.s == 0 {
+    if shape.is_empty() {
         // No element per channel: dX is empty, and dScale and dBias are empty sums (as the
         // reference). Nothing else is sized (`n` or `c` may be huge beside the zero).
         let BnGrads { dscale, dbias, .. } = out;

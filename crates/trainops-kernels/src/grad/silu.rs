@@ -7,12 +7,14 @@
 //! SiLU network's backward; this one does the step's work in a quarter of the time.
 //!
 //! Error bound, carried through each rounding (`u = 2^-24`): `e` within `3u` relative (the
-//! polynomial's truncation below `u/30`, its evaluation and the reduction), `1 + e` `2.5u`,
-//! `1/(1 + e)` `3.5u`, `e/(1 + e)` `7.5u`, so `s` and `1 - s` within `7.5u`; then `x (1 -
-//! s)` `8.5u`, and `dX = dY s (1 + x (1 - s))` is within `11 u |dY| (s + 2 |x| s (1 - s))`
-//! of the exact value, plus `2^-100 |dY|` beyond |x| = 87. Next to the derivative's root
-//! (x near -1.2785) `1 + x (1 - s)` cancels, so the bound is on the terms' magnitudes, as the
-//! standard ops' is (Sigmoid, Sub, Mul, Mul, Add round on the same terms).
+//! polynomial's truncation below `u/8` at |r| = ln2/2, its evaluation and the reduction),
+//! `1 + e` `2.5u`, `1/(1 + e)` `3.5u`, `e/(1 + e)` `7.5u`, so `s` and `1 - s` within `7.5u`;
+//! then `x (1 - s)` `8.5u`, and `dX = dY s (1 + x (1 - s))` is within
+//! `11 u |dY| (s + 2 |x| s (1 - s))` of the exact value, plus `2^-100 |dY|` beyond |x| = 87
+//! (and, as every such bound, half the smallest subnormal where the product underflows).
+//! Next to the derivative's root (x near -1.2785) `1 + x (1 - s)` cancels, so the bound is
+//! on the terms' magnitudes, as the standard ops' is (Sigmoid, Sub, Mul, Mul, Add round on
+//! the same terms).
 //! `SiLU'(+inf) = 1`, `SiLU'(-inf) = 0`; NaN stays NaN.
 //!
 //! The same code for each x86 level ([`Level`]); no fused multiply-add is formed (Rust does

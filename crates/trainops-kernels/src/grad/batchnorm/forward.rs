@@ -19,10 +19,14 @@
 //! rounded to `f32`. No fused multiply-add is formed, and each channel's sums run in one
 //! task in a fixed order, so the bits depend neither on the [`Parallelism`] nor on the SIMD
 //! level. Error bound (tested here against the `f64` [`reference`](mod@reference) and in
-//! `tests/test_batchnorm_train_op.py` against numpy in float64): every element of `Y` is
-//! within `4 * 2^-24 * (|k| (|X - mean| + |mean|) + |B|)` of the exact value; the running
-//! statistics within `2^-24 * |exact| + 2^-30 * (|input| * momentum + |stat| * (1 -
-//! momentum))`.
+//! `tests/test_batchnorm_train_op.py` against numpy in float64), with `a = 2^-30 mean(|X|)`
+//! and `q = 2^-30 mean((X - mean)^2)` the float64 sums' error (each sum adds `N` terms per
+//! position, then `S` positions in four partial sums: within `(N + S/4 + 2) 2^-53` of the
+//! terms' magnitudes, below `2^-30` of them while `N + S/4 < 2^23`): every element of `Y`
+//! is within `4 * 2^-24 * (|k| (|X - mean| + |mean|) + |B|) + 2 |k| a` of the exact value
+//! (a mean off by `a` moves `X - mean` by `a`; the variance's `q` moves `k` by far less);
+//! the running mean within `2^-24 |exact| + 2^-30 |input| momentum + (1 - momentum) a`, the
+//! running variance within `2^-24 |exact| + 2^-30 |input| momentum + (1 - momentum) 2 q`.
 
 use super::{fold, group_width, BnShape, BN_SERIAL_BELOW, LONG_ROW};
 use crate::parallel::{for_each_item, Parallelism, Sequential};
@@ -79,10 +83,11 @@ pub fn batch_norm_train_at(
     par: &dyn Parallelism,
 ) -> Result<(), KernelError> {
     check(x, &p, shape, &out)?;
-    if shape.n == 0 || shape.s == 0 {
-        // No element per channel: Y is empty and the batch statistics are undefined, NaN
-        // as numpy's mean of nothing (so are the running ones). Nothing else is sized (`n`
-        // or `c` may be huge beside the zero). The onnxruntime op refuses such an X first.
+    if shape.is_empty() {
+        // No channel, or no element per channel: Y is empty and the batch statistics are
+        // undefined, NaN as numpy's mean of nothing (so are the running ones). Nothing else
+        // is sized (the other dimensions may be huge beside the zero). The onnxruntime op
+        // refuses an X with no element per channel first.
         let BnOutputs { running_mean, running_var, .. } = out;
         running_mean.into_iter().chain(running_var).for_each(|d| d.fill(f32::NAN));
         return Ok(());

@@ -207,3 +207,12 @@ fn bn_timing() {
         println!("{sh:?}: {:.1} us, {:.3} ns/element", best * 1e6, best * 1e9 / sh.len() as f64);
     }
 }
+
+/// No channel beside huge dimensions (their product overflows): nothing to do, no panic
+/// (the task width once divided by the wrapped product N * S).
+#[test]
+fn no_channel_with_huge_dimensions() {
+    let sh = BnShape { n: 1 << 40, c: 0, s: 1 << 40 };
+    let out = BnGrads { dx: Some(&mut []), dscale: Some(&mut []), dbias: None };
+    batch_norm_train_grad(&[], &[], &[], EPS, sh, out, &Sequential).unwrap();
+}

@@ -60,15 +60,20 @@ fn check_bound(got: &Out, d: &Data, sh: BnShape) {
         let var = idx.iter().map(|&i| (f(d.x[i]) - mean).powi(2)).sum::<f64>() / cnt;
         let rstd = 1.0 / (var + f(EPS)).sqrt();
         let k = f(d.scale[c]) * rstd;
+        // The float64 sums' error (the module text): 2^-30 of the terms' mean magnitude.
+        let a = 2f64.powi(-30) * idx.iter().map(|&i| f(d.x[i]).abs()).sum::<f64>() / cnt;
+        let q = 2f64.powi(-30) * var;
         for &i in &idx {
             let xc = f(d.x[i]) - mean;
             let exact = xc * k + f(d.bias[c]);
-            let bound = 4.0 * u * (k.abs() * (xc.abs() + mean.abs()) + f(d.bias[c]).abs());
+            let bound = 4.0 * u * (k.abs() * (xc.abs() + mean.abs()) + f(d.bias[c]).abs()) + 2.0 * k.abs() * a;
             assert!((f(got.0[i]) - exact).abs() <= bound, "Y[{i}] of {sh:?}: {} vs {exact} (bound {bound})", got.0[i]);
         }
-        for (what, got, input, stat) in [("mean", got.1[c], d.mean[c], mean), ("var", got.2[c], d.var[c], var)] {
+        for (what, got, input, stat, sums) in
+            [("mean", got.1[c], d.mean[c], mean, a), ("var", got.2[c], d.var[c], var, 2.0 * q)]
+        {
             let exact = f(input) * m + stat * (1.0 - m);
-            let bound = u * exact.abs() + 2f64.powi(-30) * (f(input).abs() * m + stat.abs() * (1.0 - m));
+            let bound = u * exact.abs() + 2f64.powi(-30) * f(input).abs() * m + (1.0 - m) * sums;
             assert!((f(got) - exact).abs() <= bound, "running {what}[{c}] of {sh:?}: {got} vs {exact}");
         }
     }
@@ -143,6 +148,28 @@ fn constant_channel_gives_the_bias() {
     }
     let want = (f64::from(d.mean[0]) * 0.9f32 as f64 + 2.5 * (1.0 - 0.9f32 as f64)) as f32;
     assert_eq!(got.1[0], want);
+}
+
+/// No channel: nothing to do, whatever the other dimensions (their product may not even
+/// fit in usize beside the zero).
+#[test]
+fn no_channel() {
+    for sh in [BnShape { n: 1 << 40, c: 0, s: 1 << 40 }, BnShape { n: 3, c: 0, s: 4 }] {
+        let out = BnOutputs { y: &mut [], running_mean: Some(&mut []), running_var: None };
+        let p = BnParams { scale: &[], bias: &[], input_mean: &[], input_var: &[], epsilon: EPS, momentum: MOMENTUM };
+        batch_norm_train(&[], p, sh, out, &Sequential).unwrap();
+    }
+}
+
+/// The float64 sums' error is part of the bound: a channel whose large terms cancel (the
+/// mean of [2^60, 1, -2^60] computed as 0, exactly 1/3) stays within it.
+#[test]
+fn cancelling_channel_within_the_bound() {
+    let sh = BnShape { n: 3, c: 1, s: 1 };
+    let mut d = Data::new(sh, 4);
+    d.x = vec![2f32.powi(60), 1.0, -(2f32.powi(60))];
+    let got = fast(detected(), &Sequential, &d, sh);
+    check_bound(&got, &d, sh);
 }
 
 /// No element per channel: Y is empty, the statistics NaN, nothing sized by the huge
