@@ -566,11 +566,48 @@ impl ShapeInfer<'_> {
         // would make the output a scalar, and a node reading it (a Gemm after a loss
         // gradient) fails its own inference. Such an input leaves the output to the runtime.
         // SAFETY: `info` belongs to the context (not released here) and is valid now.
-        if unsafe { read_info(self.api, self.op, info, false) }.is_ok_and(|(_, dims)| dims.is_empty()) {
+        let read = unsafe { read_info(self.api, self.op, info, false) }.ok();
+        if read.as_ref().is_some_and(|(_, dims)| dims.is_empty()) {
             return Ok(());
+        }
+        // An unknown dimension with no name comes as the value -1 (onnxruntime 1.17 hands
+        // such inputs to the context: a recomputed MatMul's output in a LoRA step). Copied,
+        // the -1 is a size: a MatMul reading the output found it "incompatible" with the
+        // real one. Such an output is declared afresh, each unknown dimension named.
+        if let Some((dtype, dims)) = read {
+            // SAFETY: as above; `info` has `dims.len()` dimensions.
+            if unsafe { self.has_unnamed_unknown(info, dims.len()) } {
+                let known: Vec<Option<i64>> = dims.iter().map(|&d| (d >= 0).then_some(d)).collect();
+                return self.declare(output, dtype, &known);
+            }
         }
         // SAFETY: valid context; `info` is valid and only read by the runtime.
         let s = unsafe { (self.api.raw().ShapeInferContext_SetOutputTypeShape)(self.ctx, output, info) };
         self.api.check(self.op, "ShapeInferContext_SetOutputTypeShape", s)
+    }
+
+    /// True when a dimension of `info` (of `rank` dimensions) is unknown and unnamed.
+    ///
+    /// # Safety
+    /// `info` must be a valid tensor type-and-shape info of `rank` dimensions.
+    unsafe fn has_unnamed_unknown(&self, info: *const sys::OrtTensorTypeAndShapeInfo, rank: usize) -> bool {
+        let raw = self.api.raw();
+        let mut dims = vec![0i64; rank];
+        let mut names: Vec<*const c_char> = vec![core::ptr::null(); rank];
+        // SAFETY: valid info (caller); both buffers hold `rank` entries; the names stay
+        // owned by the info and are read before this returns.
+        let ok = self
+            .api
+            .check(self.op, "GetDimensions", unsafe { (raw.GetDimensions)(info, dims.as_mut_ptr(), rank) })
+            .and_then(|()| {
+                // SAFETY: as above.
+                let s = unsafe { (raw.GetSymbolicDimensions)(info, names.as_mut_ptr(), rank) };
+                self.api.check(self.op, "GetSymbolicDimensions", s)
+            })
+            .is_ok();
+        ok && dims.iter().zip(&names).any(|(&d, &n)| {
+            // SAFETY: a non-null name is a NUL-terminated string the info owns.
+            d < 0 && (n.is_null() || unsafe { core::ffi::CStr::from_ptr(n) }.is_empty())
+        })
     }
 }
