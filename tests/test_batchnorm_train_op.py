@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from onnx import TensorProto, helper
 
+from test_grad_batchnorm import _error
 from trainops.onnx_defs import IR_VERSION, TRAINOPS_DOMAIN
 
 U = 2.0 ** -24  # float32's unit roundoff
@@ -148,12 +149,6 @@ def test_optional_outputs_equal_their_part_of_all_three(make_session, rng, outpu
     assert len(got) == len(names)
     for name, value in zip(names, got):
         np.testing.assert_array_equal(value, full[name])
-
-
-def _error(make_session, m, feeds):
-    with pytest.raises(Exception) as e:
-        make_session(m).run(None, feeds)
-    return str(e.value)
 
 
 def test_no_channel_gives_empty_outputs(make_session, rng):

@@ -17,6 +17,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from helpers.adam_pair import assert_runs_agree, record
+from test_grad_activation import grad_model, run
 from trainops import Trainer, optim
 from trainops.onnx_defs import IR_VERSION, TRAINOPS_DOMAIN
 
@@ -32,10 +33,6 @@ def _model(nodes, name):
                                             helper.make_opsetid(TRAINOPS_DOMAIN, 1)])
     m.ir_version = IR_VERSION
     return m
-
-
-def grad_model(op, **attrs):
-    return _model([helper.make_node(op, ["dY", "X"], ["dX"], domain=TRAINOPS_DOMAIN, **attrs)], op)
 
 
 def _const(name, v):
@@ -67,10 +64,6 @@ def data(rng, n, scale):
     k = min(n, SPECIALS.size)
     v[:k] = SPECIALS[:k]
     return v
-
-
-def run(sess, gy, x):
-    return sess.run(None, {"dY": gy, "X": x})[0]
 
 
 @pytest.mark.parametrize("n", SIZES)

@@ -30,7 +30,9 @@
 //! cut into the same channel tasks.
 
 use crate::parallel::{for_each_item, Parallelism, Sequential};
-use crate::simd::{detected, Avx2, Avx512, Isa, Level};
+use crate::simd::{detected, Isa, Level};
+#[cfg(target_arch = "x86_64")]
+use crate::simd::{Avx2, Avx512};
 use crate::KernelError;
 
 /// The layout of `X`: `n` samples, `c` channels, `s` spatial elements per sample and
@@ -142,14 +144,14 @@ pub fn batch_norm_train_grad_at(
         par
     };
     let cx = Inputs { dy, x, scale, eps: f64::from(eps), shape };
-    let gs = groups(shape, out);
-    match level.isa().unwrap_or(Isa::Scalar) {
-        Isa::Scalar => for_each_item(par, gs, |g| run_group(&cx, g)),
-        // SAFETY: the token proves the CPU has AVX2 and FMA.
-        Isa::Avx2(t) => for_each_item(par, gs, |g| unsafe { run_group_avx2(t, &cx, g) }),
-        // SAFETY: the token proves the CPU has AVX-512F.
-        Isa::Avx512(t) => for_each_item(par, gs, |g| unsafe { run_group_avx512(t, &cx, g) }),
-    }
+    let isa = level.isa().unwrap_or(Isa::Scalar);
+    for_each_item(par, groups(shape, out), |g| {
+        at_level(
+            isa,
+            #[inline(always)]
+            || run_group(&cx, g),
+        )
+    });
     Ok(())
 }
 
@@ -228,30 +230,33 @@ fn groups(sh: BnShape, out: BnGrads<'_>) -> Vec<Group<'_>> {
     gs
 }
 
-/// The group's work with AVX2 enabled (the portable body, vectorised by the compiler).
+/// Runs `f` compiled for `isa`: the portable body, vectorised by the compiler at that
+/// level (`f` must be `#[inline(always)]` so that its body is compiled inside the level's
+/// function). The same operations at every level: the same bits. Both BatchNorm kernels'
+/// tasks run through it.
+#[inline(always)]
+pub(super) fn at_level<R>(isa: Isa, f: impl FnOnce() -> R) -> R {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX2 and FMA.
+        Isa::Avx2(t) => unsafe { with_avx2(t, f) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX-512F.
+        Isa::Avx512(t) => unsafe { with_avx512(t, f) },
+        _ => f(),
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn run_group_avx2(_: Avx2, cx: &Inputs<'_>, g: Group<'_>) {
-    run_group(cx, g);
+fn with_avx2<R>(_: Avx2, f: impl FnOnce() -> R) -> R {
+    f()
 }
 
-/// The group's work with AVX-512F enabled.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn run_group_avx512(_: Avx512, cx: &Inputs<'_>, g: Group<'_>) {
-    run_group(cx, g);
-}
-
-/// No x86 levels elsewhere ([`Level::isa`] never gives their tokens).
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn run_group_avx2(_: Avx2, cx: &Inputs<'_>, g: Group<'_>) {
-    run_group(cx, g);
-}
-
-/// No x86 levels elsewhere ([`Level::isa`] never gives their tokens).
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn run_group_avx512(_: Avx512, cx: &Inputs<'_>, g: Group<'_>) {
-    run_group(cx, g);
+fn with_avx512<R>(_: Avx512, f: impl FnOnce() -> R) -> R {
+    f()
 }
 
 /// One group's work. Its channels' rows of one sample are contiguous (`w = width * S`

@@ -663,24 +663,23 @@ pub fn input_grad_at(
     // around its channels' rows (a panel two blocks share is computed by both, the same
     // bits): each dX element still sums its channel's rows in order.
     let blocks = channel_blocks(dims);
-    let mut items: Vec<(usize, usize, usize, Vec<&mut [f32]>)> = Vec::new();
+    let mut items: Vec<InputGradItem<'_>> = Vec::new();
     for (chunk_index, dxc) in dx.chunks_mut(chunk * sample).enumerate() {
         let first = items.len();
         for g in 0..groups {
-            items.extend(blocks.iter().map(|b| (chunk_index, g, b.start, Vec::new())));
+            items.extend(blocks.iter().map(|b| (chunk_index, g, b.clone(), Vec::new())));
         }
         for sample_dx in dxc.chunks_mut(sample) {
             let mut rest = sample_dx;
             for item in &mut items[first..] {
-                let (piece, tail) = rest.split_at_mut((blocks_len(&blocks, item.2)) * il);
+                let (piece, tail) = rest.split_at_mut(item.2.len() * il);
                 item.3.push(piece);
                 rest = tail;
             }
         }
     }
-    for_each_item(par, items, |(chunk_index, g, c0, mut dxs)| {
+    for_each_item(par, items, |(chunk_index, g, Range { start: c0, end: c1 }, mut dxs)| {
         let (n0, nc) = (chunk_index * chunk, dxs.len());
-        let c1 = c0 + dxs.first().map_or(0, |d| d.len() / il.max(1));
         let cols = nc * p;
         let rt = cols.div_ceil(NR);
         let ldc = rt * NR;
@@ -730,6 +729,10 @@ pub fn input_grad_at(
     failed.into_result()
 }
 
+/// One task of the input gradient: (chunk of samples, group, block of the group's input
+/// channels, that block's dX in each sample of the chunk).
+type InputGradItem<'a> = (usize, usize, Range<usize>, Vec<&'a mut [f32]>);
+
 /// Channels per block of a group's input channels for the input gradient (a function of
 /// the shapes only): one block unless the chunks of samples make fewer than
 /// [`TARGET_TASKS`] tasks; each block at least [`MIN_ROW_PANELS`] panels of the column
@@ -741,11 +744,6 @@ fn channel_blocks(dims: &ConvDims) -> Vec<Range<usize>> {
     let most = (cg * kl) / (MIN_ROW_PANELS * MR);
     let count = if work >= SPLIT_ABOVE { TARGET_TASKS.div_ceil(chunks.max(1)).min(most).max(1) } else { 1 };
     even(cg, count)
-}
-
-/// The length of the block of [`channel_blocks`] that starts at channel `c0`.
-fn blocks_len(blocks: &[Range<usize>], c0: usize) -> usize {
-    blocks.iter().find(|b| b.start == c0).map_or(0, |b| b.len())
 }
 
 /// Output positions (samples x grid) from which the input gradient packs all of `W`.

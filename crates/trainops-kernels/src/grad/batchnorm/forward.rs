@@ -28,9 +28,9 @@
 //! the running mean within `2^-24 |exact| + 2^-30 |input| momentum + (1 - momentum) a`, the
 //! running variance within `2^-24 |exact| + 2^-30 |input| momentum + (1 - momentum) 2 q`.
 
-use super::{fold, group_width, BnShape, BN_SERIAL_BELOW, LONG_ROW};
+use super::{at_level, fold, group_width, BnShape, BN_SERIAL_BELOW, LONG_ROW};
 use crate::parallel::{for_each_item, Parallelism, Sequential};
-use crate::simd::{detected, Avx2, Avx512, Isa, Level};
+use crate::simd::{detected, Isa, Level};
 use crate::KernelError;
 
 /// The per-channel inputs besides `X`, each of `C` elements.
@@ -101,13 +101,14 @@ pub fn batch_norm_train_at(
     };
     let gs = groups(shape, out);
     let cx = Inputs { x, p, shape };
-    match level.isa().unwrap_or(Isa::Scalar) {
-        Isa::Scalar => for_each_item(par, gs, |g| run_group(&cx, g)),
-        // SAFETY: the token proves the CPU has AVX2 and FMA.
-        Isa::Avx2(t) => for_each_item(par, gs, |g| unsafe { run_group_avx2(t, &cx, g) }),
-        // SAFETY: the token proves the CPU has AVX-512F.
-        Isa::Avx512(t) => for_each_item(par, gs, |g| unsafe { run_group_avx512(t, &cx, g) }),
-    }
+    let isa = level.isa().unwrap_or(Isa::Scalar);
+    for_each_item(par, gs, |g| {
+        at_level(
+            isa,
+            #[inline(always)]
+            || run_group(&cx, g),
+        )
+    });
     Ok(())
 }
 
@@ -173,32 +174,6 @@ fn groups(sh: BnShape, out: BnOutputs<'_>) -> Vec<Group<'_>> {
         gs.iter_mut().zip(d.chunks_mut(width)).for_each(|(g, p)| g.var = Some(p));
     }
     gs
-}
-
-/// The group's work with AVX2 enabled (the portable body, vectorised by the compiler).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn run_group_avx2(_: Avx2, cx: &Inputs<'_>, g: Group<'_>) {
-    run_group(cx, g);
-}
-
-/// The group's work with AVX-512F enabled.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-fn run_group_avx512(_: Avx512, cx: &Inputs<'_>, g: Group<'_>) {
-    run_group(cx, g);
-}
-
-/// No x86 levels elsewhere ([`Level::isa`] never gives their tokens).
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn run_group_avx2(_: Avx2, cx: &Inputs<'_>, g: Group<'_>) {
-    run_group(cx, g);
-}
-
-/// No x86 levels elsewhere ([`Level::isa`] never gives their tokens).
-#[cfg(not(target_arch = "x86_64"))]
-unsafe fn run_group_avx512(_: Avx512, cx: &Inputs<'_>, g: Group<'_>) {
-    run_group(cx, g);
 }
 
 /// Positions whose accumulators [`sums`] keeps in registers across the samples.
