@@ -16,6 +16,7 @@ pub mod activation;
 pub mod batchnorm;
 pub mod conv;
 pub mod depthwise;
+mod expf;
 mod gelu;
 mod gemm;
 pub mod im2col;

@@ -20,30 +20,11 @@
 //! The same code for each x86 level ([`Level`]); no fused multiply-add is formed (Rust does
 //! not contract), so every level gives the same bits.
 
+use super::expf::exp_nonpositive;
 use crate::simd::{Isa, Level};
 
 /// Beyond this |x| the derivative is 1 (x > 0) or 0 (x < 0) to float32 precision.
 const FLAT: f32 = 87.0;
-
-/// `e^t` for `-87 <= t <= 0`, within `3u` relative.
-#[inline(always)]
-fn exp_nonpositive(t: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 * 2^23: adding it rounds to an integer
-                                     // Cephes' split of ln 2: LN2_HI has 9 significant bits, so k * LN2_HI is exact for
-                                     // |k| <= 126.
-    const LN2_HI: f32 = 0.693_359_4;
-    const LN2_LO: f32 = -2.121_944_4e-4;
-    let kf = t * core::f32::consts::LOG2_E + MAGIC;
-    let k = kf - MAGIC;
-    let r = (t - k * LN2_HI) - k * LN2_LO; // |r| <= ln2 / 2 (a little more: k's rounding)
-    let p = 1.0
-        + r * (1.0
-            + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r / 5040.0))))));
-    // k (-126..=0) in two's complement is kf's bits less MAGIC's; 2^k's bits are
-    // (k + 127) << 23.
-    let kbits = kf.to_bits().wrapping_sub(MAGIC.to_bits());
-    p * f32::from_bits(kbits.wrapping_add(127) << 23)
-}
 
 /// `SiLU'(x)` in float32 (see the module text).
 #[inline(always)]

@@ -15,6 +15,7 @@
 //! `4 eps (|dY| + exp(Y) S)` (LogSoftmax), `S` the sum of the summed terms' magnitudes, plus
 //! one rounding (`tests`).
 
+use super::expf::exp_nonpositive;
 use crate::parallel::{for_each_item, Parallelism, CHUNK, SERIAL_BELOW};
 use crate::simd::{Avx2, Avx512, Isa, Level};
 use crate::KernelError;
@@ -222,13 +223,24 @@ pub enum LossScale<'a> {
 /// The backward of ONNX's SoftmaxCrossEntropyLoss without class weights, for `scores` of
 /// `rows x classes` and one label per row: `dX = (softmax(x) - onehot(label)) s`, with `s`
 /// the row's [`LossScale`] and 0 for a row whose label is `ignore`. Labels must be in
-/// `0..classes` or `ignore` (the caller checks). `softmax` in `f32` (`f32::exp`, the row sum in
-/// `f64`); `mean` divides by the count of rows kept in `f32` (the standard form's
+/// `0..classes` or `ignore` (the caller checks). `softmax` in `f32` lanes (`e^(x - max)` by
+/// [`exp_nonpositive`], within `3u` relative, `u = 2^-24`; 0 below `e^-87`), the row sum
+/// in `f64` lanes; `mean` divides by the count of rows kept in `f32` (the standard form's
 /// `ReduceSum` of the weights, exact below 2^24 rows). All rows ignored gives a zero
 /// gradient, as PyTorch's (the loss is 0/0; dividing by the zero count would make every
-/// row inf * 0, NaN, and the weights NaN after the update). Within `4 eps (p + 1) |s|` of
-/// [`cross_entropy_reference`].
+/// row inf * 0, NaN, and the weights NaN after the update). The bits depend on neither the
+/// SIMD level (`level`, the widest used) nor the thread count.
+///
+/// Accuracy against [`cross_entropy_reference`], carried through each rounding: `x - max`
+/// rounds (`u |t|`, which `e^t` turns into a relative error of that size) and `e^t` adds
+/// `3u`; the sum's relative error is the `p`-weighted mean of those, at most `3u + u H(p)
+/// <= u (3 + ln C)` (`-t_j <= -ln p_j`, and the entropy `H(p) <= ln C` for `C` classes);
+/// the reciprocal, the product, the subtraction and the scaling add a rounding each. So each
+/// element is within `u |s| ((10 + ln C) p + 2.4) + 2^-125 |s|` (`p |t| <= 1/e`; the last
+/// term for the exponents below the floor).
+#[allow(clippy::too_many_arguments)]
 pub fn cross_entropy_grad(
+    level: Level,
     scores: &[f32],
     classes: usize,
     labels: &[i64],
@@ -263,26 +275,25 @@ pub fn cross_entropy_grad(
     };
     let per = (CHUNK / classes).max(1);
     let items: Vec<(usize, &mut [f32])> = dx.chunks_mut(per * classes).enumerate().map(|(b, d)| (b * per, d)).collect();
+    let isa = level.isa().unwrap_or(Isa::Scalar);
     let run = |(first, d): (usize, &mut [f32])| {
         for (k, out) in d.chunks_exact_mut(classes).enumerate() {
             let i = first + k;
-            let x = &scores[i * classes..(i + 1) * classes];
             let s = match scale {
                 LossScale::EachRow(g) => g[i],
                 _ => common,
             };
             // times the row's weight (0 or 1), as the standard form multiplies: inf * 0 is NaN
             let s = s * if kept(labels[i]) { 1.0 } else { 0.0 };
-            let m = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let mut sum = 0f64;
-            for (o, &v) in out.iter_mut().zip(x) {
-                *o = (v - m).exp();
-                sum += f64::from(*o);
-            }
-            let inv = (1.0 / sum) as f32;
-            for (j, o) in out.iter_mut().enumerate() {
-                let hot = if labels[i] == j as i64 { 1.0 } else { 0.0 };
-                *o = (*o * inv - hot) * s;
+            let row = Row { x: &scores[i * classes..(i + 1) * classes], label: labels[i], s };
+            match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the token proves the CPU has AVX-512F.
+                Isa::Avx512(t) => unsafe { ce_row_avx512(t, row, out) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the token proves the CPU has AVX2 and FMA.
+                Isa::Avx2(t) => unsafe { ce_row_avx2(t, row, out) },
+                _ => ce_row(row, out),
             }
         }
     };
@@ -292,6 +303,72 @@ pub fn cross_entropy_grad(
         for_each_item(par, items, run);
     }
     Ok(())
+}
+
+/// One row of [`cross_entropy_grad`]: the scores, the label and the row's scale.
+#[derive(Clone, Copy)]
+struct Row<'a> {
+    x: &'a [f32],
+    label: i64,
+    s: f32,
+}
+
+/// Below this exponent `e^t` is taken as 0 (it is below `2^-125`).
+const EXP_FLOOR: f32 = -87.0;
+
+/// One row: the maximum in 16 lanes (exact in any order), `e^(x - max)` in float32 lanes
+/// ([`exp_nonpositive`]), their sum in [`LANES`] `f64` lanes, then `(e inv - hot) s`.
+#[inline(always)]
+fn ce_row(row: Row<'_>, out: &mut [f32]) {
+    let x = row.x;
+    let mut top = [f32::NEG_INFINITY; 16];
+    let mut blocks = x.chunks_exact(16);
+    for b in &mut blocks {
+        for l in 0..16 {
+            top[l] = top[l].max(b[l]);
+        }
+    }
+    let m = blocks.remainder().iter().chain(&top).copied().fold(f32::NEG_INFINITY, f32::max);
+    for (o, &v) in out.iter_mut().zip(x) {
+        let t = v - m;
+        // NaN (a NaN score, or inf - inf) fails the comparison and stays NaN
+        *o = if t < EXP_FLOOR { 0.0 } else { exp_nonpositive(t) };
+    }
+    let mut sum = [0f64; LANES];
+    let mut blocks = out.chunks_exact(LANES);
+    for b in &mut blocks {
+        for l in 0..LANES {
+            sum[l] += f64::from(b[l]);
+        }
+    }
+    for (l, &v) in blocks.remainder().iter().enumerate() {
+        sum[l] += f64::from(v);
+    }
+    let inv = (1.0 / sum.iter().sum::<f64>()) as f32;
+    let s = row.s;
+    // the label's element before the loop overwrites it (labels are checked: in range or
+    // ignored, and an ignored row's s is 0 or NaN either way)
+    let hot = usize::try_from(row.label).ok().filter(|&l| l < out.len()).map(|l| (l, (out[l] * inv - 1.0) * s));
+    for o in out.iter_mut() {
+        *o = (*o * inv) * s;
+    }
+    if let Some((l, v)) = hot {
+        out[l] = v;
+    }
+}
+
+/// [`ce_row`] with AVX2 and FMA enabled (no contraction without fast-math: the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn ce_row_avx2(_: Avx2, row: Row<'_>, out: &mut [f32]) {
+    ce_row(row, out);
+}
+
+/// [`ce_row`] with AVX-512F enabled (the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn ce_row_avx512(_: Avx512, row: Row<'_>, out: &mut [f32]) {
+    ce_row(row, out);
 }
 
 /// [`cross_entropy_grad`]'s specification in `f64`, rounded once. Tests only.

@@ -114,34 +114,77 @@ fn mismatched_lengths_are_refused() {
     assert_eq!(err, Err(KernelError::LengthMismatch { what: "Y", got: 5, expected: 6 }));
 }
 
+/// The documented bound of [`cross_entropy_grad`] at the reference's element `w` (the row
+/// scaled by `s`; `hot`: the label's element) in a row of `classes`, plus the reference's
+/// own rounding to float32.
+fn ce_bound(w: f64, s: f64, hot: bool, classes: usize) -> f64 {
+    let u = EPS / 2.0;
+    let p = if s == 0.0 { 1.0 } else { (w / s + if hot { 1.0 } else { 0.0 }).clamp(0.0, 1.0) };
+    u * s.abs() * ((10.0 + (classes as f64).ln()) * p + 2.4)
+        + 2f64.powi(-125) * s.abs()
+        + u * w.abs()
+        + f64::from(f32::MIN_POSITIVE)
+}
+
 #[test]
-fn cross_entropy_within_the_bound_of_the_reference_and_the_same_on_every_thread_count() {
+fn cross_entropy_within_the_bound_of_the_reference_on_every_level_and_thread_count() {
     let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
-    for &(rows, classes) in &[(0, 3), (1, 1), (3, 10), (64, 10), (7, 33), (5000, 17)] {
+    // rows x classes x the scores' spread: wide spreads make x - max round and e^t fall
+    // below the floor; a long row covers the lanes' tails
+    for &(rows, classes, spread) in &[
+        (0, 3, 8.0),
+        (1, 1, 8.0),
+        (3, 10, 8.0),
+        (64, 10, 8.0),
+        (7, 33, 8.0),
+        (5000, 17, 8.0),
+        (9, 49_157, 30.0),
+        (40, 37, 300.0),
+        (33, 129, -60.0),
+    ] {
         let mut u = uniform((rows * 13 + classes) as u64);
-        let x: Vec<f32> = (0..rows * classes).map(|_| (8.0 * u()) as f32).collect();
+        let x: Vec<f32> = (0..rows * classes).map(|_| (spread * (u() - 0.5)) as f32).collect();
         let labels: Vec<i64> = (0..rows).map(|i| ((i * 7) % (classes + 1)) as i64).collect();
         let ignore = Some(classes as i64); // every (classes+1)-th row is ignored
         let each: Vec<f32> = (0..rows).map(|_| (1.0 + u()) as f32).collect();
         for scale in [LossScale::Mean(1.5), LossScale::Sum(0.7), LossScale::EachRow(&each)] {
             let want = cross_entropy_reference(&x, classes, &labels, ignore, scale);
             let mut first = vec![f32::NAN; x.len()];
-            cross_entropy_grad(&x, classes, &labels, ignore, scale, &mut first, &Sequential).unwrap();
+            cross_entropy_grad(Level::Scalar, &x, classes, &labels, ignore, scale, &mut first, &Sequential).unwrap();
             for (i, (&g, &w)) in first.iter().zip(&want).enumerate() {
                 let s = match scale {
                     LossScale::EachRow(e) => f64::from(e[i / classes]),
-                    LossScale::Sum(v) | LossScale::Mean(v) => f64::from(v),
+                    LossScale::Sum(v) => f64::from(v),
+                    LossScale::Mean(v) => {
+                        f64::from(v) / labels.iter().filter(|&&l| Some(l) != ignore).count().max(1) as f64
+                    }
                 };
-                let bound = 4.0 * EPS * (f64::from(w).abs() / s.abs() + 1.0) * s.abs() + f64::from(f32::MIN_POSITIVE);
+                let bound = ce_bound(f64::from(w), s, labels[i / classes] == (i % classes) as i64, classes);
                 assert!((f64::from(g) - f64::from(w)).abs() <= bound, "{scale:?} {rows}x{classes} at {i}: {g} vs {w}");
             }
-            let mut threaded = vec![f32::NAN; x.len()];
-            cross_entropy_grad(&x, classes, &labels, ignore, scale, &mut threaded, &RayonPool(Some(&pool))).unwrap();
-            assert_eq!(
-                threaded.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                first.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
-            );
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            for level in available_levels() {
+                let mut other = vec![f32::NAN; x.len()];
+                cross_entropy_grad(level, &x, classes, &labels, ignore, scale, &mut other, &RayonPool(Some(&pool)))
+                    .unwrap();
+                assert_eq!(bits(&other), bits(&first), "{level:?} {rows}x{classes}");
+            }
         }
+    }
+}
+
+#[test]
+fn cross_entropy_of_infinite_and_nan_scores() {
+    // a -inf score has probability 0; an all -inf row and a NaN give NaN, as the reference
+    let x = [f32::NEG_INFINITY, 0.0, 1.0, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NEG_INFINITY, f32::NAN, 0.0, 0.0];
+    let labels = [1, 0, 2];
+    for level in available_levels() {
+        let mut dx = [0f32; 9];
+        cross_entropy_grad(level, &x, 3, &labels, None, LossScale::Sum(1.0), &mut dx, &Sequential).unwrap();
+        let e = 1.0 / (1.0 + 1f64.exp());
+        assert_eq!(dx[0], 0.0);
+        assert!((f64::from(dx[1]) - (e - 1.0)).abs() < 1e-6 && (f64::from(dx[2]) - (1.0 - e)).abs() < 1e-6, "{dx:?}");
+        assert!(dx[3..].iter().all(|v| v.is_nan()), "{level:?}: {dx:?}");
     }
 }
 
@@ -149,13 +192,13 @@ fn cross_entropy_within_the_bound_of_the_reference_and_the_same_on_every_thread_
 fn cross_entropy_of_ignored_rows_is_zero_and_all_ignored_mean_is_zero() {
     let x = [1.0f32, 2.0, 3.0, 0.5, 0.5, 0.5];
     let mut dx = [f32::NAN; 6];
-    cross_entropy_grad(&x, 3, &[1, -1], Some(-1), LossScale::Sum(1.0), &mut dx, &Sequential).unwrap();
+    cross_entropy_grad(Level::Scalar, &x, 3, &[1, -1], Some(-1), LossScale::Sum(1.0), &mut dx, &Sequential).unwrap();
     assert_eq!(&dx[3..], &[0.0; 3]);
     assert!(dx[1] < 0.0 && dx[0] > 0.0 && dx[2] > 0.0);
     // every row ignored: PyTorch's zero gradient, not 0/0's NaN
-    cross_entropy_grad(&x, 3, &[-1, -1], Some(-1), LossScale::Mean(1.0), &mut dx, &Sequential).unwrap();
+    cross_entropy_grad(Level::Scalar, &x, 3, &[-1, -1], Some(-1), LossScale::Mean(1.0), &mut dx, &Sequential).unwrap();
     assert_eq!(dx, [0.0; 6]);
     assert_eq!(cross_entropy_reference(&x, 3, &[-1, -1], Some(-1), LossScale::Mean(1.0)), [0.0; 6]);
-    let err = cross_entropy_grad(&x, 3, &[0], None, LossScale::Sum(1.0), &mut dx, &Sequential);
+    let err = cross_entropy_grad(Level::Scalar, &x, 3, &[0], None, LossScale::Sum(1.0), &mut dx, &Sequential);
     assert_eq!(err, Err(KernelError::LengthMismatch { what: "scores", got: 6, expected: 3 }));
 }

@@ -162,6 +162,7 @@ impl Kernel for SceGradKernel {
             Reduction::Mean => LossScale::Mean(g[0]),
         };
         let pool = OrtPool::new(ctx);
-        cross_entropy_grad(x, classes, labels, self.ignore, scale, d, &pool).map_err(|e| Error::kernel(SCE, e))
+        cross_entropy_grad(detected(), x, classes, labels, self.ignore, scale, d, &pool)
+            .map_err(|e| Error::kernel(SCE, e))
     }
 }
