@@ -198,10 +198,30 @@ def test_slice_unit_steps_of_an_unknown_length():
                   "ax": np.array([1], np.int64)}, symbolic={"x": [5, "n"]})
 
 
-@pytest.mark.parametrize("axis", [0, 1])
-def test_gather_embeddings(axis):
+@pytest.mark.parametrize("opset", [13, 17])
+@pytest.mark.parametrize("axis", [0, 1, -2])
+def test_gather_embeddings(axis, opset):
+    """Repeated and negative indices; opset 13 takes the OneHot form, 17 ScatterND 'add'."""
     idx = np.array([[1, 0], [3, 1], [-1, 1]], np.int64)
-    check([node("Gather", ["w", "i"], axis=axis)], {"w": r(4, 4, 2), "i": idx}, ["w"])
+    check([node("Gather", ["w", "i"], axis=axis)], {"w": r(4, 4, 2), "i": idx}, ["w"],
+          opset=opset)
+
+
+@pytest.mark.parametrize("idx", [np.int64(-2), np.array([2, 2, 2], np.int64)])
+def test_gather_scalar_and_repeated_index(idx):
+    check([node("Gather", ["w", "i"], axis=0)], {"w": r(3, 5), "i": idx}, ["w"])
+
+
+def test_gather_gradient_is_a_scatter_from_opset_16():
+    """A token table's gradient adds the tokens' rows (ScatterND 'add'), not a OneHot
+    product over the whole vocabulary."""
+    g = helper.make_node("Gradient", ["w"], ["d_w"], domain=TRAINING_DOMAIN, xs=["w"], y="y")
+    m = make_model([node("Gather", ["w", "i"], axis=0), g],
+                   [helper.make_tensor_value_info("w", TensorProto.FLOAT, [50, 4]),
+                    helper.make_tensor_value_info("i", TensorProto.INT64, [1, 2])],
+                   [helper.make_tensor_value_info("d_w", TensorProto.FLOAT, None)], opset=17)
+    ops = [n.op_type for n in expand_gradients(m).graph.node]
+    assert "ScatterND" in ops and "OneHot" not in ops and "MatMul" not in ops
 
 
 def test_where():

@@ -103,9 +103,16 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
             # inputs in order (2-5 inputs of 2^20 values bitwise on 1.17.3 and 1.32.0), and
             # an op every EP has (WebGPU 0.4.0 has no Sum kernel: the sums of a value's
             # gradients ran on the CPU, activation-sized tensors copied both ways)
-            acc = parts[0]
-            for part in parts[1:]:
+            # (every part of a tensor's gradient has the tensor's shape)
+            scattered = next((p for p in parts if p in b.scatters), None)
+            rest = [p for p in parts if p != scattered]
+            acc = rest[0]
+            for part in rest[1:]:
                 acc = b.op("Add", [acc, part])
+            if scattered is not None:  # a tied embedding's rows added into the other
+                # gradient of the table in place of a dense Add of a mostly-zero tensor
+                # (the same terms; the rows' updates come after the dense part)
+                acc = b.op("ScatterND", [acc, *b.scatters[scattered]], reduction="add")
             grads[name] = [acc]
         return grads[name][0]
 

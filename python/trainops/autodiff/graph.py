@@ -59,6 +59,11 @@ class Builder:
         self.types: dict[str, int] = {}
         self.shapes: dict[str, list[Any] | None] = {}
         self.consts: dict[str, np.ndarray] = {}
+        # Gradients made by adding updates into zeros (ScatterND 'add' over a fresh
+        # ConstantOfShape): output -> (indices, updates). Where such a gradient meets another
+        # one for the same tensor (a tied embedding), the backward scatters into that one
+        # instead of adding two dense tensors.
+        self.scatters: dict[str, tuple[str, str]] = {}
         for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
             self._used.add(vi.name)
             if vi.type.HasField("tensor_type"):
