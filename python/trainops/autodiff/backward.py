@@ -7,7 +7,9 @@ from typing import Sequence
 
 import onnx
 
+from ..onnx_defs import TRAINOPS_DOMAIN
 from . import control
+from .gelu_chain import gelu_chains
 # infer, default_opset and toposort live in the modules below this one (graph, hygiene);
 # they stay importable from here, where callers have always found them.
 from .graph import (FLOAT_TYPES, Builder, GradientError, captures, default_opset, defined_in,
@@ -116,9 +118,17 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
             grads[name] = [acc]
         return grads[name][0]
 
+    # the fused CPU step differentiates an exported exact GELU's five nodes as one
+    # (.gelu_chain): the chain's last node hands x its gradient, the rest get none
+    gelus = gelu_chains(b, order, xset | set(seeds)) if b.fused else {}
     for node in reversed(order):
         gys = [total(o) if o else None for o in node.output]
         if all(g is None for g in gys):
+            continue
+        if id(node) in gelus:
+            x, _ = gelus[id(node)]
+            grads.setdefault(x, []).append(
+                b.op("GeluGrad", [gys[0], x], domain=TRAINOPS_DOMAIN, approximate="none"))
             continue
         need = [v and i in needs for i, v in zip(node.input, value_inputs(node))]
         captured = [t for t in captures(node) if t in needs]
