@@ -1,7 +1,8 @@
 """The Trainer holds one copy of the weights and the optimizer state, not several: the
 optimizer's initial zeros take no memory, the step graph's parameter entries share the
 runtime's buffers, and the source model is kept by reference (serialized again for a
-checkpoint, refused if it changed meanwhile)."""
+checkpoint, refused if it changed meanwhile), a model file by its path (read again), and
+the training model without the weights' data the imported model holds too."""
 
 from __future__ import annotations
 
@@ -83,3 +84,44 @@ def test_checkpoint_stores_the_source_model_and_refuses_a_changed_proto(library_
     tr2 = Trainer(original, "loss", optim.Adam(lr=1e-3), threads=1)
     tr2.save(tmp_path / "c.safetensors")
     assert checkpoint.read(tmp_path / "c.safetensors")[0][checkpoint.MODEL_KEY].tobytes() == original
+
+
+def test_a_model_file_is_read_again_for_a_checkpoint_and_refused_if_changed(library_path, tmp_path):
+    """Built from a file, the Trainer keeps the path, not a second copy of the weights; a
+    checkpoint reads the file again and refuses it once it changed."""
+    path = tmp_path / "wide.onnx"
+    model = wide(64)
+    path.write_bytes(model.SerializeToString())
+    tr = Trainer(str(path), "loss", optim.Adam(lr=1e-3), threads=1)
+    tr.step({"x": np.ones((2, 64), np.float32)})
+    tr.save(tmp_path / "a.safetensors")
+    stored = checkpoint.read(tmp_path / "a.safetensors")[0][checkpoint.MODEL_KEY].tobytes()
+    assert stored == model.SerializeToString()
+    model.doc_string = "the file replaced after the Trainer was built"
+    path.write_bytes(model.SerializeToString())
+    with pytest.raises(RuntimeError, match="model file .*wide.onnx.* has changed since"):
+        tr.save(tmp_path / "b.safetensors")
+    assert not (tmp_path / "b.safetensors").exists()
+
+
+def test_the_training_model_holds_the_initial_weights_once(library_path, tmp_path):
+    """With a trainops loss the training model is a copy of the imported one: it is held
+    without the weights' data, which reading it puts back (the artifacts read it)."""
+    from trainops import losses
+
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array(rng.standard_normal((64, 100)).astype(np.float32), "w")
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["logits"])], "clf",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                          [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [2, 100])], [w])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
+    m.ir_version = IR_VERSION
+    tr = Trainer(m, losses.cross_entropy("logits"), optim.Adam(lr=1e-3), threads=1)
+    held = {i.name: i for i in tr.__dict__["_train_model_held"].graph.initializer}
+    assert held["w"].ByteSize() < 100 and list(held["w"].dims) == [64, 100]
+    full = {i.name: i for i in tr._train_model.graph.initializer}
+    np.testing.assert_array_equal(numpy_helper.to_array(full["w"]), numpy_helper.to_array(w))
+    assert "labels" in [i.name for i in tr._train_model.graph.input]  # the loss attached
+    tr.step({"x": np.ones((2, 64), np.float32), "labels": np.array([1, 2])})
+    tr.save_artifacts(tmp_path / "art")  # reads the training model whole
+    assert any((tmp_path / "art").iterdir())

@@ -46,13 +46,11 @@ PEERS = ("trainops", "eager", "compile")
 
 
 def _trainer(name: str, path: str, threads: int):
-    import onnx
-
     from .. import Trainer, losses, optim
 
     loss = losses.cross_entropy("output", class_axis=ARCHS[name]["class_axis"],
                                 ignore_index=-100)
-    return Trainer(onnx.load(path), loss,
+    return Trainer(path, loss,
                    optimizer=optim.AdamW(lr=LR, weight_decay=WEIGHT_DECAY, eps=EPS),
                    threads=threads, seed=SEED)
 

@@ -13,17 +13,39 @@ from onnx import numpy_helper
 
 from .. import losses as _losses
 from .. import offload as _offload
+from ..autodiff.importing import load as _load_model
 from . import artifacts as _artifacts
 from . import checkpoint as _checkpoint
 from . import torch_meta as _torch_meta
+from . import prepare as _prepare
 
-__all__ = ["TrainerResults"]
+__all__ = ["TrainerResults", "thin"]
+
+
+def thin(trainer) -> list[str]:
+    """Holds ``trainer``'s training model without the initializer data its imported
+    model holds too (:func:`.prepare.thin`); the names cleared."""
+    return _prepare.thin(trainer.__dict__["_train_model_held"], trainer._model)
 
 
 class TrainerResults:
     """What a :class:`~trainops.train.Trainer` gives back and saves (its state is read and
     written through ``self._arrays``, :class:`~trainops.train.buffers.Buffers`: host buffers
     bound in place on the CPU, device memory copied on demand on a device)."""
+
+    @property
+    def _train_model(self) -> onnx.ModelProto:
+        """The imported model with the loss attached (what the step graph was built
+        from), its initializers' data whole: held without the data the imported model
+        (``_model``) holds too (:func:`.prepare.thin`), which is put back in a copy here."""
+        held = self.__dict__["_train_model_held"]
+        names = self.__dict__.get("_thinned")
+        return _prepare.thickened(held, self._model, names) if names else held
+
+    @_train_model.setter
+    def _train_model(self, model: onnx.ModelProto) -> None:
+        self.__dict__["_train_model_held"] = model
+        self.__dict__["_thinned"] = None
 
     def _state_names(self) -> list[str]:
         """Every state's input name (what a checkpoint holds)."""
@@ -54,6 +76,14 @@ class TrainerResults:
         src = self._source_model
         if getattr(self, "_frozen", None) is not None:  # the trainer's own stub model
             return _offload.serialize(src, self._frozen, "Trainer checkpoint")
+        if isinstance(src, str):  # the model file it was built from, read again
+            data = _load_model(src).SerializeToString()
+            if hashlib.sha256(data).hexdigest() != self.model_sha256:
+                raise RuntimeError(f"Trainer: the model file {src!r} it was built from has "
+                                   "changed since, so the checkpoint cannot store the model "
+                                   "that was trained; keep the file as it was, or pass "
+                                   "Trainer the model's bytes")
+            return data
         data = src if isinstance(src, bytes) else src.SerializeToString()
         if hashlib.sha256(data).hexdigest() != self.model_sha256:
             raise RuntimeError("Trainer: the ModelProto it was built from has been changed "

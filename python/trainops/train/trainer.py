@@ -47,7 +47,7 @@ from .params import check_param_names
 from .placement import NO_CUSTOM_OPS, TrainingModel, check_portable, portable_graph
 from .placement import resolve as resolve_placement
 from .prepare import choose_params, prepare
-from .results import TrainerResults
+from .results import TrainerResults, thin
 from .runtime import StepRuntime
 from .spec import (BATCHNORM_MODES, StepGraph, StepOptions, check_policy, check_update_options,
                    fused_grads_enabled)
@@ -178,25 +178,24 @@ class Trainer(TrainerResults):
         self.batchnorm = batchnorm
         _lora.check_options(lora, base_dtype, recompute)
         self.base_dtype, self.recompute = base_dtype, recompute
-        # A LoRA trainer on the CPU holds its frozen weights outside the model (memory
-        # maps of a model file's external data, else one copy), so a model over 2 GB
-        # trains and no graph pass copies them (trainops.offload).
+        # A LoRA trainer on the CPU holds its frozen weights outside the model (memory maps of
+        # a model file's external data, else one copy): no graph pass copies them (.offload).
         self._frozen = None
         if _offload.wanted(model, lora) and policy == "float32" and accumulate == 1 \
                 and comm is None and providers is None and not portable and device is None:
             model, self._frozen = _offload.take(model)
         elif isinstance(model, (str, os.PathLike)):
+            self._source_model = os.fspath(model)  # a file: kept by its path, read again
             model = _load_model(model)  # a file that is no ONNX model: ValueError naming it
         params = check_param_names(params)
-        # The bytes a checkpoint stores, and their hash that identifies the model. The
-        # model is kept as given (a reference, not a copy: a copy of the weights less);
-        # _model_bytes serializes it again when a checkpoint needs it. Offloaded: hashed
+        # The bytes a checkpoint stores and their hash. The model is kept as given (a reference:
+        # a copy of the weights less), serialized when a checkpoint needs it; offloaded: hashed
         # when a checkpoint first asks (model_sha256).
         model_bytes = model if isinstance(model, bytes) or self._frozen is not None \
             else model.SerializeToString()
         self.model_sha256 = None if self._frozen is not None else \
             hashlib.sha256(model_bytes).hexdigest()
-        self._source_model = model
+        self.__dict__.setdefault("_source_model", model)
         # As exported -> trainable (.importer); the loss attached (.prepare).
         self.loss = loss
         self._model, self._train_model, self.loss_name = prepare(model_bytes, loss, batchnorm)
@@ -317,6 +316,7 @@ class Trainer(TrainerResults):
         self.skipped = 0
         if self.schedule is not None:
             self.lr = _schedules.lr_at(self.schedule, self.T)
+        self._thinned = thin(self) if self.lora is None and self._frozen is None else None
 
     assignment = property(lambda self: self._eps.assignment,
                           doc="``{EP name: node count}`` of the step session (:mod:`.assignment`).")
