@@ -17,6 +17,7 @@ from ..autodiff.graph import Builder, skeleton
 from ..offload import is_offloaded
 from .batchnorm import training_batchnorm
 from ..autodiff.batchnorm_forward import batchnorm_forward
+from ..autodiff.cross_entropy_forward import cross_entropy_forward
 from ..autodiff.depthwise import depthwise_forward
 from ..autodiff.simplify import merge_gru_train, merge_recomputations
 from ..autodiff.simplify_graph import simplify_backward, step_shapes
@@ -199,9 +200,10 @@ def forward_backward(model: onnx.ModelProto, options: StepOptions) -> Backward:
     forward, bnodes = merge_recomputations(forward, list(b.nodes))
     nodes = merge_gru_train(_simplified(src, g, forward + bnodes, values, ptypes, copies,
                                         set(grads) | {loss} | {e.output for e in rng + bn}, opset))
-    if options.fused:  # depthwise Conv and training BatchNormalization forwards on
-        # trainops' kernels (autodiff.depthwise, autodiff.batchnorm_forward)
-        nodes = batchnorm_forward(depthwise_forward(nodes, b), b)
+    if options.fused:  # depthwise Conv, training BatchNormalization and the cross-entropy
+        # loss forwards on trainops' kernels (autodiff.depthwise, autodiff.batchnorm_forward,
+        # autodiff.cross_entropy_forward)
+        nodes = cross_entropy_forward(batchnorm_forward(depthwise_forward(nodes, b), b), b)
     if options.recompute:  # gradient checkpointing of the repeated blocks (.recompute)
         from .recompute import recompute_blocks
 

@@ -321,18 +321,9 @@ const EXP_FLOOR: f32 = -87.0;
 #[inline(always)]
 fn ce_row(row: Row<'_>, out: &mut [f32]) {
     let x = row.x;
-    let mut top = [f32::NEG_INFINITY; 16];
-    let mut blocks = x.chunks_exact(16);
-    for b in &mut blocks {
-        for l in 0..16 {
-            top[l] = top[l].max(b[l]);
-        }
-    }
-    let m = blocks.remainder().iter().chain(&top).copied().fold(f32::NEG_INFINITY, f32::max);
+    let m = row_max(x);
     for (o, &v) in out.iter_mut().zip(x) {
-        let t = v - m;
-        // NaN (a NaN score, or inf - inf) fails the comparison and stays NaN
-        *o = if t < EXP_FLOOR { 0.0 } else { exp_nonpositive(t) };
+        *o = exp_shifted(v, m);
     }
     let mut sum = [0f64; LANES];
     let mut blocks = out.chunks_exact(LANES);
@@ -357,6 +348,31 @@ fn ce_row(row: Row<'_>, out: &mut [f32]) {
     }
 }
 
+/// A row's maximum in 16 lanes (exact in any order; NaN ignored, as `f32::max` does).
+#[inline(always)]
+fn row_max(x: &[f32]) -> f32 {
+    let mut top = [f32::NEG_INFINITY; 16];
+    let mut blocks = x.chunks_exact(16);
+    for b in &mut blocks {
+        for l in 0..16 {
+            top[l] = top[l].max(b[l]);
+        }
+    }
+    blocks.remainder().iter().chain(&top).copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// `e^(x - m)` for one element: [`exp_nonpositive`], 0 below [`EXP_FLOOR`], NaN kept.
+#[inline(always)]
+fn exp_shifted(v: f32, m: f32) -> f32 {
+    let t = v - m;
+    // NaN (a NaN score, or inf - inf) fails the comparison and stays NaN
+    if t < EXP_FLOOR {
+        0.0
+    } else {
+        exp_nonpositive(t)
+    }
+}
+
 /// [`ce_row`] with AVX2 and FMA enabled (no contraction without fast-math: the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
@@ -369,6 +385,130 @@ fn ce_row_avx2(_: Avx2, row: Row<'_>, out: &mut [f32]) {
 #[target_feature(enable = "avx512f")]
 fn ce_row_avx512(_: Avx512, row: Row<'_>, out: &mut [f32]) {
     ce_row(row, out);
+}
+
+/// ONNX's SoftmaxCrossEntropyLoss without class weights, forward: `rows x classes` scores,
+/// one label per row (in `0..classes` or `ignore`: the caller checks). Each row's loss is
+/// `ln(sum_j e^(x_j - max)) + max - x_label` (0 for an ignored row), without the
+/// log-probabilities ONNX's function body materialises (a `[rows, classes]` tensor: 201 MB
+/// for a 49152-word vocabulary over 1024 tokens). `losses` gets each row's loss (the
+/// `none` reduction, rounded once from `f64`); the return value is their `f64` sum in row
+/// order and the count of rows kept (for `sum` and `mean`). The exponentials as
+/// [`cross_entropy_grad`]'s (float32 lanes, `3u`), their sum and the rest in `f64`; the
+/// bits depend on neither `level` nor the thread count.
+///
+/// Accuracy against [`cross_entropy_loss_reference`]: the sum's relative error is at most
+/// `u (3 + ln C)` (as [`cross_entropy_grad`]'s), which the logarithm turns into an
+/// absolute one, so each row's loss is within `u (3.1 + ln C)` of the exact value before
+/// its float32 rounding (the `f64` operations add below `2^-45 (|max| + |x_label| + ln
+/// C)`).
+pub fn cross_entropy_loss(
+    level: Level,
+    scores: &[f32],
+    classes: usize,
+    labels: &[i64],
+    ignore: Option<i64>,
+    losses: &mut [f32],
+    par: &dyn Parallelism,
+) -> Result<(f64, usize), KernelError> {
+    let rows = labels.len();
+    let total = crate::shape::mul("scores (rows * classes)", rows, classes)?;
+    for (what, got, expected) in [("scores", scores.len(), total), ("losses", losses.len(), rows)] {
+        if got != expected {
+            return Err(KernelError::LengthMismatch { what, got, expected });
+        }
+    }
+    let kept = |l: i64| Some(l) != ignore;
+    let count = labels.iter().filter(|&&l| kept(l)).count();
+    if classes == 0 || rows == 0 {
+        losses.iter_mut().for_each(|v| *v = 0.0);
+        return Ok((0.0, count));
+    }
+    let mut exact = vec![0f64; rows];
+    let per = (CHUNK / classes).max(1);
+    let items: Vec<(usize, &mut [f64])> = exact.chunks_mut(per).enumerate().map(|(b, d)| (b * per, d)).collect();
+    let isa = level.isa().unwrap_or(Isa::Scalar);
+    let run = |(first, d): (usize, &mut [f64])| {
+        for (k, out) in d.iter_mut().enumerate() {
+            let i = first + k;
+            if !kept(labels[i]) {
+                *out = 0.0;
+                continue;
+            }
+            let x = &scores[i * classes..(i + 1) * classes];
+            let (m, sum) = match isa {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the token proves the CPU has AVX-512F.
+                Isa::Avx512(t) => unsafe { lse_row_avx512(t, x) },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: the token proves the CPU has AVX2 and FMA.
+                Isa::Avx2(t) => unsafe { lse_row_avx2(t, x) },
+                _ => lse_row(x),
+            };
+            // labels are in range here (the caller checks; ignored rows skipped above)
+            let label = labels[i] as usize;
+            *out = sum.ln() + (f64::from(m) - f64::from(x[label]));
+        }
+    };
+    if rows * classes < SERIAL_BELOW {
+        items.into_iter().for_each(run);
+    } else {
+        for_each_item(par, items, run);
+    }
+    for (o, &e) in losses.iter_mut().zip(&exact) {
+        *o = e as f32;
+    }
+    Ok((exact.iter().sum(), count))
+}
+
+/// A row's maximum and `sum_j e^(x_j - max)` (float32 exponentials, [`LANES`] `f64`
+/// lanes).
+#[inline(always)]
+fn lse_row(x: &[f32]) -> (f32, f64) {
+    let m = row_max(x);
+    let mut sum = [0f64; LANES];
+    let mut blocks = x.chunks_exact(LANES);
+    for b in &mut blocks {
+        for l in 0..LANES {
+            sum[l] += f64::from(exp_shifted(b[l], m));
+        }
+    }
+    for (l, &v) in blocks.remainder().iter().enumerate() {
+        sum[l] += f64::from(exp_shifted(v, m));
+    }
+    (m, sum.iter().sum())
+}
+
+/// [`lse_row`] with AVX2 and FMA enabled (the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn lse_row_avx2(_: Avx2, x: &[f32]) -> (f32, f64) {
+    lse_row(x)
+}
+
+/// [`lse_row`] with AVX-512F enabled (the same bits).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn lse_row_avx512(_: Avx512, x: &[f32]) -> (f32, f64) {
+    lse_row(x)
+}
+
+/// [`cross_entropy_loss`]'s specification in `f64`: each row's loss, ignored rows 0.
+/// Tests only.
+pub fn cross_entropy_loss_reference(scores: &[f32], classes: usize, labels: &[i64], ignore: Option<i64>) -> Vec<f64> {
+    labels
+        .iter()
+        .enumerate()
+        .map(|(i, &label)| {
+            if Some(label) == ignore {
+                return 0.0;
+            }
+            let x: Vec<f64> = scores[i * classes..(i + 1) * classes].iter().map(|&v| f64::from(v)).collect();
+            let m = x.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let z: f64 = x.iter().map(|v| (v - m).exp()).sum();
+            z.ln() + m - x[label as usize]
+        })
+        .collect()
 }
 
 /// [`cross_entropy_grad`]'s specification in `f64`, rounded once. Tests only.

@@ -475,6 +475,19 @@ impl ShapeInfer<'_> {
         (size == size_of::<i64>()).then_some(v)
     }
 
+    /// String attribute `name` of the node, `None` when absent (or not a UTF-8 string).
+    pub fn attr_string(&self, name: &CStr) -> Option<String> {
+        let bytes = self.read_attr(name, sys::OrtOpAttrType::ORT_OP_ATTR_STRING, core::ptr::null_mut(), 0)?;
+        let mut v = vec![0u8; bytes];
+        if !v.is_empty() {
+            let got = self.read_attr(name, sys::OrtOpAttrType::ORT_OP_ATTR_STRING, v.as_mut_ptr().cast(), bytes)?;
+            if got != bytes {
+                return None;
+            }
+        }
+        String::from_utf8(v).ok()
+    }
+
     /// List-of-ints attribute `name` of the node, `None` when absent (or not such a list).
     pub fn attr_i64s(&self, name: &CStr) -> Option<Vec<i64>> {
         let bytes = self.read_attr(name, sys::OrtOpAttrType::ORT_OP_ATTR_INTS, core::ptr::null_mut(), 0)?;

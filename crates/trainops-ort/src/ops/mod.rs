@@ -45,6 +45,7 @@ pub fn catalogue() -> Vec<Domain> {
                 &grad::softmax::SOFTMAX_GRAD,
                 &grad::softmax::LOG_SOFTMAX_GRAD,
                 &grad::softmax::SoftmaxCrossEntropyLossGrad,
+                &grad::softmax::SoftmaxCrossEntropy,
                 &grad::activation::RELU_GRAD,
                 &grad::activation::LEAKY_RELU_GRAD,
                 &grad::activation::GELU_GRAD,

@@ -202,3 +202,59 @@ fn cross_entropy_of_ignored_rows_is_zero_and_all_ignored_mean_is_zero() {
     let err = cross_entropy_grad(Level::Scalar, &x, 3, &[0], None, LossScale::Sum(1.0), &mut dx, &Sequential);
     assert_eq!(err, Err(KernelError::LengthMismatch { what: "scores", got: 6, expected: 3 }));
 }
+
+#[test]
+fn cross_entropy_loss_within_the_bound_of_the_reference_on_every_level_and_thread_count() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    let u = EPS / 2.0;
+    for &(rows, classes, spread) in
+        &[(0, 3, 8.0), (1, 1, 8.0), (3, 10, 8.0), (7, 33, 8.0), (5000, 17, 8.0), (9, 49_157, 30.0), (40, 37, 300.0)]
+    {
+        let mut r = uniform((rows * 31 + classes) as u64);
+        let x: Vec<f32> = (0..rows * classes).map(|_| (spread * (r() - 0.5)) as f32).collect();
+        let labels: Vec<i64> = (0..rows).map(|i| ((i * 7) % (classes + 1)) as i64).collect();
+        let ignore = Some(classes as i64);
+        let want = cross_entropy_loss_reference(&x, classes, &labels, ignore);
+        let mut first = vec![f32::NAN; rows];
+        let (sum, count) =
+            cross_entropy_loss(Level::Scalar, &x, classes, &labels, ignore, &mut first, &Sequential).unwrap();
+        assert_eq!(count, labels.iter().filter(|&&l| Some(l) != ignore).count());
+        let mut worst = 0f64;
+        for (i, (&g, &w)) in first.iter().zip(&want).enumerate() {
+            let row = &x[i * classes..(i + 1) * classes];
+            let big = row.iter().fold(0f64, |a, &v| a.max(f64::from(v).abs()));
+            let bound = u * (3.1 + (classes as f64).ln()) + u * w.abs() + 2f64.powi(-45) * (2.0 * big + w.abs());
+            let err = (f64::from(g) - w).abs();
+            assert!(err <= bound, "{rows}x{classes} row {i}: {g} vs {w}");
+            worst = worst.max(err / bound);
+        }
+        let exact: f64 = want.iter().sum();
+        let bound_sum: f64 =
+            want.iter().map(|w| u * (3.1 + (classes as f64).ln()) + 2f64.powi(-45) * (w.abs() + 1e3)).sum();
+        assert!((sum - exact).abs() <= bound_sum, "{rows}x{classes}: sum {sum} vs {exact}");
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        for level in available_levels() {
+            let mut other = vec![f32::NAN; rows];
+            let (s2, _) =
+                cross_entropy_loss(level, &x, classes, &labels, ignore, &mut other, &RayonPool(Some(&pool))).unwrap();
+            assert_eq!(bits(&other), bits(&first), "{level:?} {rows}x{classes}");
+            assert_eq!(s2.to_bits(), sum.to_bits());
+        }
+        eprintln!("{rows}x{classes}: worst {worst:.3} of the bound");
+    }
+}
+
+#[test]
+fn cross_entropy_loss_of_infinite_and_nan_scores_and_bad_lengths() {
+    let x = [f32::NEG_INFINITY, 0.0, 1.0, 0.0, f32::NEG_INFINITY, 2.0, f32::NAN, 0.0, 0.0];
+    for level in available_levels() {
+        let mut out = [0f32; 3];
+        cross_entropy_loss(level, &x, 3, &[1, 1, 2], None, &mut out, &Sequential).unwrap();
+        let lse = (1.0f64 + 1f64.exp()).ln();
+        assert!((f64::from(out[0]) - lse).abs() < 1e-6, "{out:?}");
+        assert_eq!(out[1], f32::INFINITY); // the label's score is -inf
+        assert!(out[2].is_nan());
+    }
+    let err = cross_entropy_loss(Level::Scalar, &x, 3, &[0, 0], None, &mut [0.0; 2], &Sequential);
+    assert_eq!(err, Err(KernelError::LengthMismatch { what: "scores", got: 9, expected: 6 }));
+}
