@@ -429,6 +429,7 @@ pub fn cross_entropy_loss(
     let items: Vec<(usize, &mut [f64])> = exact.chunks_mut(per).enumerate().map(|(b, d)| (b * per, d)).collect();
     let isa = level.isa().unwrap_or(Isa::Scalar);
     let run = |(first, d): (usize, &mut [f64])| {
+        let mut scratch = vec![0f32; classes]; // the row's exponentials
         for (k, out) in d.iter_mut().enumerate() {
             let i = first + k;
             if !kept(labels[i]) {
@@ -436,14 +437,15 @@ pub fn cross_entropy_loss(
                 continue;
             }
             let x = &scores[i * classes..(i + 1) * classes];
+            let e = &mut scratch[..];
             let (m, sum) = match isa {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the token proves the CPU has AVX-512F.
-                Isa::Avx512(t) => unsafe { lse_row_avx512(t, x) },
+                Isa::Avx512(t) => unsafe { lse_row_avx512(t, x, e) },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: the token proves the CPU has AVX2 and FMA.
-                Isa::Avx2(t) => unsafe { lse_row_avx2(t, x) },
-                _ => lse_row(x),
+                Isa::Avx2(t) => unsafe { lse_row_avx2(t, x, e) },
+                _ => lse_row(x, e),
             };
             // labels are in range here (the caller checks; ignored rows skipped above)
             let label = labels[i] as usize;
@@ -461,20 +463,24 @@ pub fn cross_entropy_loss(
     Ok((exact.iter().sum(), count))
 }
 
-/// A row's maximum and `sum_j e^(x_j - max)` (float32 exponentials, [`LANES`] `f64`
-/// lanes).
+/// A row's maximum and `sum_j e^(x_j - max)`: the float32 exponentials into `e` (a loop
+/// of its own, which the compiler vectorises; computed inside the sum's loop they ran at
+/// 9 ns an element), then their sum in [`LANES`] `f64` lanes.
 #[inline(always)]
-fn lse_row(x: &[f32]) -> (f32, f64) {
+fn lse_row(x: &[f32], e: &mut [f32]) -> (f32, f64) {
     let m = row_max(x);
+    for (o, &v) in e.iter_mut().zip(x) {
+        *o = exp_shifted(v, m);
+    }
     let mut sum = [0f64; LANES];
-    let mut blocks = x.chunks_exact(LANES);
+    let mut blocks = e.chunks_exact(LANES);
     for b in &mut blocks {
         for l in 0..LANES {
-            sum[l] += f64::from(exp_shifted(b[l], m));
+            sum[l] += f64::from(b[l]);
         }
     }
     for (l, &v) in blocks.remainder().iter().enumerate() {
-        sum[l] += f64::from(exp_shifted(v, m));
+        sum[l] += f64::from(v);
     }
     (m, sum.iter().sum())
 }
@@ -482,15 +488,15 @@ fn lse_row(x: &[f32]) -> (f32, f64) {
 /// [`lse_row`] with AVX2 and FMA enabled (the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn lse_row_avx2(_: Avx2, x: &[f32]) -> (f32, f64) {
-    lse_row(x)
+fn lse_row_avx2(_: Avx2, x: &[f32], e: &mut [f32]) -> (f32, f64) {
+    lse_row(x, e)
 }
 
 /// [`lse_row`] with AVX-512F enabled (the same bits).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn lse_row_avx512(_: Avx512, x: &[f32]) -> (f32, f64) {
-    lse_row(x)
+fn lse_row_avx512(_: Avx512, x: &[f32], e: &mut [f32]) -> (f32, f64) {
+    lse_row(x, e)
 }
 
 /// [`cross_entropy_loss`]'s specification in `f64`: each row's loss, ignored rows 0.
