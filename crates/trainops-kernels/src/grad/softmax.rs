@@ -224,7 +224,7 @@ pub enum LossScale<'a> {
 /// `rows x classes` and one label per row: `dX = (softmax(x) - onehot(label)) s`, with `s`
 /// the row's [`LossScale`] and 0 for a row whose label is `ignore`. Labels must be in
 /// `0..classes` or `ignore` (the caller checks). `softmax` in `f32` lanes (`e^(x - max)` by
-/// [`exp_nonpositive`], within `3u` relative, `u = 2^-24`; 0 below `e^-87`), the row sum
+/// a polynomial, within `3u` relative, `u = 2^-24`; 0 below `e^-87`), the row sum
 /// in `f64` lanes; `mean` divides by the count of rows kept in `f32` (the standard form's
 /// `ReduceSum` of the weights, exact below 2^24 rows). All rows ignored gives a zero
 /// gradient, as PyTorch's (the loss is 0/0; dividing by the zero count would make every
