@@ -27,13 +27,13 @@ def gamma(n: int) -> float:
     return n * U / (1 - n * U)
 
 
-def _c(name, v, dtype=F32):
-    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(v, dtype), name))
+def _c(name, v):
+    return helper.make_node("Constant", [], [name], value=numpy_helper.from_array(np.array(v, F32), name))
 
 
-def chain(form: str, dtype=F32, scale=1 / math.sqrt(2), half=0.5):
+def chain(form: str, scale=1 / math.sqrt(2), half=0.5):
     """The GELU of ``h`` as ``form`` writes it, output ``g``."""
-    c = lambda n, v: _c(n, v, dtype)  # noqa: E731
+    c = _c
     sqrt2 = 1 / scale
     if form.startswith("div"):
         head = [c("k", sqrt2), helper.make_node("Div", ["h", "k"], ["s"])]
@@ -54,10 +54,10 @@ def chain(form: str, dtype=F32, scale=1 / math.sqrt(2), half=0.5):
     return head + tail
 
 
-def mlp(nodes, dtype=TensorProto.FLOAT, extra_out=None, seed=0):
+def mlp(nodes, extra_out=None, seed=0):
     """x[N, K] @ W[K, M] -> h -> the chain -> g; loss = sum(g * c)."""
     rng = np.random.default_rng(seed)
-    npd = F32 if dtype == TensorProto.FLOAT else np.float64
+    npd, dtype = F32, TensorProto.FLOAT
     w = (rng.standard_normal((K, M)) * 0.6).astype(npd)
     c = rng.standard_normal((N, M)).astype(npd)
     body = [helper.make_node("MatMul", ["x", "W"], ["h"])] + nodes + [
@@ -98,7 +98,6 @@ def test_every_written_form_is_one_gelu_grad(library_path, monkeypatch, form):
 
 @pytest.mark.parametrize("why", ["read_elsewhere", "scale", "half", "unfused"])
 def test_chains_that_keep_their_node_by_node_gradient(library_path, monkeypatch, why):
-    kw, extra, dtype = {}, None, TensorProto.FLOAT
     nodes = chain("div_xa")
     if why == "read_elsewhere":  # the Erf's output read by another node too
         nodes = nodes[:-1] + [helper.make_node("Add", ["p", "e"], ["p2"]),
@@ -107,7 +106,7 @@ def test_chains_that_keep_their_node_by_node_gradient(library_path, monkeypatch,
         nodes = chain("div_xa", scale=0.7)
     elif why == "half":
         nodes = chain("div_xa", half=0.6)
-    m, *_ = mlp(nodes, dtype=dtype, extra_out=extra, **kw)
+    m, *_ = mlp(nodes)
     ops = _ops(_trainer(m, monkeypatch, fused=why != "unfused"))
     assert ops["GeluGrad"] == 0 and ops["Exp"] == 1, ops  # the Erf rule's exp(-s^2)
 

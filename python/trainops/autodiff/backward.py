@@ -120,7 +120,7 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
 
     # the fused CPU step differentiates an exported exact GELU's five nodes as one
     # (.gelu_chain): the chain's last node hands x its gradient, the rest get none
-    gelus = gelu_chains(b, order, xset | set(seeds)) if b.fused else {}
+    gelus = gelu_chains(b, order, producer, xset | set(seeds)) if b.fused else {}
     for node in reversed(order):
         gys = [total(o) if o else None for o in node.output]
         if all(g is None for g in gys):

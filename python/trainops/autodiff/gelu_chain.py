@@ -35,17 +35,14 @@ def _near(v, want: float) -> bool:
     return v is not None and v.size == 1 and abs(float(v.reshape(-1)[0]) - want) <= _TOL * want
 
 
-def gelu_chains(b: Builder, nodes: list[onnx.NodeProto], protected: set[str]) \
-        -> dict[int, tuple[str, str]]:
+def gelu_chains(b: Builder, nodes: list[onnx.NodeProto], producer: dict[str, onnx.NodeProto],
+                protected: set[str]) -> dict[int, tuple[str, str]]:
     """``id(last node) -> (x, y)`` for each exact-GELU chain in ``nodes`` (see the module
-    text) whose ``x`` and ``y`` are float32 (GeluGrad's type); ``protected``: values that
-    must keep their own gradients (the differentiated inputs, the seeds)."""
-    producer: dict[str, onnx.NodeProto] = {}
+    text) whose ``x`` and ``y`` are float32 (GeluGrad's type); ``producer``: each value's
+    node; ``protected``: values that must keep their own gradients (the differentiated
+    inputs, the seeds)."""
     readers: dict[str, list[onnx.NodeProto]] = {}
     for n in nodes:
-        for o in n.output:
-            if o:
-                producer[o] = n
         for i in n.input:
             if i:
                 readers.setdefault(i, []).append(n)

@@ -651,7 +651,7 @@ def slice_(c: Ctx):
 
 
 def _gather_scatter(c: Ctx, gy: str, idx: str, depth: str, d_shape: str, axis: int,
-                    r: int) -> str | list:
+                    r: int) -> list:
     """Gather's gradient as dY added into zeros at the gathered rows (ScatterND with
     reduction 'add', opset >= 16): a token embedding's gradient costs the tokens' rows, where
     the OneHot form multiplies a [vocabulary, tokens] matrix (BERT's 30522-word table: 24 G

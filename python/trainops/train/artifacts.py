@@ -205,11 +205,12 @@ def save(trainer, directory, graph: StepGraph | None = None, finish=None) -> dic
     directory = os.fspath(directory)
     os.makedirs(directory, exist_ok=True)
     graph = trainer.step_graph if graph is None else graph
+    train = trainer._train_model  # read once: a copy with the weights put back
     models = {"training": graph.model,
-              "eval": eval_model(trainer._train_model, eval_state(graph), graph.options.loss),
+              "eval": eval_model(train, eval_state(graph), graph.options.loss),
               "inference": trainer.export()}
     # the model with its loss attached: a trainops.losses loss adds its target input
-    man = manifest(graph, trainer._train_model, models, trainer.runtime.arrays)
+    man = manifest(graph, train, models, trainer.runtime.arrays)
     if finish is not None:
         man = finish(models, man)
     frozen = getattr(trainer, "_frozen", None)  # a LoRA base held outside: put back
