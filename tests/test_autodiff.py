@@ -405,6 +405,23 @@ def test_dropout_in_inference_is_the_identity(mode):
     check([node("Dropout", ins)], {"x": r(3, 4)}, ["x"], consts=consts)
 
 
+def test_dropout_with_ratio_zero_in_training_is_the_identity():
+    """torch's ``nn.Dropout(p=0.0)`` (torchvision's ViT default, BERT with its dropout off)
+    exports as a training-mode Dropout of ratio 0: every element kept, scale 1. Its
+    gradient is dY itself: against central differences, and with no Where or Mul over the
+    mask (each was a pass over the activation per dropout)."""
+    consts = {"ratio": np.array(0.0, np.float32), "on": np.array(True)}
+    check([node("Dropout", ["x", "ratio", "on"], ["y", "mask"])], {"x": r(3, 4)}, ["x"], consts=consts)
+    m = _gradient_model([node("Dropout", ["x", "ratio", "on"], ["y", "mask"])], {"x": r(3, 4)}, ["x"])
+    m.graph.initializer.extend([numpy_helper.from_array(np.array(0.0, np.float32), "ratio"),
+                                numpy_helper.from_array(np.array(True), "on")])
+    ops = [n.op_type for n in expand_gradients(m).graph.node]
+    assert "Where" not in ops and "Mul" not in ops, ops
+    # a ratio of 0.25 keeps its masked gradient (the check can tell the two apart)
+    m.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array(0.25, np.float32), "ratio"))
+    assert "Where" in [n.op_type for n in expand_gradients(m).graph.node]
+
+
 def _fixed_mask_fd(x, keep, scale, R, eps=1e-3):
     """Central differences of f(x) = sum(where(keep, x * scale, 0) * R) in float64: the
     forward Dropout with its mask held fixed."""

@@ -460,17 +460,21 @@ def identity(c: Ctx):
 
 @rule("Dropout")
 def dropout(c: Ctx):
-    """Inference (before opset 12, no ``training_mode``, or a constant false one): the
-    identity. Training: ``dy * mask * scale`` with the forward's ``scale = 1 / (1 - ratio)``
-    (float32; float64 for double data), as ``Where(mask, dy * scale, 0)``; a
-    ``training_mode`` known only at run time picks ``scale`` or 1 (mask all true)."""
+    """Inference (before opset 12, no ``training_mode``, or a constant false one) and a
+    constant ratio of 0 (torch's ``nn.Dropout(p=0.0)``, torchvision's ViT default, exported
+    in training mode: every element kept, scale 1): the identity. Training: ``dy * mask *
+    scale`` with the forward's ``scale = 1 / (1 - ratio)`` (float32; float64 for double
+    data), as ``Where(mask, dy * scale, 0)``; a ``training_mode`` known only at run time
+    picks ``scale`` or 1 (mask all true)."""
     b = c.b
     out: list = [None] * len(c.node.input)
     if not c.need(0):
         return out
     mode = c.x(2) if b.opset >= 12 else None
     on = None if mode is None else b.constant_value(mode)
-    if mode is None or (on is not None and not bool(np.asarray(on).reshape(-1)[0])):
+    ratio = b.constant_value(c.x(1)) if mode is not None and c.x(1) else None
+    zero = ratio is not None and np.asarray(ratio).size == 1 and float(np.asarray(ratio).reshape(-1)[0]) == 0.0
+    if mode is None or zero or (on is not None and not bool(np.asarray(on).reshape(-1)[0])):
         out[0] = c.gy
         return out
     if len(c.node.output) < 2 or not c.node.output[1]:

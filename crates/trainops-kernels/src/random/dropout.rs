@@ -2,7 +2,9 @@
 //! `output[i] = (data[i] * scale) * (keep[i] ? 1 : 0)` with `scale = 1 / (1 - ratio)`, in
 //! float32 for float32 and 16-bit data (rounded once for the latter), float64 for double.
 //! The arithmetic is plain IEEE: a dropped negative value gives -0.0, a dropped NaN or
-//! infinity gives NaN.
+//! infinity gives NaN. With ratio 0 nothing is dropped and the scale is 1: the output is the
+//! data itself (copied, a signaling NaN as it is), and no word is drawn, the state still
+//! advancing past one word per element.
 //!
 //! Since `f32(x)` is `(x & 0x7FFFFF) / 2^23`, the comparison is the integer one
 //! `(x & 0x7FFFFF) >= ceil(ratio * 2^23)` ([`keep_from`]), which the SIMD loops use.
@@ -147,6 +149,17 @@ pub fn fill_with(
     check_mask(&data, mask.as_deref())?;
     let isa = level.isa().unwrap_or_else(|| panic!("dropout: {level:?} is not available on this CPU"));
     let from = keep_from(ratio);
+    if from == 0 {
+        // Ratio 0 (torch's default `nn.Dropout(p=0.0)`, exported in training mode): every
+        // element is kept and the scale is 1, so the output is the data; the words are not
+        // drawn, the state advances past them all the same.
+        return Ok(match data {
+            Data::F32(d) => keep_all(state, work(isa, d, mask), par),
+            Data::F64(d) => keep_all(state, work(isa, d, mask), par),
+            Data::F16(d) => keep_all(state, work(isa, d, mask), par),
+            Data::BF16(d) => keep_all(state, work(isa, d, mask), par),
+        });
+    }
     let scale32 = scale_f32(ratio);
     Ok(match data {
         Data::F32(d) => split(state, work(isa, d, mask), Words::One, 0, par, |s, w| {
@@ -163,6 +176,20 @@ pub fn fill_with(
         }
         Data::BF16(d) => {
             split(state, work(isa, d, mask), Words::One, 0, par, |s, w| half_piece(level, isa, s, w, from, scale32))
+        }
+    })
+}
+
+/// Ratio 0: the data copied to the output (nothing where in place) and the mask all true,
+/// in pieces across the threads; returns the state after one word per element.
+fn keep_all<T: Copy + Send + Sync>(state: &[u32; 6], work: Work<'_, T>, par: &dyn Parallelism) -> [u32; 6] {
+    split(state, work, Words::One, 0, par, |_, w| {
+        let Work { mut data, mask, .. } = w;
+        if let Access::Split(src, dst) = data.access() {
+            dst.copy_from_slice(src);
+        }
+        if let Some(m) = mask {
+            m.fill(true);
         }
     })
 }
