@@ -228,14 +228,7 @@ fn ceiling_8bit_loops<G: Element<C = f32>>(p: crate::optim::quantized::Param8bit
 /// [`crate::parallel::run_chunked`] makes, on `par`. Nothing can write memory faster.
 pub fn stream_fill(out: &mut [u32], par: &dyn crate::Parallelism) {
     use crate::parallel::{run_chunked, CHUNK, SERIAL_BELOW};
-    run_chunked(vec![Words(out)], par, CHUNK, SERIAL_BELOW, |Words(w)| {
-        #[cfg(target_arch = "x86_64")]
-        if let Some(crate::simd::Isa::Avx512(t)) = Level::Avx512.isa() {
-            // SAFETY: the token proves the CPU has AVX-512F.
-            return unsafe { stream_zero_avx512(t, w) };
-        }
-        w.fill(0);
-    });
+    run_chunked(vec![Words(out)], par, CHUNK, SERIAL_BELOW, |Words(w)| stream_zero(w));
 }
 
 /// A piece of a fill's output.
@@ -251,22 +244,50 @@ impl crate::Splittable for Words<'_> {
     }
 }
 
+/// Element types whose zero is all zero bits, which [`stream_zero`] writes as whole lines.
+pub(crate) trait ZeroBits: Copy {
+    /// The value of all zero bits.
+    const ZERO: Self;
+}
+
+impl ZeroBits for u32 {
+    const ZERO: Self = 0;
+}
+
+impl ZeroBits for f32 {
+    const ZERO: Self = 0.0;
+}
+
+/// Zeroes `w` with non-temporal stores where the CPU has AVX-512F (whole 64-byte lines;
+/// the partial ones, and every line elsewhere, with normal stores), fenced: for outputs
+/// larger than the caches, where normal stores would read every line before writing it
+/// (94 MB zeroed in 4.7 ms this way against memset's 11.5, one thread of an Intel Xeon).
+pub(crate) fn stream_zero<T: ZeroBits>(w: &mut [T]) {
+    #[cfg(target_arch = "x86_64")]
+    if let Some(crate::simd::Isa::Avx512(t)) = Level::Avx512.isa() {
+        // SAFETY: the token proves the CPU has AVX-512F.
+        return unsafe { stream_zero_avx512(t, w) };
+    }
+    w.fill(T::ZERO);
+}
+
 /// Zeroes `w`: whole 64-byte lines with non-temporal stores, the partial ones with normal
 /// stores, fenced before returning.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-fn stream_zero_avx512(_: crate::simd::Avx512, w: &mut [u32]) {
+fn stream_zero_avx512<T: ZeroBits>(_: crate::simd::Avx512, w: &mut [T]) {
     use core::arch::x86_64::{_mm512_setzero_si512, _mm512_stream_si512, _mm_sfence};
+    let per_line = 64 / size_of::<T>();
     let head = w.as_ptr().align_offset(64).min(w.len());
     let (head, rest) = w.split_at_mut(head);
-    head.fill(0);
-    let mut lines = rest.chunks_exact_mut(16);
+    head.fill(T::ZERO);
+    let mut lines = rest.chunks_exact_mut(per_line);
     for line in &mut lines {
-        // SAFETY: `line` is 16 words (64 bytes) starting on a 64-byte boundary (`rest`
-        // starts on one and every line is whole).
+        // SAFETY: `line` is 64 bytes starting on a 64-byte boundary (`rest` starts on one
+        // and every line is whole); T's zero is all zero bits (`ZeroBits`).
         unsafe { _mm512_stream_si512(line.as_mut_ptr().cast(), _mm512_setzero_si512()) };
     }
-    lines.into_remainder().fill(0);
+    lines.into_remainder().fill(T::ZERO);
     _mm_sfence();
 }
 

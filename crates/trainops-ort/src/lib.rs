@@ -10,7 +10,7 @@
 //!   `PhiloxUniform`, `PhiloxNormal`, `PhiloxDropout` (v1): distributions from its stream.
 //! - `com.trainops::MixedPrecisionAdam`, `DynamicLossScale`, `AllFinite` (v1): mixed precision.
 //! - `com.trainops::ReluGrad`, `LeakyReluGrad`, `GeluGrad`, `MaxPoolGrad`,
-//!   `MaxPoolGradFromInput` (v1): backward
+//!   `MaxPoolGradFromInput`, `GatherGrad` and the rest of `ops::grad` (v1): backward
 //!   kernels the autodiff rules emit on the CPU.
 //! - `com.trainops.bench::MemoryCeiling` (v1): Adam's memory traffic, for benchmarks.
 //!

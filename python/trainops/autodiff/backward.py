@@ -114,7 +114,7 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
             if scattered is not None:  # a tied embedding's rows added into the other
                 # gradient of the table in place of a dense Add of a mostly-zero tensor
                 # (the same terms; the rows' updates come after the dense part)
-                acc = b.op("ScatterND", [acc, *b.scatters[scattered]], reduction="add")
+                acc = b.scatters[scattered](acc)
             grads[name] = [acc]
         return grads[name][0]
 

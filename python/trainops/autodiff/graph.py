@@ -7,7 +7,7 @@ Shapes are lists of ``int`` (known), ``str`` (symbolic, e.g. a batch dimension) 
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -60,10 +60,11 @@ class Builder:
         self.shapes: dict[str, list[Any] | None] = {}
         self.consts: dict[str, np.ndarray] = {}
         # Gradients made by adding updates into zeros (ScatterND 'add' over a fresh
-        # ConstantOfShape): output -> (indices, updates). Where such a gradient meets another
-        # one for the same tensor (a tied embedding), the backward scatters into that one
-        # instead of adding two dense tensors.
-        self.scatters: dict[str, tuple[str, str]] = {}
+        # ConstantOfShape, or trainops' GatherGrad): output -> the same scatter into a given
+        # base (a function of the base's name, returning the result's). Where such a
+        # gradient meets another one for the same tensor (a tied embedding), the backward
+        # scatters into that one instead of adding two dense tensors.
+        self.scatters: dict[str, Callable[[str], str]] = {}
         for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
             self._used.add(vi.name)
             if vi.type.HasField("tensor_type"):

@@ -663,6 +663,15 @@ def _gather_scatter(c: Ctx, gy: str, idx: str, depth: str, d_shape: str, axis: i
     onnxruntime's ScatterND adds in float32 and float64 only, so other types keep the OneHot
     form. Negative indices are made positive (the spec allows them; not every EP does)."""
     b = c.b
+    if axis == 0 and b.fuses(c.x(0)):
+        # trainops' GatherGrad: the rows written once and added into by row blocks across
+        # the threads (onnxruntime's ScatterND copies a zero table and adds on one thread:
+        # 17 ms of BERT's step); negative indices are its own to count from the end.
+        if b.dtype(idx) != onnx.TensorProto.INT64:
+            idx = b.op("Cast", [idx], to=onnx.TensorProto.INT64)
+        g = b.op("GatherGrad", [d_shape, idx, gy], domain=TRAINOPS_DOMAIN)
+        b.scatters[g] = lambda base: b.op("GatherGrad", [d_shape, idx, gy, base], domain=TRAINOPS_DOMAIN)
+        return [g, None]
     zero = b.const(np.int64(0))
     q = c.rank(idx)
     n = b.op("Squeeze", [depth])  # a scalar: a scalar index stays one
@@ -672,7 +681,7 @@ def _gather_scatter(c: Ctx, gy: str, idx: str, depth: str, d_shape: str, axis: i
     if axis == 0:
         zeros = b.op("ConstantOfShape", [d_shape], value=value)
         g = b.op("ScatterND", [zeros, idx, gy], reduction="add")
-        b.scatters[g] = (idx, gy)
+        b.scatters[g] = lambda base: b.op("ScatterND", [base, idx, gy], reduction="add")
         return [g, None]
     moved = b.op("Concat", [depth, b.op("Slice", [d_shape, b.ints([0]), b.ints([axis])]),
                             b.op("Slice", [d_shape, b.ints([axis + 1]), b.ints([r])])], axis=0)

@@ -9,6 +9,7 @@
 //! - [`rnn`]: GRU (backpropagation through time, gates from the forward `GRUTrain` or
 //!   recomputed from Y; `rnn::forward`: the forward keeping them).
 //! - [`conv`]: the convolution's weight and input gradients (im2col + GEMM, col2im).
+//! - [`gather`]: Gather's gradient on axis 0 (a token embedding's), rows added in place.
 //! - [`depthwise`]: depthwise convolution (group = channels) forward and gradients, direct
 //!   loops over the width.
 
@@ -17,6 +18,7 @@ pub mod batchnorm;
 pub mod conv;
 pub mod depthwise;
 mod expf;
+pub mod gather;
 mod gelu;
 mod gemm;
 pub mod im2col;

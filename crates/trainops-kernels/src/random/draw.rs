@@ -276,6 +276,13 @@ fn fence() {
     super::x86::sfence();
 }
 
+/// [`stream_copy`] at the detected level, fenced: a copy larger than the caches.
+pub(crate) fn stream_copy_fenced<T: Copy>(src: &[T], dst: &mut [T]) {
+    stream_copy(crate::simd::detected().isa().unwrap_or(Isa::Scalar), src, dst);
+    #[cfg(target_arch = "x86_64")]
+    super::x86::sfence();
+}
+
 /// `dst.copy_from_slice(src)`, the 64-byte lines of `dst` with non-temporal stores at a SIMD
 /// `isa` (unfenced: [`Sink`] fences), its unaligned head and tail with normal stores.
 pub(crate) fn stream_copy<T: Copy>(isa: Isa, src: &[T], dst: &mut [T]) {

@@ -15,12 +15,14 @@
 //!   `GRUTrain`, GRU's forward keeping the gates `GRUGrad` then reads; [`lstm`]: `LSTMTrain`
 //!   and `LSTMGrad`, the same pair for ONNX's `LSTM`.
 //! - [`conv`]: `ConvWeightGrad(X, dY) -> dW`, `ConvInputGrad(dY, W, X_shape) -> dX`.
+//! - [`gather`]: `GatherGrad(shape, indices, dY, base?) -> dX`, Gather's gradient on axis 0.
 //! - [`depthwise`]: `DepthwiseConv(X, W, B?) -> Y`, `DepthwiseConvGrad(dY, X, W) -> dX?, dW?`.
 
 pub mod activation;
 pub mod batchnorm;
 pub mod conv;
 pub mod depthwise;
+pub mod gather;
 pub mod gru_train;
 pub mod lstm;
 pub mod norm;
