@@ -15,6 +15,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from ..offload import is_offloaded
+from ..onnx_defs import TRAINOPS_DOMAIN
 from .constants import constant_type, constant_value
 
 FLOAT_TYPES = frozenset({TensorProto.FLOAT, TensorProto.DOUBLE, TensorProto.FLOAT16,
@@ -59,11 +60,9 @@ class Builder:
         self.types: dict[str, int] = {}
         self.shapes: dict[str, list[Any] | None] = {}
         self.consts: dict[str, np.ndarray] = {}
-        # Gradients made by adding updates into zeros (ScatterND 'add' over a fresh
-        # ConstantOfShape, or trainops' GatherGrad): output -> the same scatter into a given
-        # base (a function of the base's name, returning the result's). Where such a
-        # gradient meets another one for the same tensor (a tied embedding), the backward
-        # scatters into that one instead of adding two dense tensors.
+        # Gradients made by adding updates into zeros (ScatterND 'add', GatherGrad): output
+        # -> the same scatter into a given base. Where one meets another gradient of the same
+        # tensor (a tied embedding), the backward scatters into that one instead of an Add.
         self.scatters: dict[str, Callable[[str], str]] = {}
         for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
             self._used.add(vi.name)
@@ -242,6 +241,8 @@ class Builder:
                 if not axes:
                     return g
                 if axes == list(range(lead)):  # only leading axes: drop them as we go
+                    if self.fuses(x):  # a bias's gradient on trainops' threaded kernel
+                        return self.op("BiasGrad", [g], domain=TRAINOPS_DOMAIN, leading=lead)
                     return self.reduce("ReduceSum", g, axes, keepdims=0)
                 r = self.reduce("ReduceSum", g, axes, keepdims=1)
                 if lead:

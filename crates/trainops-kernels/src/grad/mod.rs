@@ -5,6 +5,7 @@
 //! - [`activation`]: Relu, LeakyRelu and Gelu (both forms).
 //! - [`pool`]: MaxPool (a scatter-add at the forward's Indices, or the argmax found again).
 //! - [`norm`]: LayerNormalization; [`softmax`]: Softmax, LogSoftmax, SoftmaxCrossEntropyLoss.
+//! - [`bias`]: a bias's gradient, the sum over the leading axes (float64 partial sums).
 //! - [`batchnorm`]: BatchNormalization in training mode (batch statistics).
 //! - [`rnn`]: GRU (backpropagation through time, gates from the forward `GRUTrain` or
 //!   recomputed from Y; `rnn::forward`: the forward keeping them).
@@ -15,6 +16,7 @@
 
 pub mod activation;
 pub mod batchnorm;
+pub mod bias;
 pub mod conv;
 pub mod depthwise;
 mod expf;

@@ -5,7 +5,7 @@
 //! MaxPoolGrad, MaxPoolGradFromInput), [`bench`]
 //! (MemoryCeiling); [`io`] is the one input reader and output check.
 //! handling they share), [`bench`]
-//! (MemoryCeiling); [`grad`] (ConvWeightGrad, ConvInputGrad, GatherGrad: backward kernels); [`io`] is the one input reader and output check.
+//! (MemoryCeiling); [`grad`] (ConvWeightGrad, ConvInputGrad, GatherGrad, BiasGrad: backward kernels); [`io`] is the one input reader and output check.
 
 pub mod bench;
 pub mod grad;
@@ -63,6 +63,7 @@ pub fn catalogue() -> Vec<Domain> {
                 &grad::conv::ConvWeightGrad,
                 &grad::conv::ConvInputGrad,
                 &grad::gather::GatherGrad,
+                &grad::bias::BiasGrad,
                 &grad::depthwise::DepthwiseConv,
                 &grad::depthwise::DepthwiseConvGrad,
             ]

@@ -14,12 +14,14 @@
 //! - [`rnn`]: `GRUGrad`, backpropagation through time of ONNX's `GRU`; [`gru_train`]:
 //!   `GRUTrain`, GRU's forward keeping the gates `GRUGrad` then reads; [`lstm`]: `LSTMTrain`
 //!   and `LSTMGrad`, the same pair for ONNX's `LSTM`.
+//! - [`bias`]: `BiasGrad(dY; leading) -> dB`, the sum over the leading axes.
 //! - [`conv`]: `ConvWeightGrad(X, dY) -> dW`, `ConvInputGrad(dY, W, X_shape) -> dX`.
 //! - [`gather`]: `GatherGrad(shape, indices, dY, base?) -> dX`, Gather's gradient on axis 0.
 //! - [`depthwise`]: `DepthwiseConv(X, W, B?) -> Y`, `DepthwiseConvGrad(dY, X, W) -> dX?, dW?`.
 
 pub mod activation;
 pub mod batchnorm;
+pub mod bias;
 pub mod conv;
 pub mod depthwise;
 pub mod gather;
