@@ -351,6 +351,43 @@ def test_trainer_small_grid_uses_input_grad_kernel(library_path, monkeypatch):
     assert_runs_agree(model, feeds, fused.optimizer, record(fused, feeds, 4), record(plain, feeds, 4))
 
 
+def _pointwise_net(seed=0):
+    """x [4, 6, 5, 5] -> Conv 6->10 (1x1) -> Relu -> Conv 10->6 (1x1) -> GlobalAveragePool
+    -> Flatten -> Gemm -> loss: the second Conv's dX is a pointwise convolution's."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(seed)
+    w = {"w1": rng.standard_normal((10, 6, 1, 1)) / 2.5, "w2": rng.standard_normal((6, 10, 1, 1)) / 3.2,
+         "fc": rng.standard_normal((5, 6)) / 2.5, "fb": np.zeros(5)}
+    w = {k: v.astype(np.float32) for k, v in w.items()}
+    nodes = [helper.make_node("Conv", ["x", "w1"], ["c1"]), helper.make_node("Relu", ["c1"], ["r1"]),
+             helper.make_node("Conv", ["r1", "w2"], ["c2"]), helper.make_node("GlobalAveragePool", ["c2"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]), helper.make_node("Gemm", ["f", "fc", "fb"], ["logits"], transB=1),
+             helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "t"], ["loss"])]
+    g = helper.make_graph(nodes, "pointwise",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6, 5, 5]),
+                           helper.make_tensor_value_info("t", TensorProto.INT64, [4])],
+                          [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
+                          [numpy_helper.from_array(v, k) for k, v in w.items()])
+    m = helper.make_model(g, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
+    m.ir_version = IR_VERSION
+    feeds = {"x": rng.standard_normal((4, 6, 5, 5)).astype(np.float32), "t": rng.integers(0, 5, 4).astype(np.int64)}
+    return m, list(w), feeds
+
+
+def test_trainer_pointwise_input_gradient_is_a_matmul(library_path, monkeypatch):
+    """A pointwise convolution's dX is W^T dY per sample: onnxruntime's MatMul in the
+    fused step (it threads where ConvTranspose does not), the run within
+    helpers/adam_pair.py's bound of the standard-op step's (ConvTranspose) after every step."""
+    model, params, feeds = _pointwise_net()
+    fused = _trainer(model, params, monkeypatch, True)
+    plain = _trainer(model, params, monkeypatch, False)
+    ops = {n.op_type for n in fused.training_model.graph.node}
+    assert "ConvTranspose" not in ops and "MatMul" in ops, sorted(ops)
+    assert "ConvTranspose" in {n.op_type for n in plain.training_model.graph.node}
+    assert_runs_agree(model, feeds, fused.optimizer, record(fused, feeds, 4), record(plain, feeds, 4))
+
+
 def test_portable_has_no_fused_ops(library_path, monkeypatch):
     """portable=True keeps the standard-op backward (ConvTranspose and Conv), fused or not."""
     _, model, params, _ = _families()[1]

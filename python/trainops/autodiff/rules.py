@@ -884,6 +884,14 @@ def conv(c: Ctx):
                  else b.op("Shape", [X]))
         out[0] = b.op("ConvInputGrad", [gy, W, shape], domain=TRAINOPS_DOMAIN, kernel_shape=k,
                       strides=strides, pads=pads, dilations=dil, group=group)
+    elif c.need(0) and b.fused and group == 1 and all(v == 1 for v in k + strides) and not any(pads):
+        # A pointwise convolution's dX = W^T dY per sample: onnxruntime's MatMul (the same
+        # MLAS product, the same bits) threads where its ConvTranspose mostly does not:
+        # mobilenet_v3_small's 40 pointwise gradients 1.0-1.4x at one thread, 1.1-2.1x at two.
+        co, ci = w_shape[0], w_shape[1]
+        wt = b.op("Transpose", [b.op("Reshape", [W, b.ints([co, ci])])], perm=[1, 0])
+        dx = b.op("MatMul", [wt, b.op("Reshape", [gy, b.ints([0, co, -1])])])
+        out[0] = b.op("Reshape", [dx, b.shape_of(X)])
     elif c.need(0):
         # onnxruntime's ConvTranspose (MLAS, AVX-512) everywhere else, and in the portable
         # and device steps (docs/ops/gradients-conv.md).
