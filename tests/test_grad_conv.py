@@ -351,9 +351,9 @@ def test_trainer_small_grid_uses_input_grad_kernel(library_path, monkeypatch):
     assert_runs_agree(model, feeds, fused.optimizer, record(fused, feeds, 4), record(plain, feeds, 4))
 
 
-def _pointwise_net(seed=0):
-    """x [4, 6, 5, 5] -> Conv 6->10 (1x1) -> Relu -> Conv 10->6 (1x1) -> GlobalAveragePool
-    -> Flatten -> Gemm -> loss: the second Conv's dX is a pointwise convolution's."""
+def _pointwise_net(side, seed=0):
+    """x [4, 6, side, side] -> Conv 6->10 (1x1) -> Relu -> Conv 10->6 (1x1) ->
+    GlobalAveragePool -> Flatten -> Gemm -> loss: pointwise convolutions' gradients."""
     from onnx import numpy_helper
 
     rng = np.random.default_rng(seed)
@@ -365,25 +365,29 @@ def _pointwise_net(seed=0):
              helper.make_node("Flatten", ["g"], ["f"]), helper.make_node("Gemm", ["f", "fc", "fb"], ["logits"], transB=1),
              helper.make_node("SoftmaxCrossEntropyLoss", ["logits", "t"], ["loss"])]
     g = helper.make_graph(nodes, "pointwise",
-                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6, 5, 5]),
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 6, side, side]),
                            helper.make_tensor_value_info("t", TensorProto.INT64, [4])],
                           [helper.make_tensor_value_info("loss", TensorProto.FLOAT, [])],
                           [numpy_helper.from_array(v, k) for k, v in w.items()])
     m = helper.make_model(g, opset_imports=[helper.make_opsetid("", ONNX_OPSET)])
     m.ir_version = IR_VERSION
-    feeds = {"x": rng.standard_normal((4, 6, 5, 5)).astype(np.float32), "t": rng.integers(0, 5, 4).astype(np.int64)}
+    feeds = {"x": rng.standard_normal((4, 6, side, side)).astype(np.float32),
+             "t": rng.integers(0, 5, 4).astype(np.int64)}
     return m, list(w), feeds
 
 
-def test_trainer_pointwise_input_gradient_is_a_matmul(library_path, monkeypatch):
-    """A pointwise convolution's dX is W^T dY per sample: onnxruntime's MatMul in the
-    fused step (it threads where ConvTranspose does not), the run within
-    helpers/adam_pair.py's bound of the standard-op step's (ConvTranspose) after every step."""
-    model, params, feeds = _pointwise_net()
+@pytest.mark.parametrize("side", [5, 8])
+def test_trainer_pointwise_gradients_are_matmuls(library_path, monkeypatch, side):
+    """A pointwise convolution's dX is W^T dY per sample and, over 64 positions or more,
+    its dW is sum_n dY[n] X[n]^T: onnxruntime's MatMul in the fused step (it threads where
+    ConvTranspose does not; ConvWeightGrad is slow on short columns), the run within
+    helpers/adam_pair.py's bound of the standard-op step's after every step."""
+    model, params, feeds = _pointwise_net(side)
     fused = _trainer(model, params, monkeypatch, True)
     plain = _trainer(model, params, monkeypatch, False)
     ops = {n.op_type for n in fused.training_model.graph.node}
     assert "ConvTranspose" not in ops and "MatMul" in ops, sorted(ops)
+    assert _conv_grad_ops(fused) == ([] if side * side >= 64 else ["ConvWeightGrad"] * 2)
     assert "ConvTranspose" in {n.op_type for n in plain.training_model.graph.node}
     assert_runs_agree(model, feeds, fused.optimizer, record(fused, feeds, 4), record(plain, feeds, 4))
 
