@@ -422,6 +422,42 @@ def test_dropout_with_ratio_zero_in_training_is_the_identity():
     assert "Where" in [n.op_type for n in expand_gradients(m).graph.node]
 
 
+def _nan_guard_model():
+    """x -> Softmax -> Where(IsNaN(s), 0, s) -> y (torch's attention decomposition)."""
+    nodes = [node("Softmax", ["x"], ["s"], axis=-1), node("IsNaN", ["s"], ["m"]),
+             node("Where", ["m", "zero", "s"], ["y"])]
+    return nodes, {"zero": np.array(0.0, np.float32)}
+
+
+def test_nan_guarded_softmax_passes_dy_unmasked(monkeypatch):
+    """The guard's gradient needs no Where: against central differences, and with a NaN
+    row (every score -inf) the gradient of the whole graph is the masked form's, bit for
+    bit (NaN in that row, the same values elsewhere)."""
+    import trainops.autodiff.rules as rules
+
+    nodes, consts = _nan_guard_model()
+    check(nodes, {"x": r(3, 5)}, ["x"], consts=consts, dtypes=(np.float32,))
+    x = r(4, 5).astype(np.float32)
+    x[2] = -np.inf
+    R = r(4, 5).astype(np.float32)
+
+    def gradient():
+        m = _gradient_model(nodes + [node("Mul", ["y", "R"], ["yR"]), node("ReduceSum", ["yR"], ["loss"], keepdims=0)],
+                            {"x": x}, ["x"], y="loss")
+        m.graph.initializer.extend([numpy_helper.from_array(consts["zero"], "zero"), numpy_helper.from_array(R, "R")])
+        g = expand_gradients(m)
+        return [n.op_type for n in g.graph.node], session(g).run(["d_x"], {"x": x})[0]
+
+    ops, got = gradient()
+    assert ops.count("Where") == 1, ops  # the forward's only
+    monkeypatch.setattr(rules, "_nan_guarded_softmax", lambda c: False)
+    ops, masked = gradient()
+    assert ops.count("Where") == 2, ops
+    assert np.isnan(got[2]).all() and not np.isnan(np.delete(got, 2, axis=0)).any()
+    assert np.array_equal(got.view(np.uint32)[[0, 1, 3]], masked.view(np.uint32)[[0, 1, 3]])
+    assert np.isnan(masked[2]).all()
+
+
 def _fixed_mask_fd(x, keep, scale, R, eps=1e-3):
     """Central differences of f(x) = sum(where(keep, x * scale, 0) * R) in float64: the
     forward Dropout with its mask held fixed."""

@@ -731,9 +731,27 @@ def where(c: Ctx):
     out = [None, None, None]
     if c.need(1):
         out[1] = c.unb(b.op("Where", [cond, c.gy, b.scalar(0.0, c.y)]), 1)
-    if c.need(2):
+    if c.need(2) and _nan_guarded_softmax(c):
+        # torch's attention decomposition zeroes a softmax's NaN rows (Where(IsNaN(s), 0,
+        # s)): a softmax row is NaN in every element or in none, and the Softmax gradient
+        # of a NaN row is NaN whatever dY is, so dY passing unmasked changes no result and
+        # saves a single-threaded Where over the attention probabilities (10 ms a layer in
+        # the bench's Llama).
+        out[2] = c.gy
+    elif c.need(2):
         out[2] = c.unb(b.op("Where", [cond, b.scalar(0.0, c.y), c.gy]), 2)
     return out
+
+
+def _nan_guarded_softmax(c: Ctx) -> bool:
+    """True for ``Where(IsNaN(s), 0, s)`` with ``s`` a Softmax's output, all one shape."""
+    b, s = c.b, c.x(2)
+    guard, soft = c.producer.get(c.x(0)), c.producer.get(s)
+    zero = b.constant_value(c.x(1)) if c.x(1) else None
+    return (guard is not None and guard.op_type == "IsNaN" and guard.input[0] == s
+            and soft is not None and soft.op_type == "Softmax" and soft.domain in ("", "ai.onnx")
+            and zero is not None and np.asarray(zero).size == 1 and float(np.asarray(zero).reshape(-1)[0]) == 0.0
+            and b.shape(s) is not None and b.shape(s) == b.shape(c.y))
 
 
 # -- reductions ---------------------------------------------------------------------
