@@ -15,7 +15,9 @@
 
 use crate::ceiling::stream_zero;
 use crate::parallel::{for_each_item, Parallelism};
-use crate::random::draw::stream_copy_fenced;
+use crate::random::draw::{stream_copy_fenced, streams};
+use crate::random::philox::Stores;
+use crate::simd::{detected, Isa};
 
 /// Why a gradient was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,9 +62,6 @@ impl std::error::Error for GatherGradError {}
 /// threads to share a 94 MB table evenly, large enough that each task's pass over the
 /// indices (a compare per index) is nothing next to its rows.
 const TASK_BYTES: usize = 1 << 20;
-/// Outputs of this many bytes or more bypass the caches ([`stream_zero`],
-/// [`stream_copy_fenced`]): Philox's threshold for the same choice.
-const STREAM_BYTES: usize = crate::random::philox::STREAM_BYTES;
 
 /// `out [rows x width]` = `base` (zeros when `None`) with `dy [indices.len() x width]`'s
 /// rows added at `indices`, in index order; threads from `par`. Lengths and every index are
@@ -82,13 +81,14 @@ pub fn gather_grad(
     }
     let per = (TASK_BYTES / (width * 4).max(1)).max(1);
     // A table larger than the caches is written with non-temporal stores (the rows the
-    // updates then read back are a few per token).
-    let stream = out.len() * 4 >= STREAM_BYTES;
+    // updates then read back are a few per token): the random fills' choice and threshold.
+    let isa = detected().isa().unwrap_or(Isa::Scalar);
+    let stream = streams::<f32>(isa, Stores::Auto, out.len());
     let items: Vec<(usize, &mut [f32])> = out.chunks_mut(per * width).enumerate().collect();
     for_each_item(par, items, |(t, block)| {
         let (r0, r1) = (t * per, t * per + block.len() / width);
         match (base, stream) {
-            (Some(b), true) => stream_copy_fenced(&b[r0 * width..r1 * width], block),
+            (Some(b), true) => stream_copy_fenced(isa, &b[r0 * width..r1 * width], block),
             (Some(b), false) => block.copy_from_slice(&b[r0 * width..r1 * width]),
             (None, true) => stream_zero(block),
             (None, false) => block.fill(0.0),
@@ -177,7 +177,7 @@ mod tests {
         let two = RayonPool(Some(&pool));
         let pars: [&dyn Parallelism; 2] = [&Sequential, &two];
         // (rows, width, indices): rows past one task's block (1 MiB / 4 / width rows), a
-        // width of one, no indices, every row hit many times, a table past STREAM_BYTES
+        // width of one, no indices, every row hit many times, a table past the streaming threshold
         // (written with non-temporal stores; the Vec's start need not be a line's).
         for (rows, width, count) in
             [(1, 1, 3), (7, 5, 20), (300, 1, 1000), (3000, 96, 700), (40, 20000, 90), (5, 3, 0), (1100, 1001, 900)]

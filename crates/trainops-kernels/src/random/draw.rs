@@ -276,9 +276,9 @@ fn fence() {
     super::x86::sfence();
 }
 
-/// [`stream_copy`] at the detected level, fenced: a copy larger than the caches.
-pub(crate) fn stream_copy_fenced<T: Copy>(src: &[T], dst: &mut [T]) {
-    stream_copy(crate::simd::detected().isa().unwrap_or(Isa::Scalar), src, dst);
+/// [`stream_copy`], fenced: a copy larger than the caches, outside a [`Sink`].
+pub(crate) fn stream_copy_fenced<T: Copy>(isa: Isa, src: &[T], dst: &mut [T]) {
+    stream_copy(isa, src, dst);
     #[cfg(target_arch = "x86_64")]
     super::x86::sfence();
 }
