@@ -359,3 +359,22 @@ fn wrong_lengths_and_huge_sizes_are_errors() {
     assert!(matches!(&e, KernelError::Overflow { what } if what.starts_with("W (dirs, 4 hidden_size")), "{e}");
     assert_eq!(shape(1, 1, 1, 1 << 62, Direction::Forward).lens(), [usize::MAX; 6]);
 }
+
+/// The tiled, threaded transpose against the definition, on shapes with partial tiles,
+/// single rows and columns, and tasks of several column blocks.
+#[test]
+fn transpose_matches_the_definition() {
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+    for &(rows, cols) in &[(1, 1), (1, 37), (37, 1), (17, 33), (16, 16), (1024, 48), (5, 1000), (4100, 70), (0, 5)] {
+        let src: Vec<f32> = (0..rows * cols).map(|q| q as f32).collect();
+        for par in [&Sequential as &dyn Parallelism, &RayonPool(Some(&pool))] {
+            let mut dst = vec![-1.0f32; rows * cols];
+            transpose(par, &src, rows, cols, &mut dst);
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(dst[c * rows + r], src[r * cols + c], "{rows}x{cols} at ({r}, {c})");
+                }
+            }
+        }
+    }
+}
