@@ -96,6 +96,11 @@ fn run(
     accumulate: bool,
 ) {
     let (m, k, ncols) = (c.nrows(), b.k, c.ncols());
+    let ldc = c.strides()[0];
+    assert!(m <= 1 || (ldc >= 0 && ldc as usize >= ncols), "gemm_packed: C's rows overlap");
+    assert!(ncols <= 1 || c.strides()[1] == 1, "gemm_packed: C's columns not contiguous");
+    let ldc = ldc.max(0) as usize;
+    let cp = c.as_mut_ptr();
     let mut acc = [[0.0f32; NR]; 8];
     // Row blocks outside, panels inside: C is written row block by row block (a panel at a
     // time down all rows strode across C's pages, 1.8x slower on 1024 x 128 x 1024).
@@ -110,13 +115,23 @@ fn run(
         for (q, c0) in (0..ncols).step_by(NR).enumerate() {
             let w = NR.min(ncols - c0);
             let panel = &b.data[(p0 + q) * k * NR..][..k * NR];
+            let a = &a[r0 * lda.0..];
+            if w == NR {
+                // A whole panel: straight from and into C's rows (through a buffer and
+                // ndarray's row views, the copies cost a third of a product with k = 128).
+                // SAFETY: rows r0..r0 + mr and columns c0..c0 + NR are inside C's view,
+                // whose rows are `ldc` apart and columns contiguous (asserted above).
+                unsafe { block(isa, a, lda, k, panel, cp.add(r0 * ldc + c0), ldc, mr, accumulate) };
+                continue;
+            }
             for (r, row) in acc[..mr].iter_mut().enumerate() {
                 match accumulate {
                     true => row[..w].copy_from_slice(&c.row(r0 + r).as_slice().expect("contiguous")[c0..c0 + w]),
                     false => row.fill(0.0),
                 }
             }
-            block(isa, &a[r0 * lda.0..], lda, k, panel, &mut acc[..mr]);
+            // SAFETY: `acc`'s first `mr` rows of NR, `NR` apart.
+            unsafe { block(isa, a, lda, k, panel, acc.as_mut_ptr().cast(), NR, mr, true) };
             for (r, row) in acc[..mr].iter().enumerate() {
                 let mut dst = c.row_mut(r0 + r);
                 dst.as_slice_mut().expect("contiguous")[c0..c0 + w].copy_from_slice(&row[..w]);
@@ -126,19 +141,42 @@ fn run(
     }
 }
 
-/// `acc[r] = fma(a[r, k], panel[k], acc[r])` for every k, for the rows of `acc`.
-fn block(isa: Isa, a: &[f32], lda: (usize, usize), k: usize, panel: &[f32], acc: &mut [[f32; NR]]) {
-    assert!(acc.is_empty() || k == 0 || (acc.len() - 1) * lda.0 + (k - 1) * lda.1 < a.len());
+/// `C[r] = fma(a[r, k], panel[k], C[r])` for every k ascending, for `mr` rows of NR
+/// elements each, `ldc` apart from `c`, starting from C (`accumulate`) or from zeros.
+///
+/// # Safety
+/// `c.add(r * ldc + j)` for `r < mr`, `j < NR` must be valid for reads and writes, and no
+/// other reference may reach those elements during the call.
+#[allow(clippy::too_many_arguments)] // one product's operands, as the microkernels take them
+unsafe fn block(
+    isa: Isa,
+    a: &[f32],
+    lda: (usize, usize),
+    k: usize,
+    panel: &[f32],
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    accumulate: bool,
+) {
+    assert!(mr <= 8);
+    assert!(mr == 0 || k == 0 || (mr - 1) * lda.0 + (k - 1) * lda.1 < a.len());
     assert!(panel.len() >= k * NR);
     match isa {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: the token proves AVX-512F; the reads stay in `a` and `panel` (asserted).
-        Isa::Avx512(t) => unsafe { block_avx512(t, a, lda, k, panel, acc) },
+        // SAFETY: the token proves AVX-512F; the reads stay in `a` and `panel` (asserted),
+        // C's rows are the caller's promise.
+        Isa::Avx512(t) => unsafe { block_avx512(t, a, lda, k, panel, c, ldc, mr, accumulate) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the token proves AVX2 and FMA; as above.
-        Isa::Avx2(t) => unsafe { block_avx2(t, a, lda, k, panel, acc) },
+        Isa::Avx2(t) => unsafe { block_avx2(t, a, lda, k, panel, c, ldc, mr.min(3), accumulate) },
         _ => {
-            for (r, row) in acc.iter_mut().enumerate() {
+            for r in 0..mr {
+                // SAFETY: row r of C, NR elements: the caller's promise.
+                let row = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), NR) };
+                if !accumulate {
+                    row.fill(0.0);
+                }
                 for kk in 0..k {
                     let av = a[r * lda.0 + kk * lda.1];
                     for (o, &bv) in row.iter_mut().zip(&panel[kk * NR..(kk + 1) * NR]) {
@@ -152,23 +190,28 @@ fn block(isa: Isa, a: &[f32], lda: (usize, usize), k: usize, panel: &[f32], acc:
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::needless_range_loop)] // indices name registers, unrolled
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // indices name registers, unrolled
 unsafe fn block_avx512(
     _: crate::simd::Avx512,
     a: &[f32],
     (rs, cs): (usize, usize),
     k: usize,
     panel: &[f32],
-    acc: &mut [[f32; NR]],
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    accumulate: bool,
 ) {
-    // SAFETY: every pointer read or written stays in `a`, `panel` and `acc` (the caller
-    // asserted their lengths); the token proves the instruction set.
+    // SAFETY: every pointer read stays in `a` and `panel` (the caller asserted their
+    // lengths), every one read or written through `c` in the rows the caller vouched for;
+    // the token proves the instruction set.
     unsafe {
         use std::arch::x86_64::*;
-        let mr = acc.len();
         let mut v = [[_mm512_setzero_ps(); 2]; 8];
-        for r in 0..mr {
-            v[r] = [_mm512_loadu_ps(acc[r].as_ptr()), _mm512_loadu_ps(acc[r].as_ptr().add(16))];
+        if accumulate {
+            for r in 0..mr {
+                v[r] = [_mm512_loadu_ps(c.add(r * ldc)), _mm512_loadu_ps(c.add(r * ldc + 16))];
+            }
         }
         let (ap, bp) = (a.as_ptr(), panel.as_ptr());
         macro_rules! rows {
@@ -195,32 +238,35 @@ unsafe fn block_avx512(
             _ => rows!(1),
         }
         for r in 0..mr {
-            _mm512_storeu_ps(acc[r].as_mut_ptr(), v[r][0]);
-            _mm512_storeu_ps(acc[r].as_mut_ptr().add(16), v[r][1]);
+            _mm512_storeu_ps(c.add(r * ldc), v[r][0]);
+            _mm512_storeu_ps(c.add(r * ldc + 16), v[r][1]);
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::needless_range_loop)] // indices name registers, unrolled
+#[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // indices name registers, unrolled
 unsafe fn block_avx2(
     _: crate::simd::Avx2,
     a: &[f32],
     (rs, cs): (usize, usize),
     k: usize,
     panel: &[f32],
-    acc: &mut [[f32; NR]],
+    c: *mut f32,
+    ldc: usize,
+    mr: usize,
+    accumulate: bool,
 ) {
-    // SAFETY: every pointer read or written stays in `a`, `panel` and `acc` (the caller
-    // asserted their lengths); the token proves the instruction set.
+    // SAFETY: as `block_avx512`'s.
     unsafe {
         use std::arch::x86_64::*;
-        let mr = acc.len();
         let mut v = [[_mm256_setzero_ps(); 4]; 3];
-        for r in 0..mr {
-            for q in 0..4 {
-                v[r][q] = _mm256_loadu_ps(acc[r].as_ptr().add(8 * q));
+        if accumulate {
+            for r in 0..mr {
+                for q in 0..4 {
+                    v[r][q] = _mm256_loadu_ps(c.add(r * ldc + 8 * q));
+                }
             }
         }
         let (ap, bp) = (a.as_ptr(), panel.as_ptr());
@@ -244,7 +290,7 @@ unsafe fn block_avx2(
         }
         for r in 0..mr {
             for q in 0..4 {
-                _mm256_storeu_ps(acc[r].as_mut_ptr().add(8 * q), v[r][q]);
+                _mm256_storeu_ps(c.add(r * ldc + 8 * q), v[r][q]);
             }
         }
     }
@@ -326,7 +372,14 @@ mod speed {
     #[test]
     #[ignore]
     fn rates() {
-        for &(m, k, n) in &[(16, 256, 1024), (16, 1024, 256), (1024, 128, 1024), (1024, 1024, 256), (1024, 1024, 128)] {
+        for &(m, k, n) in &[
+            (16, 256, 1024),
+            (16, 1024, 256),
+            (1024, 128, 1024),
+            (1024, 256, 1024),
+            (1024, 1024, 256),
+            (1024, 1024, 128),
+        ] {
             let a = vec![0.5f32; m * k];
             let b = vec![0.25f32; k * n];
             let mut p = Packed::default();
