@@ -603,14 +603,25 @@ fn step_cells(h: usize, g: &[f32], cp: &[f32], dh: &[f32], dc: &mut [f32], da: &
         let (ig, og, fg, gg, tc, cp, dh) = (&ig[..h], &og[..h], &fg[..h], &gg[..h], &tc[..h], &cp[..h], &dh[..h]);
         let (dc, da_i, da_o, da_f, da_g) =
             (&mut dc[..h], &mut da_i[..h], &mut da_o[..h], &mut da_f[..h], &mut da_g[..h]);
+        // One output a loop (each vectorises; one loop over all of them did not), the same
+        // operations in the same order as the formulas above.
         for j in 0..h {
-            let (i_, o_, f_, g_, t_, dhj) = (ig[j], og[j], fg[j], gg[j], tc[j], dh[j]);
-            let dcj = dc[j] + dhj * o_ * (1.0 - t_ * t_);
-            da_i[j] = dcj * g_ * i_ * (1.0 - i_);
-            da_o[j] = dhj * t_ * o_ * (1.0 - o_);
-            da_f[j] = dcj * cp[j] * f_ * (1.0 - f_);
-            da_g[j] = dcj * i_ * (1.0 - g_ * g_);
-            dc[j] = dcj * f_;
+            dc[j] += dh[j] * og[j] * (1.0 - tc[j] * tc[j]);
+        }
+        for j in 0..h {
+            da_i[j] = dc[j] * gg[j] * ig[j] * (1.0 - ig[j]);
+        }
+        for j in 0..h {
+            da_o[j] = dh[j] * tc[j] * og[j] * (1.0 - og[j]);
+        }
+        for j in 0..h {
+            da_f[j] = dc[j] * cp[j] * fg[j] * (1.0 - fg[j]);
+        }
+        for j in 0..h {
+            da_g[j] = dc[j] * ig[j] * (1.0 - gg[j] * gg[j]);
+        }
+        for j in 0..h {
+            dc[j] *= fg[j];
         }
     }
 }
