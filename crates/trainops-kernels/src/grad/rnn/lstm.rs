@@ -283,7 +283,7 @@ pub fn lstm_train_with(
     for d in 0..dirs {
         // Packed from R's rows (a copy of R^T first, element by element through ndarray,
         // took 0.8-1.9 ms of the bench LSTM's forward per layer).
-        rp.pack_t(&i.r[d * g4 * h..], h, g4, h);
+        rp.pack_t(par, &i.r[d * g4 * h..], h, g4, h);
         // Both halves of the bias summed once (zeros when absent).
         let bias: Vec<f32> = match i.b {
             Some(b) => {
@@ -293,7 +293,7 @@ pub fn lstm_train_with(
             None => vec![0.0; g4],
         };
         let g = &mut gates[d * n * g6..(d + 1) * n * g6];
-        wp.pack_t(&i.w[d * g4 * isz..], isz, g4, isz);
+        wp.pack_t(par, &i.w[d * g4 * isz..], isz, g4, isz);
         gemm_packed(par, isa, i.x, (isz, 1), wp, view_mut(g, n, g6).slice_move(s![.., ..g4]), false);
         initial(hp, i.initial_h, d);
         initial(cp, i.initial_c, d);
@@ -491,7 +491,7 @@ fn one_direction(
     let y_at = |t: usize| &i.y[(t * dirs + d) * bh..(t * dirs + d + 1) * bh];
     let prev = |t: usize| if rev { (t + 1 < t_len).then_some(t + 1) } else { t.checked_sub(1) };
     let LstmScratch { hp, da, dh, dhn, dc, cp, rp, dat } = wk;
-    rp.pack(&i.r[d * g4 * h..], g4, h, h);
+    rp.pack(par, &i.r[d * g4 * h..], g4, h, h);
     let isa = isa();
     let (hp, da) = (sized(hp, n * h), sized(da, n * g4));
     let (dh, dhn, dc, cp) = (sized(dh, bh), sized(dhn, bh), sized(dc, bh), sized(cp, bh));
@@ -554,7 +554,7 @@ fn one_direction(
     // All through the packed products (as the steps'): dX = dA W; dW = dA^T X and dR =
     // dA^T H_{t-1} from dA transposed once.
     if let Some(dx) = o.dx.as_deref_mut() {
-        rp.pack(&i.w[d * g4 * isz..], g4, isz, isz);
+        rp.pack(par, &i.w[d * g4 * isz..], g4, isz, isz);
         gemm_packed(par, isa, da, (g4, 1), rp, view_mut(dx, n, isz), d != 0);
     }
     if o.dw.is_some() || o.dr.is_some() {
@@ -563,11 +563,11 @@ fn one_direction(
         let dat = sized(dat, g4 * n);
         transpose(par, da, n, g4, dat);
         if let Some(dw) = o.dw.as_deref_mut() {
-            rp.pack(i.x, n, isz, isz);
+            rp.pack(par, i.x, n, isz, isz);
             gemm_packed(par, isa, dat, (n, 1), rp, view_mut(&mut dw[d * g4 * isz..], g4, isz), false);
         }
         if let Some(dr) = o.dr.as_deref_mut() {
-            rp.pack(hp, n, h, h);
+            rp.pack(par, hp, n, h, h);
             gemm_packed(par, isa, dat, (n, 1), rp, view_mut(&mut dr[d * g4 * h..], g4, h), false);
         }
     }

@@ -22,35 +22,51 @@ pub(crate) struct Packed {
 }
 
 impl Packed {
-    /// Packs `b`, row-major `[k, n]` with row stride `ldb`.
-    pub(crate) fn pack(&mut self, b: &[f32], k: usize, n: usize, ldb: usize) {
-        let panels = n.div_ceil(NR);
-        self.data.clear();
-        self.data.resize(panels * k * NR, 0.0);
-        for p in 0..panels {
-            let (c0, w) = (p * NR, NR.min(n - p * NR));
-            for kk in 0..k {
-                let dst = &mut self.data[(p * k + kk) * NR..][..w];
-                dst.copy_from_slice(&b[kk * ldb + c0..][..w]);
+    /// Packs `b`, row-major `[k, n]` with row stride `ldb`, panels as tasks of `par`.
+    pub(crate) fn pack(&mut self, par: &dyn Parallelism, b: &[f32], k: usize, n: usize, ldb: usize) {
+        self.fill(par, k, n, |c0, w, panel| {
+            for (kk, dst) in panel.chunks_exact_mut(NR).enumerate() {
+                dst[..w].copy_from_slice(&b[kk * ldb + c0..][..w]);
             }
-        }
-        (self.k, self.n) = (k, n);
+        });
     }
 
     /// Packs the `[k, n]` matrix whose transpose is `bt`, row-major `[n, k]` with row stride
-    /// `ld` (W for `X W^T`).
-    pub(crate) fn pack_t(&mut self, bt: &[f32], k: usize, n: usize, ld: usize) {
-        let panels = n.div_ceil(NR);
-        self.data.clear();
-        self.data.resize(panels * k * NR, 0.0);
-        for j in 0..n {
-            let (p, jj) = (j / NR, j % NR);
-            let src = &bt[j * ld..][..k];
-            for (kk, &v) in src.iter().enumerate() {
-                self.data[(p * k + kk) * NR + jj] = v;
+    /// `ld` (W for `X W^T`), panels as tasks of `par`.
+    pub(crate) fn pack_t(&mut self, par: &dyn Parallelism, bt: &[f32], k: usize, n: usize, ld: usize) {
+        self.fill(par, k, n, |c0, w, panel| {
+            for jj in 0..w {
+                let src = &bt[(c0 + jj) * ld..][..k];
+                for (dst, &v) in panel.chunks_exact_mut(NR).zip(src) {
+                    dst[jj] = v;
+                }
             }
-        }
+        });
+    }
+
+    /// Sizes the panels for `[k, n]` and has `put(first column, width, panel)` write each
+    /// panel's `width` real columns (its padding is zeroed here), a few panels a task.
+    fn fill(&mut self, par: &dyn Parallelism, k: usize, n: usize, put: impl Fn(usize, usize, &mut [f32]) + Sync) {
+        let panels = n.div_ceil(NR);
+        // Every element is written below: no clearing pass (a single-threaded memset of
+        // up to 4 MiB before each pack).
+        self.data.resize(panels * k * NR, 0.0);
         (self.k, self.n) = (k, n);
+        if k == 0 {
+            return;
+        }
+        let per = ((1usize << 15) / (k * NR)).max(1);
+        let items: Vec<_> = self.data.chunks_mut(per * k * NR).enumerate().collect();
+        for_each_item(par, items, |(q, block)| {
+            for (i, panel) in block.chunks_exact_mut(k * NR).enumerate() {
+                let c0 = (q * per + i) * NR;
+                let w = NR.min(n - c0);
+                if w < NR {
+                    panel.chunks_exact_mut(NR).for_each(|row| row[w..].fill(0.0));
+                }
+                put(c0, w, panel);
+            }
+        });
     }
 }
 
@@ -315,10 +331,10 @@ mod tests {
             let b: Vec<f32> = (0..k * n).map(|_| u() as f32).collect();
             let c0: Vec<f32> = (0..m * n).map(|_| u() as f32).collect();
             let mut packed = Packed::default();
-            packed.pack(&b, k, n, n);
+            packed.pack(&Sequential, &b, k, n, n);
             let bt: Vec<f32> = (0..n * k).map(|q| b[(q % k) * n + q / k]).collect();
             let mut from_t = Packed::default();
-            from_t.pack_t(&bt, k, n, k);
+            from_t.pack_t(&RayonPool(Some(&pool)), &bt, k, n, k);
             assert_eq!(from_t.data, packed.data);
             let mut first: Option<Vec<f32>> = None;
             for level in available_levels() {
@@ -363,6 +379,40 @@ mod tests {
     }
 }
 
+/// A reused `Packed` (no clearing pass) holds exactly what a fresh one does: stale values
+/// of a larger earlier matrix never survive into the padding or the panels.
+#[cfg(test)]
+#[test]
+fn repacking_over_a_larger_matrix_leaves_nothing_behind() {
+    use crate::test_util::uniform;
+    use crate::{RayonPool, Sequential};
+    let pool = rayon::ThreadPoolBuilder::new().num_threads(2).build().unwrap();
+    let mut u = uniform(7);
+    let big: Vec<f32> = (0..300 * 200).map(|_| 1.0 + u() as f32).collect();
+    for &(k, n) in &[(37, 45), (300, 33), (5, 200), (1, 1)] {
+        let small: Vec<f32> = (0..k * n).map(|_| u() as f32).collect();
+        let mut fresh = Packed::default();
+        fresh.pack(&Sequential, &small, k, n, n);
+        let mut reused = Packed::default();
+        reused.pack(&RayonPool(Some(&pool)), &big, 300, 200, 200);
+        reused.pack(&RayonPool(Some(&pool)), &small, k, n, n);
+        assert_eq!(reused.data, fresh.data, "{k}x{n}");
+        reused.pack_t(&Sequential, &big, 200, 300, 200);
+        let small_t: Vec<f32> = (0..n * k).map(|q| small[(q % k) * n + q / k]).collect();
+        reused.pack_t(&RayonPool(Some(&pool)), &small_t, k, n, k);
+        assert_eq!(reused.data, fresh.data, "{k}x{n} transposed");
+        // The padding of a partial last panel is zero, the real columns the matrix's.
+        for p in 0..n.div_ceil(NR) {
+            for kk in 0..k {
+                for jj in 0..NR {
+                    let want = if p * NR + jj < n { small[kk * n + p * NR + jj] } else { 0.0 };
+                    assert_eq!(fresh.data[(p * k + kk) * NR + jj], want);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod speed {
     use super::*;
@@ -383,7 +433,7 @@ mod speed {
             let a = vec![0.5f32; m * k];
             let b = vec![0.25f32; k * n];
             let mut p = Packed::default();
-            p.pack(&b, k, n, n);
+            p.pack(&Sequential, &b, k, n, n);
             let mut c = Array2::<f32>::zeros((m, n));
             let isa = crate::simd::detected().isa().unwrap();
             let reps = (1usize << 30) / (m * k * n) + 1;
@@ -394,7 +444,7 @@ mod speed {
             let s = t0.elapsed().as_secs_f64() / reps as f64;
             let t1 = std::time::Instant::now();
             for _ in 0..reps {
-                p.pack(&b, k, n, n);
+                p.pack(&Sequential, &b, k, n, n);
             }
             let sp = t1.elapsed().as_secs_f64() / reps as f64;
             println!(
