@@ -191,6 +191,57 @@ def test_slice_unit_steps(st, en, ax):
     assert "Pad" in ops and "ScatterElements" not in ops
 
 
+def _gate_slices(bounds, extra=()):
+    """``w`` [8, 3] sliced along axis 0 at ``bounds`` and the pieces concatenated in
+    reverse (as torch's LSTM export reorders its gates), times ``x``; ``extra`` nodes add
+    more uses of ``w``."""
+    nodes, consts, pieces = [], {}, []
+    for k, (s0, e0) in enumerate(bounds):
+        consts[f"s{k}"], consts[f"e{k}"] = np.array([s0], np.int64), np.array([e0], np.int64)
+        nodes.append(node("Slice", ["w", f"s{k}", f"e{k}", "ax"], [f"p{k}"]))
+        pieces.append(f"p{k}")
+    consts["ax"] = np.array([0], np.int64)
+    nodes += [node("Concat", pieces[::-1], ["c"], axis=0), *extra]
+    return nodes, consts
+
+
+@pytest.mark.parametrize("bounds, extra, joined", [
+    ([(0, 2), (2, 4), (4, 6), (6, 8)], (), True),           # four gates tiling the rows
+    ([(6, 8), (0, 5), (5, 6)], (), True),                   # any order, uneven pieces
+    ([(0, 2), (2, 4), (4, 8), (6, 8)], (), False),          # overlapping: summed
+    ([(0, 2), (3, 8)], (), False),                          # a gap: summed
+    ([(0, 4), (4, 8)], (node("Exp", ["w"], ["u"]),), False),  # w also used whole
+])
+def test_slices_tiling_an_axis_join_their_gradients(bounds, extra, joined):
+    """A tensor's Slice gradients that tile one axis are concatenated (no Pad and Add);
+    any other set is padded and summed. Both against central differences."""
+    nodes, consts = _gate_slices(bounds, extra)
+    n = sum(e - s for s, e in bounds)
+    tail = [node("MatMul", ["x", "c"], ["y"])]
+    if extra:
+        tail = [node("MatMul", ["x", "c"], ["m"]), node("ReduceSum", ["u"], ["z"], keepdims=1),
+                node("Add", ["m", "z"], ["y"])]
+    check(nodes + tail, {"w": r(8, 3), "x": r(2, n)}, ["w", "x"], consts=consts)
+    inits = [numpy_helper.from_array(v, k) for k, v in consts.items()]
+    m = make_model(nodes + tail + [node("ReduceSum", ["y"], ["loss"], keepdims=0),
+                                   helper.make_node("Gradient", ["w", "x"], ["dw", "dx"],
+                                                    domain=TRAINING_DOMAIN, xs=["w", "x"],
+                                                    y="loss")],
+                   [helper.make_tensor_value_info("w", TensorProto.FLOAT, [8, 3]),
+                    helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, n])],
+                   [helper.make_tensor_value_info("dw", TensorProto.FLOAT, [8, 3]),
+                    helper.make_tensor_value_info("dx", TensorProto.FLOAT, [2, n])], inits)
+    nodes = list(expand_gradients(m).graph.node)
+    ops = [x.op_type for x in nodes]
+    assert ("Pad" not in ops) == joined, ops
+    # The joined gradient: one Concat of the pieces' gradients (the Split of the forward
+    # Concat's), none of them the forward's pieces or constants.
+    made_by = {o: x.op_type for x in nodes for o in x.output}
+    joins = [x for x in nodes if x.op_type == "Concat"
+             and all(made_by.get(i) == "Split" for i in x.input)]
+    assert len(joins) == joined and all(len(x.input) == len(bounds) for x in joins)
+
+
 def test_slice_unit_steps_of_an_unknown_length():
     """A dimension of unknown length: the index-grid gradient, still right."""
     check([node("Slice", ["x", "st", "en", "ax"])], {"x": r(5, 6)}, ["x"],

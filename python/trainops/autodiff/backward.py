@@ -106,6 +106,10 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
             # an op every EP has (WebGPU 0.4.0 has no Sum kernel: the sums of a value's
             # gradients ran on the CPU, activation-sized tensors copied both ways)
             # (every part of a tensor's gradient has the tensor's shape)
+            tiled = _tiles(b, parts)
+            if tiled is not None:
+                grads[name] = [tiled]
+                return tiled
             scattered = next((p for p in parts if p in b.scatters), None)
             rest = [p for p in parts if p != scattered]
             acc = rest[0]
@@ -159,3 +163,25 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
         out.append(g if g is not None else b.zeros_like(x))
     return out
 
+
+
+def _tiles(b: Builder, parts: list[str]) -> str | None:
+    """The gradients ``parts`` of one tensor as a single Concat when every one is a Slice's
+    gradient put back by Pad (:attr:`Builder.placed`) and together they cover one axis
+    exactly, without overlap: torch's LSTM export slices each weight into its four gates and
+    concatenates them in ONNX's order, and the sum of the four padded gradients (Pad and Add
+    on one thread: 2 ms of the bench LSTM's step) is the gradients side by side. Each
+    element's sum is one term and zeros, so the values are the same (a -0.0 term, which the
+    zeros' sum turns into +0.0, stays -0.0). None when the parts do not tile."""
+    placed = [b.placed.get(p) for p in parts]
+    if any(t is None for t in placed) or len({(t[0], t[3]) for t in placed}) != 1:
+        return None
+    ranges = sorted((t[1], t[2], t[4]) for t in placed)
+    ends = [0] + [e for _, e, _ in ranges]
+    if any(s != e or s >= end for (s, end, _), e in zip(ranges, ends)) or ends[-1] != placed[0][3]:
+        return None
+    # The Pads, emitted by the Slice rule before their sum was known, go with their pads.
+    drop = set(parts)
+    drop |= {n.input[1] for n in b.nodes if n.output and n.output[0] in drop}
+    b.nodes[:] = [n for n in b.nodes if not (n.output and n.output[0] in drop)]
+    return b.op("Concat", [g for _, _, g in ranges], axis=placed[0][0])
