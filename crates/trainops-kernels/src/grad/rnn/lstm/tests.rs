@@ -186,6 +186,8 @@ fn optional_inputs_absent() {
 fn large_enough_to_split_the_gemms() {
     // seq * batch rows and the per-step GEMMs above the task size: blocks on the pool.
     compare(shape(6, 80, 24, 40, Direction::Bidirectional), 77, ALL);
+    // A step's backward product in three column blocks, the last a partial panel.
+    compare(shape(5, 40, 16, 72, Direction::Bidirectional), 78, ALL);
 }
 
 #[test]
@@ -290,7 +292,13 @@ fn portable_element_loops_give_the_avx2_bits() {
 
 #[test]
 fn scratch_reuse_and_thread_count_do_not_change_bits() {
-    let c = case(shape(6, 80, 24, 40, Direction::Bidirectional), 5);
+    for sh in [shape(6, 80, 24, 40, Direction::Bidirectional), shape(5, 40, 16, 72, Direction::Reverse)] {
+        reuse_and_threads(sh);
+    }
+}
+
+fn reuse_and_threads(sh: LstmShape) {
+    let c = case(sh, 5);
     let i = train_in(&c, ALL);
     let f1 = forward(&c, &i, &Sequential);
     let g1 = backward(&c, ALL, &f1[0], &f1[3], &Sequential);
