@@ -242,6 +242,33 @@ def test_slices_tiling_an_axis_join_their_gradients(bounds, extra, joined):
     assert len(joins) == joined and all(len(x.input) == len(bounds) for x in joins)
 
 
+def _grad_ops(nodes, inputs):
+    """The op types of ``nodes``' backward graph (the loss: the sum of ``y``) for ``x``."""
+    shape = list(inputs["x"].shape)
+    m = make_model(nodes + [node("ReduceSum", ["y"], ["loss"], keepdims=0),
+                            helper.make_node("Gradient", ["x"], ["dx"], domain=TRAINING_DOMAIN,
+                                             xs=["x"], y="loss")],
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                   [helper.make_tensor_value_info("dx", TensorProto.FLOAT, shape)])
+    return [n.op_type for n in expand_gradients(m).graph.node]
+
+
+@pytest.mark.parametrize("pool, expands", [
+    ([node("GlobalAveragePool", ["x"], ["s"])], 0),
+    ([node("ReduceMean", ["x"], ["s"], axes=[2, 3], keepdims=1)], 0),
+    # the mean is the only use: nothing full-shaped to add it into, the Expand stays
+    ([node("GlobalAveragePool", ["x"], ["s"]), node("Identity", ["s"], ["t"])], 1),
+])
+def test_a_mean_added_to_another_gradient_broadcasts_in_the_add(pool, expands):
+    """A squeeze-excitation's ``x * mean(x)``: the mean's gradient (an Expand of the
+    spatial mean's) is added to the product's by a broadcasting Add, not expanded first;
+    against central differences."""
+    tail = [node("Mul", ["x", "s"], ["y"])] if expands == 0 else [node("Mul", ["t", "t"], ["y"])]
+    check(pool + tail, {"x": r(2, 3, 4, 5)}, ["x"])
+    # (one Expand more: the loss's, a sum's gradient)
+    assert _grad_ops(pool + tail, {"x": r(2, 3, 4, 5)}).count("Expand") == expands + 1
+
+
 def test_slice_unit_steps_of_an_unknown_length():
     """A dimension of unknown length: the index-grid gradient, still right."""
     check([node("Slice", ["x", "st", "en", "ax"])], {"x": r(5, 6)}, ["x"],

@@ -110,6 +110,7 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
             if tiled is not None:
                 grads[name] = [tiled]
                 return tiled
+            parts = _unexpanded(b, parts)
             scattered = next((p for p in parts if p in b.scatters), None)
             rest = [p for p in parts if p != scattered]
             acc = rest[0]
@@ -185,3 +186,27 @@ def _tiles(b: Builder, parts: list[str]) -> str | None:
     drop |= {n.input[1] for n in b.nodes if n.output and n.output[0] in drop}
     b.nodes[:] = [n for n in b.nodes if not (n.output and n.output[0] in drop)]
     return b.op("Concat", [g for _, _, g in ranges], axis=placed[0][0])
+
+
+def _unexpanded(b: Builder, parts: list[str]) -> list[str]:
+    """``parts`` with each Expand the rules made (a mean's or a broadcast's gradient) read
+    through to the tensor it expands, where another part has the full shape: the Adds
+    broadcast it to the same values (x + e, one rounding either way), where onnxruntime's
+    Expand wrote the full tensor on one thread first (efficientnet_b0's squeeze-excitation
+    means: 5 ms of its step at one thread and at two). The unread Expands go."""
+    made = {}
+    for n in reversed(b.nodes):
+        if len(made) == len(parts):
+            break
+        if n.output and n.output[0] in parts:
+            made[n.output[0]] = n
+    small = {p: made[p].input[0] for p in parts
+             if p in made and made[p].op_type == "Expand" and p not in b.scatters}
+    if small:  # (an Expand some node reads stays as it is)
+        read = {i for n in b.nodes for i in n.input}
+        small = {p: v for p, v in small.items() if p not in read}
+    if not small or len(small) == len(parts):
+        return parts
+    gone = {id(made[p]) for p in small}
+    b.nodes[:] = [n for n in b.nodes if id(n) not in gone]
+    return [small.get(p, p) for p in parts]
