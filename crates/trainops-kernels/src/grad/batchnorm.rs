@@ -94,6 +94,11 @@ const MIN_GROUPS: usize = 8;
 /// faster on two threads, or slower (a 576-channel 4x4 batch of 16: 0.13 ms on one thread,
 /// 0.17 on two), their data moving between the cores' caches costing what the split saves.
 const BN_SERIAL_BELOW: usize = 1 << 18;
+/// The same for the backward, whose passes do more per element: from 2^15 elements its
+/// nodes gain from a second thread in the step (mobilenet_v3_small's BatchNormTrainGrad
+/// nodes 6.6-6.9 -> 5.5-5.6 ms in all at two threads, efficientnet_b0's 14.4-15.2 ->
+/// 13.6-13.9; the forward's measured the same either way).
+const BN_GRAD_SERIAL_BELOW: usize = 1 << 15;
 
 /// Channels per task (the last may have fewer): about [`TASK_ELEMENTS`] elements, at
 /// least [`MIN_GROUPS`] tasks where there are channels enough; a function of the shape
@@ -137,7 +142,7 @@ pub fn batch_norm_train_grad_at(
         return Ok(());
     }
     let serial;
-    let par = if shape.len() < BN_SERIAL_BELOW {
+    let par = if shape.len() < BN_GRAD_SERIAL_BELOW {
         serial = Sequential;
         &serial as &dyn Parallelism
     } else {

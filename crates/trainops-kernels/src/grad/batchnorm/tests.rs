@@ -71,6 +71,8 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (9, 4, 64),
     (64, 8, 64),
     (256, 16, 16),
+    // mobilenet_v3_small's last BatchNorm (576 channels, 4x4, batch 16): threaded
+    (16, 576, 16),
 ];
 
 #[test]
