@@ -94,6 +94,7 @@ pub mod driver {
             *mut *mut c_void,
         ) -> CuResult,
         pub(crate) stream_synchronize: unsafe extern "C" fn(CuStream) -> CuResult,
+        pub(crate) pointer_get_attribute: unsafe extern "C" fn(*mut c_void, c_int, DevicePtr) -> CuResult,
     }
 
     // SAFETY: the driver API is thread-safe; the struct holds only function pointers and the
@@ -130,6 +131,7 @@ pub mod driver {
             module_get_function: sym!("cuModuleGetFunction"),
             launch_kernel: sym!("cuLaunchKernel"),
             stream_synchronize: sym!("cuStreamSynchronize"),
+            pointer_get_attribute: sym!("cuPointerGetAttribute"),
             _lib: lib,
         };
         // SAFETY: cuInit(0) is the documented first call.
@@ -204,6 +206,24 @@ fn make_current(ordinal: u32) -> Result<&'static driver::Driver> {
     // SAFETY: a retained primary context.
     check("cuCtxSetCurrent", unsafe { (d.ctx_set_current)(ctx) })?;
     Ok(d)
+}
+
+/// Whether the driver knows `p` (device, managed or registered host memory: what a kernel
+/// on GPU `ordinal` may be handed), false for ordinary host memory: the driver's
+/// `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` of it, refused with `CUDA_ERROR_INVALID_VALUE` for
+/// memory it did not allocate or register.
+pub fn known_to_driver(ordinal: u32, p: *const c_void) -> Result<bool> {
+    const MEMORY_TYPE: c_int = 2; // CU_POINTER_ATTRIBUTE_MEMORY_TYPE
+    const INVALID_VALUE: CuResult = 1; // CUDA_ERROR_INVALID_VALUE
+    let d = make_current(ordinal)?;
+    let mut kind: c_uint = 0;
+    // SAFETY: an out pointer of the attribute's type (CUmemorytype, an unsigned int); the
+    // driver only reads its own tables for the address, whatever it is.
+    match unsafe { (d.pointer_get_attribute)((&raw mut kind).cast(), MEMORY_TYPE, p as DevicePtr) } {
+        0 => Ok(true),
+        INVALID_VALUE => Ok(false),
+        code => check("cuPointerGetAttribute", code).map(|()| false),
+    }
 }
 
 /// `bytes` of device memory on GPU `ordinal`.

@@ -46,6 +46,33 @@ impl CudaOptimizer {
     }
 }
 
+/// Refuses a buffer the CUDA driver does not know (ordinary host memory) before any copy or
+/// kernel touches it: a kernel reading one faults and leaves the device's context unusable.
+/// On an H200, onnxruntime 1.30 handed the optimizer a host copy of a weight the CPU forward
+/// pass also reads (the plugin EP Trainer placement); this names it instead. `output`: the
+/// index is among the node's outputs.
+fn on_device(op: &'static str, ordinal: u32, t: &Tensor, index: usize, name: &str, output: bool) -> Result<()> {
+    if t.numel == 0 {
+        return Ok(());
+    }
+    match trainops_cuda::known_to_driver(ordinal, t.ptr) {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            let (expected, got) = (
+                "a buffer in the CUDA device's memory".to_string(),
+                "host memory (onnxruntime passed the plugin EP's kernel a host buffer)".to_string(),
+            );
+            let name = name.to_string();
+            Err(if output {
+                Error::Output { op, index, name, expected, got }
+            } else {
+                Error::Input { op, index, name, expected, got }
+            })
+        }
+        Err(e) => Err(Error::Runtime { op, call: "CUDA", message: e.to_string() }),
+    }
+}
+
 impl Kernel for CudaOptimizer {
     fn compute(&self, ctx: &mut Context<'_>) -> Result<()> {
         let runtime = |message: String| Error::Runtime { op: self.op, call: "CUDA", message };
@@ -72,6 +99,8 @@ impl Kernel for CudaOptimizer {
             let g = ctx.input(2 + n + i)?.ok_or_else(|| runtime("missing G".into()))?;
             self.float(&x, 2 + i, "X")?;
             self.float(&g, 2 + n + i, "G")?;
+            on_device(self.op, ordinal, &x, 2 + i, "X", false)?;
+            on_device(self.op, ordinal, &g, 2 + n + i, "G", false)?;
             let mut outs = Vec::with_capacity(streams);
             for s in 0..streams {
                 let at = if s == 0 { 2 + i } else { 2 + (s + 1) * n + i };
@@ -81,12 +110,23 @@ impl Kernel for CudaOptimizer {
                 if input.numel != x.numel || g.numel != x.numel {
                     return Err(Error::input(self.op, at, "stream", "the size of X", input.numel.to_string()));
                 }
+                on_device(self.op, ordinal, &input, at, "state", false)?;
                 let out = ctx.output(s * n + i, &input.shape)?;
+                on_device(self.op, ordinal, &out, s * n + i, "updated state", true)?;
                 if out.ptr != input.ptr && x.numel > 0 {
                     // SAFETY: both are device buffers of numel float32 elements, alive until the
                     // node's work on `stream` is done; the copy is ordered before the kernel.
-                    unsafe { trainops_cuda::copy_on(ordinal, out.ptr, input.ptr, x.numel * 4, stream) }
-                        .map_err(|e| runtime(e.to_string()))?;
+                    unsafe { trainops_cuda::copy_on(ordinal, out.ptr, input.ptr, x.numel * 4, stream) }.map_err(
+                        |e| {
+                            runtime(format!(
+                                "{e} (input {at} to output {}: {} bytes from {:p} to {:p})",
+                                s * n + i,
+                                x.numel * 4,
+                                input.ptr,
+                                out.ptr
+                            ))
+                        },
+                    )?;
                 }
                 outs.push(out.ptr);
             }
