@@ -41,6 +41,9 @@ def test_trainer_on_the_plugin_ep_devices_matches_the_cpu_trainer(library_path, 
     assert "TrainopsExecutionProvider" in ep.session.get_providers()
     claimed = td.counters(library_path)["claimed"] - before["claimed"]
     assert claimed >= 1  # the Adam node (float32)
+    # every weight the CPU's forward pass reads too is read there under its host alias
+    # (train.host_reads: on a GPU the optimizer was otherwise handed the host copy)
+    assert set(ep.runtime._host_aliases.values()) == set(ep.param_names)
     cpu = Trainer(mlp(), "loss", optimizer=optim.Adam(lr=0.05), seed=11)
     runs = td.counters(library_path)["device_runs"]
     for f in batches():

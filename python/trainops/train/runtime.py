@@ -11,6 +11,7 @@ import numpy as np
 
 from ..autodiff import GradientError
 from .buffers import Buffers, Memory, Transfers
+from .host_reads import split_host_reads
 from .spec import StepGraph
 
 __all__ = ["StepRuntime", "session_options"]
@@ -95,6 +96,7 @@ class StepRuntime:
         from ..offload import as_inputs, session_copies
 
         self.graph = graph
+        self._host_aliases: dict[str, str] = {}
         on_cpu = placement is None or placement.is_cpu
         given = session_copies(graph.model, frozen) if on_cpu else []
         model, held = as_inputs(graph.model, set(given))
@@ -116,9 +118,12 @@ class StepRuntime:
             placement.configure(so, library, needs_library=custom)
             if configure is not None:  # e.g. scripts/gpu_check's profiler
                 configure(so)
+            if state_memory is None:
+                state_memory = placement.state_memory()
+            if placement.ep_supplies_domains and state_memory is not None:
+                # the weights' host readers under names of their own (.host_reads)
+                model, self._host_aliases = split_host_reads(model, [e.input for e in graph.states])
             self.session = placement.session(model.SerializeToString(), so)
-        if state_memory is None and not on_cpu:
-            state_memory = placement.state_memory()
         self.memory = state_memory
         # Host data crosses to a device each step unless everything runs on the CPU.
         self._count_data = not (on_cpu or placement.host_only) or state_memory is not None
@@ -142,6 +147,8 @@ class StepRuntime:
             v = self.arrays.put(e.input, e.initial)
             bind.bind_ortvalue_input(e.input, v)
             bind.bind_ortvalue_output(e.output, v)
+        for alias, state in self._host_aliases.items():
+            bind.bind_ortvalue_input(alias, self.values[state])
         outputs = {o.name: o for o in self.session.get_outputs()}
         loss = outputs[graph.loss_output]
         shape, name = loss.shape, graph.options.loss
@@ -167,6 +174,8 @@ class StepRuntime:
         tr.begin_step()
         try:
             if self._rebind:
+                for alias, state in self._host_aliases.items():  # copied as bound: before
+                    bind.bind_ortvalue_input(alias, self.values[state])  # the update
                 for e in g.states:
                     bind.bind_ortvalue_input(e.input, self.values[e.input])
                     if self.memory is None and self._count_data:  # to the device and back
