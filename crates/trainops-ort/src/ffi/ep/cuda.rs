@@ -46,30 +46,55 @@ impl CudaOptimizer {
     }
 }
 
-/// Refuses a buffer the CUDA driver does not know (ordinary host memory) before any copy or
-/// kernel touches it: a kernel reading one faults and leaves the device's context unusable.
-/// On an H200, onnxruntime 1.30 handed the optimizer a host copy of a weight the CPU forward
-/// pass also reads (the plugin EP Trainer placement); this names it instead. `output`: the
-/// index is among the node's outputs.
-fn on_device(op: &'static str, ordinal: u32, t: &Tensor, index: usize, name: &str, output: bool) -> Result<()> {
+/// Whether the CUDA driver knows `t`'s buffer (device, managed or registered host memory).
+/// On an H200, onnxruntime 1.30 handed the plugin EP's optimizer a host copy of a weight the
+/// CPU forward pass also reads, and the gradient the CPU backward pass made in host memory
+/// (the Trainer placement): a kernel reading such a pointer faults and leaves the device's
+/// context unusable, so the optimizer stages host inputs through device memory instead.
+fn known(op: &'static str, ordinal: u32, t: &Tensor) -> Result<bool> {
     if t.numel == 0 {
-        return Ok(());
+        return Ok(true);
     }
-    match trainops_cuda::known_to_driver(ordinal, t.ptr) {
-        Ok(true) => Ok(()),
-        Ok(false) => {
-            let (expected, got) = (
-                "a buffer in the CUDA device's memory".to_string(),
-                "host memory (onnxruntime passed the plugin EP's kernel a host buffer)".to_string(),
-            );
-            let name = name.to_string();
-            Err(if output {
-                Error::Output { op, index, name, expected, got }
-            } else {
-                Error::Input { op, index, name, expected, got }
-            })
+    trainops_cuda::known_to_driver(ordinal, t.ptr).map_err(|e| Error::Runtime {
+        op,
+        call: "CUDA",
+        message: e.to_string(),
+    })
+}
+
+/// Device buffers a node borrowed for host inputs: freed once the node's work on `stream` is
+/// done (when dropped, on every path out of the node).
+struct Staged {
+    ordinal: u32,
+    stream: *mut c_void,
+    buffers: Vec<*mut c_void>,
+}
+
+impl Staged {
+    /// A device copy of `t`'s host buffer (`bytes` long), complete on return.
+    fn copy_of(&mut self, t: &Tensor, bytes: usize) -> trainops_cuda::Result<*mut c_void> {
+        let p = trainops_cuda::alloc(self.ordinal, bytes)?;
+        self.buffers.push(p);
+        // SAFETY: `p` is a fresh device buffer of `bytes` bytes; `t.ptr` is host memory of
+        // `bytes` bytes (numel float32 elements) alive for the call.
+        unsafe { trainops_cuda::copy(self.ordinal, p, t.ptr, bytes) }?;
+        Ok(p)
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if self.buffers.is_empty() {
+            return;
         }
-        Err(e) => Err(Error::Runtime { op, call: "CUDA", message: e.to_string() }),
+        // SAFETY: the node's stream (or null, the legacy default one); waiting for it keeps
+        // the buffers alive until the kernels that read them are done. Errors here would
+        // also surface at the node's own synchronisation: nothing more to do with them.
+        let _ = unsafe { trainops_cuda::synchronize(self.ordinal, self.stream) };
+        for &p in &self.buffers {
+            // SAFETY: allocated by `copy_of` on this ordinal, freed once, no longer read.
+            let _ = unsafe { trainops_cuda::free(self.ordinal, p) };
+        }
     }
 }
 
@@ -94,13 +119,12 @@ impl Kernel for CudaOptimizer {
         };
         let ordinal = ctx.input_device_id(2)?;
         let function = trainops_cuda::function(ordinal, self.step.kernel).map_err(|e| runtime(e.to_string()))?;
+        let mut staged = Staged { ordinal, stream, buffers: Vec::new() };
         for i in 0..n {
             let x = ctx.input(2 + i)?.ok_or_else(|| runtime("missing X".into()))?;
             let g = ctx.input(2 + n + i)?.ok_or_else(|| runtime("missing G".into()))?;
             self.float(&x, 2 + i, "X")?;
             self.float(&g, 2 + n + i, "G")?;
-            on_device(self.op, ordinal, &x, 2 + i, "X", false)?;
-            on_device(self.op, ordinal, &g, 2 + n + i, "G", false)?;
             let mut outs = Vec::with_capacity(streams);
             for s in 0..streams {
                 let at = if s == 0 { 2 + i } else { 2 + (s + 1) * n + i };
@@ -110,32 +134,54 @@ impl Kernel for CudaOptimizer {
                 if input.numel != x.numel || g.numel != x.numel {
                     return Err(Error::input(self.op, at, "stream", "the size of X", input.numel.to_string()));
                 }
-                on_device(self.op, ordinal, &input, at, "state", false)?;
                 let out = ctx.output(s * n + i, &input.shape)?;
-                on_device(self.op, ordinal, &out, s * n + i, "updated state", true)?;
-                if out.ptr != input.ptr && x.numel > 0 {
+                if !known(self.op, ordinal, &out)? {
+                    let expected = "a buffer in the CUDA device's memory".to_string();
+                    let got = "host memory".to_string();
+                    return Err(Error::Output {
+                        op: self.op,
+                        index: s * n + i,
+                        name: "updated state".into(),
+                        expected,
+                        got,
+                    });
+                }
+                let (bytes, failed) = (x.numel * 4, |e: trainops_cuda::Error| {
+                    runtime(format!(
+                        "{e} (input {at} to output {}: {} bytes from {:p} to {:p})",
+                        s * n + i,
+                        x.numel * 4,
+                        input.ptr,
+                        out.ptr
+                    ))
+                });
+                if x.numel > 0 && !known(self.op, ordinal, &input)? {
+                    // A host input: copied into the output (device memory) before the kernel,
+                    // after the stream's earlier work.
+                    // SAFETY: the node's stream (or null, the legacy default one).
+                    unsafe { trainops_cuda::synchronize(ordinal, stream) }.map_err(failed)?;
+                    // SAFETY: `out` is device memory and `input` host memory of `bytes` bytes
+                    // each, alive for the call.
+                    unsafe { trainops_cuda::copy(ordinal, out.ptr, input.ptr, bytes) }.map_err(failed)?;
+                } else if out.ptr != input.ptr && x.numel > 0 {
                     // SAFETY: both are device buffers of numel float32 elements, alive until the
                     // node's work on `stream` is done; the copy is ordered before the kernel.
-                    unsafe { trainops_cuda::copy_on(ordinal, out.ptr, input.ptr, x.numel * 4, stream) }.map_err(
-                        |e| {
-                            runtime(format!(
-                                "{e} (input {at} to output {}: {} bytes from {:p} to {:p})",
-                                s * n + i,
-                                x.numel * 4,
-                                input.ptr,
-                                out.ptr
-                            ))
-                        },
-                    )?;
+                    unsafe { trainops_cuda::copy_on(ordinal, out.ptr, input.ptr, bytes, stream) }.map_err(failed)?;
                 }
                 outs.push(out.ptr);
             }
             if x.numel == 0 {
                 continue;
             }
+            // A gradient in host memory (the CPU backward pass's) is read from a device copy.
+            let g_ptr = if known(self.op, ordinal, &g)? {
+                g.ptr
+            } else {
+                staged.copy_of(&g, g.numel * 4).map_err(|e| runtime(format!("{e} (staging G, input {})", 2 + n + i)))?
+            };
             let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(streams + 1);
             ptrs.push(outs[0]);
-            ptrs.push(g.ptr);
+            ptrs.push(g_ptr);
             ptrs.extend_from_slice(&outs[1..]);
             let mut numel = x.numel as u64;
             let mut cs = coeffs.clone();
