@@ -50,8 +50,9 @@ impl CudaOptimizer {
 /// On an H200, onnxruntime 1.30 handed the plugin EP's optimizer a host copy of a weight the
 /// CPU forward pass also reads, and the gradient the CPU backward pass made in host memory
 /// (the Trainer placement): a kernel reading such a pointer faults and leaves the device's
-/// context unusable, so the optimizer stages host inputs through device memory instead.
-fn known(op: &'static str, ordinal: u32, t: &Tensor) -> Result<bool> {
+/// context unusable, so the device kernels stage host inputs through device memory
+/// ([`Staged`]) and refuse a host output ([`device_output`]).
+pub(super) fn known(op: &'static str, ordinal: u32, t: &Tensor) -> Result<bool> {
     if t.numel == 0 {
         return Ok(true);
     }
@@ -62,23 +63,73 @@ fn known(op: &'static str, ordinal: u32, t: &Tensor) -> Result<bool> {
     })
 }
 
+/// An error naming output `index` when its buffer is host memory (a kernel would fault
+/// writing it).
+pub(super) fn device_output(op: &'static str, ordinal: u32, t: &Tensor, index: usize, name: &str) -> Result<()> {
+    if known(op, ordinal, t)? {
+        return Ok(());
+    }
+    let (expected, got) = ("a buffer in the CUDA device's memory".to_string(), "host memory".to_string());
+    Err(Error::Output { op, index, name: name.to_string(), expected, got })
+}
+
 /// Device buffers a node borrowed for host inputs: freed once the node's work on `stream` is
 /// done (when dropped, on every path out of the node).
-struct Staged {
+pub(super) struct Staged {
+    op: &'static str,
     ordinal: u32,
     stream: *mut c_void,
     buffers: Vec<*mut c_void>,
 }
 
 impl Staged {
-    /// A device copy of `t`'s host buffer (`bytes` long), complete on return.
-    fn copy_of(&mut self, t: &Tensor, bytes: usize) -> trainops_cuda::Result<*mut c_void> {
-        let p = trainops_cuda::alloc(self.ordinal, bytes)?;
+    pub(super) fn new(op: &'static str, ordinal: u32, stream: *mut c_void) -> Self {
+        Self { op, ordinal, stream, buffers: Vec::new() }
+    }
+
+    /// Where a kernel may read `t`: its own buffer when the driver knows it, else a device
+    /// copy of it, complete on return.
+    pub(super) fn readable(&mut self, t: &Tensor) -> Result<*mut c_void> {
+        if known(self.op, self.ordinal, t)? {
+            return Ok(t.ptr);
+        }
+        let bytes = t.numel * t.elem_size;
+        let failed = |e: trainops_cuda::Error| Error::Runtime {
+            op: self.op,
+            call: "CUDA",
+            message: format!("{e} (copying a host input of {bytes} bytes to the device)"),
+        };
+        let p = trainops_cuda::alloc(self.ordinal, bytes).map_err(failed)?;
         self.buffers.push(p);
         // SAFETY: `p` is a fresh device buffer of `bytes` bytes; `t.ptr` is host memory of
-        // `bytes` bytes (numel float32 elements) alive for the call.
-        unsafe { trainops_cuda::copy(self.ordinal, p, t.ptr, bytes) }?;
+        // `bytes` bytes (numel elements of elem_size) alive for the call.
+        unsafe { trainops_cuda::copy(self.ordinal, p, t.ptr, bytes) }.map_err(failed)?;
         Ok(p)
+    }
+
+    /// `input` copied into `out` (device memory, `bytes` long) before the node's kernels:
+    /// ordered on the stream when the driver knows `input`, else after the stream's earlier
+    /// work, from the host.
+    pub(super) fn copy_into(&mut self, out: &Tensor, input: &Tensor, bytes: usize) -> Result<()> {
+        let failed = |e: trainops_cuda::Error| Error::Runtime {
+            op: self.op,
+            call: "CUDA",
+            message: format!("{e} ({bytes} bytes from {:p} to {:p})", input.ptr, out.ptr),
+        };
+        if bytes == 0 || out.ptr == input.ptr {
+            return Ok(());
+        }
+        if known(self.op, self.ordinal, input)? {
+            // SAFETY: both are device buffers of `bytes` bytes, alive until the node's work on
+            // `stream` is done; the copy is ordered before the kernel.
+            return unsafe { trainops_cuda::copy_on(self.ordinal, out.ptr, input.ptr, bytes, self.stream) }
+                .map_err(failed);
+        }
+        // SAFETY: the node's stream (or null, the legacy default one).
+        unsafe { trainops_cuda::synchronize(self.ordinal, self.stream) }.map_err(failed)?;
+        // SAFETY: `out` is device memory and `input` host memory of `bytes` bytes each, alive
+        // for the call.
+        unsafe { trainops_cuda::copy(self.ordinal, out.ptr, input.ptr, bytes) }.map_err(failed)
     }
 }
 
@@ -92,7 +143,7 @@ impl Drop for Staged {
         // also surface at the node's own synchronisation: nothing more to do with them.
         let _ = unsafe { trainops_cuda::synchronize(self.ordinal, self.stream) };
         for &p in &self.buffers {
-            // SAFETY: allocated by `copy_of` on this ordinal, freed once, no longer read.
+            // SAFETY: allocated by `readable` on this ordinal, freed once, no longer read.
             let _ = unsafe { trainops_cuda::free(self.ordinal, p) };
         }
     }
@@ -119,7 +170,7 @@ impl Kernel for CudaOptimizer {
         };
         let ordinal = ctx.input_device_id(2)?;
         let function = trainops_cuda::function(ordinal, self.step.kernel).map_err(|e| runtime(e.to_string()))?;
-        let mut staged = Staged { ordinal, stream, buffers: Vec::new() };
+        let mut staged = Staged::new(self.op, ordinal, stream);
         for i in 0..n {
             let x = ctx.input(2 + i)?.ok_or_else(|| runtime("missing X".into()))?;
             let g = ctx.input(2 + n + i)?.ok_or_else(|| runtime("missing G".into()))?;
@@ -135,50 +186,15 @@ impl Kernel for CudaOptimizer {
                     return Err(Error::input(self.op, at, "stream", "the size of X", input.numel.to_string()));
                 }
                 let out = ctx.output(s * n + i, &input.shape)?;
-                if !known(self.op, ordinal, &out)? {
-                    let expected = "a buffer in the CUDA device's memory".to_string();
-                    let got = "host memory".to_string();
-                    return Err(Error::Output {
-                        op: self.op,
-                        index: s * n + i,
-                        name: "updated state".into(),
-                        expected,
-                        got,
-                    });
-                }
-                let (bytes, failed) = (x.numel * 4, |e: trainops_cuda::Error| {
-                    runtime(format!(
-                        "{e} (input {at} to output {}: {} bytes from {:p} to {:p})",
-                        s * n + i,
-                        x.numel * 4,
-                        input.ptr,
-                        out.ptr
-                    ))
-                });
-                if x.numel > 0 && !known(self.op, ordinal, &input)? {
-                    // A host input: copied into the output (device memory) before the kernel,
-                    // after the stream's earlier work.
-                    // SAFETY: the node's stream (or null, the legacy default one).
-                    unsafe { trainops_cuda::synchronize(ordinal, stream) }.map_err(failed)?;
-                    // SAFETY: `out` is device memory and `input` host memory of `bytes` bytes
-                    // each, alive for the call.
-                    unsafe { trainops_cuda::copy(ordinal, out.ptr, input.ptr, bytes) }.map_err(failed)?;
-                } else if out.ptr != input.ptr && x.numel > 0 {
-                    // SAFETY: both are device buffers of numel float32 elements, alive until the
-                    // node's work on `stream` is done; the copy is ordered before the kernel.
-                    unsafe { trainops_cuda::copy_on(ordinal, out.ptr, input.ptr, bytes, stream) }.map_err(failed)?;
-                }
+                device_output(self.op, ordinal, &out, s * n + i, "updated state")?;
+                staged.copy_into(&out, &input, x.numel * 4)?;
                 outs.push(out.ptr);
             }
             if x.numel == 0 {
                 continue;
             }
             // A gradient in host memory (the CPU backward pass's) is read from a device copy.
-            let g_ptr = if known(self.op, ordinal, &g)? {
-                g.ptr
-            } else {
-                staged.copy_of(&g, g.numel * 4).map_err(|e| runtime(format!("{e} (staging G, input {})", 2 + n + i)))?
-            };
+            let g_ptr = staged.readable(&g)?;
             let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(streams + 1);
             ptrs.push(outs[0]);
             ptrs.push(g_ptr);
@@ -246,6 +262,7 @@ impl CudaStreamOp {
             return Ok(());
         }
         let Some(out) = ctx.output_opt(index, &[6])? else { return Ok(()) };
+        device_output(self.op, ordinal, &out, index, "state_out")?;
         let function = trainops_cuda::function(ordinal, "trainops_store_state").map_err(|e| runtime(e.to_string()))?;
         let mut next = plan.next;
         let mut p = out.ptr;
@@ -267,6 +284,8 @@ impl Kernel for CudaStreamOp {
         };
         let out = ctx.output(0, &plan.dims)?;
         let ordinal = ctx.output_device_id(0, &plan.dims)?;
+        device_output(self.op, ordinal, &out, 0, "output")?;
+        let mut staged = Staged::new(self.op, ordinal, stream);
         let (_, grid) = launch_shape(out.numel);
         let mut numel = out.numel as u64;
         let mut state = plan.state;
@@ -344,7 +363,10 @@ impl Kernel for CudaStreamOp {
                 }
                 if out.numel > 0 {
                     let (mut from, mut scale) = plan.dropout.unwrap_or((0, 1.0));
-                    let mut src = data.ptr;
+                    if let Some(m) = &mask {
+                        device_output(self.op, ordinal, m, 1, "mask")?;
+                    }
+                    let mut src = staged.readable(&data)?;
                     let mut dst = out.ptr;
                     let mut mask_ptr: *mut c_void = mask.as_ref().map_or(core::ptr::null_mut(), |m| m.ptr);
                     let function =

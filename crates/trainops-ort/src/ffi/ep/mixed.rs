@@ -14,6 +14,7 @@ use core::ffi::c_void;
 
 use trainops_kernels::loss_scale::LossScaleRule;
 
+use super::cuda::{device_output, Staged};
 use super::launch::{arg, host_r_t, stream_of, StreamFrom};
 use crate::error::{Error, Result};
 use crate::ffi::device::MixedAdamStep;
@@ -75,18 +76,18 @@ fn verdict(
     ordinal: u32,
     stream: *mut c_void,
     flag: *mut c_void,
-    tensors: &[(Tensor, i32)],
+    tensors: &[(*mut c_void, usize, i32)],
     scale: *mut c_void,
 ) -> Result<()> {
     let (mut f, mut one) = (flag, 1u8);
     // SAFETY: trainops_set_flag(u8*, u8): the flag is the node's one-byte bool output.
     unsafe { launch(op, ordinal, "trainops_set_flag", 1, stream, &mut [arg(&mut f), arg(&mut one)]) }?;
-    for (t, code) in tensors.iter().filter(|(t, _)| t.numel > 0) {
-        let (mut p, mut c, mut n, mut s) = (t.ptr, *code, t.numel as u64, scale);
+    for &(ptr, numel, code) in tensors.iter().filter(|t| t.1 > 0) {
+        let (mut p, mut c, mut n, mut s) = (ptr, code, numel as u64, scale);
         let mut args = [arg(&mut p), arg(&mut c), arg(&mut n), arg(&mut s), arg(&mut f)];
         // SAFETY: trainops_finite(const void*, int, u64 n, const float* or null, u8*): the
         // tensor holds n elements of the type `code` names; the scale is one float or null.
-        unsafe { launch(op, ordinal, "trainops_finite", grid(t.numel), stream, &mut args) }?;
+        unsafe { launch(op, ordinal, "trainops_finite", grid(numel), stream, &mut args) }?;
     }
     Ok(())
 }
@@ -134,7 +135,13 @@ impl Kernel for CudaAllFinite {
         let stream = stream_of(ctx, self.stream)?;
         let ordinal = ctx.input_device_id(0)?;
         let out = bool_output(op, ctx, 0, "finite")?;
-        verdict(op, ordinal, stream, out.ptr, &tensors, core::ptr::null_mut())?;
+        device_output(op, ordinal, &out, 0, "finite")?;
+        let mut staged = Staged::new(op, ordinal, stream);
+        let mut read = Vec::with_capacity(tensors.len());
+        for (t, code) in &tensors {
+            read.push((staged.readable(t)?, t.numel, *code));
+        }
+        verdict(op, ordinal, stream, out.ptr, &read, core::ptr::null_mut())?;
         finish(op, self.stream, ordinal)
     }
 }
@@ -156,8 +163,12 @@ impl Kernel for CudaLossScale {
         let ordinal = ctx.input_device_id(0)?;
         let out_scale = ctx.output(0, &scale.shape)?;
         let out_good = ctx.output(1, &good.shape)?;
+        device_output(op, ordinal, &out_scale, 0, "scale_out")?;
+        device_output(op, ordinal, &out_good, 1, "good_steps_out")?;
+        let mut staged = Staged::new(op, ordinal, stream);
+        let (s, g, f) = (staged.readable(&scale)?, staged.readable(&good)?, staged.readable(&finite)?);
         let r = self.rule;
-        let (mut s, mut g, mut f, mut os, mut og) = (scale.ptr, good.ptr, finite.ptr, out_scale.ptr, out_good.ptr);
+        let (mut s, mut g, mut f, mut os, mut og) = (s, g, f, out_scale.ptr, out_good.ptr);
         let (mut interval, mut growth, mut backoff, mut min) =
             (r.growth_interval, r.growth_factor, r.backoff_factor, r.min_scale);
         let mut args = [
@@ -251,8 +262,14 @@ impl Kernel for CudaMixedAdam {
         let stream = stream_of(ctx, self.stream)?;
         let ordinal = ctx.input_device_id(3)?;
         let finite = bool_output(op, ctx, 0, "finite")?;
-        let grads: Vec<(Tensor, i32)> = groups.iter().map(|g| (g.g.clone(), g.code)).collect();
-        verdict(op, ordinal, stream, finite.ptr, &grads, scale.ptr)?;
+        device_output(op, ordinal, &finite, 0, "finite")?;
+        let mut staged = Staged::new(op, ordinal, stream);
+        let scale_ptr = staged.readable(&scale)?;
+        let mut grads = Vec::with_capacity(groups.len());
+        for g in &groups {
+            grads.push((staged.readable(&g.g)?, g.g.numel, g.code));
+        }
+        verdict(op, ordinal, stream, finite.ptr, &grads, scale_ptr)?;
         let (coeffs, _) = (self.step.coeffs)(r, t);
         for (i, grp) in groups.iter().enumerate() {
             let mut outs = [core::ptr::null_mut(); 3];
@@ -262,19 +279,15 @@ impl Kernel for CudaMixedAdam {
                     let want = "tensor(float) of its input's shape";
                     return Err(Error::input(op, 1 + s * n + i, "output", want, out.dtype.name()));
                 }
-                if out.ptr != input.ptr && input.numel > 0 {
-                    // SAFETY: both are device buffers of numel float32 elements, alive until the
-                    // node's work on `stream` is done; the copy is ordered before the kernel.
-                    unsafe { trainops_cuda::copy_on(ordinal, out.ptr, input.ptr, input.numel * 4, stream) }
-                        .map_err(runtime(op))?;
-                }
+                device_output(op, ordinal, &out, 1 + s * n + i, "output")?;
+                staged.copy_into(&out, input, input.numel * 4)?;
                 outs[s] = out.ptr;
             }
             let numel = grp.x.numel;
             if numel > 0 {
                 let [mut x, mut v, mut h] = outs;
                 let (mut g, mut code, mut count, mut sc, mut fl) =
-                    (grp.g.ptr, grp.code, numel as u64, scale.ptr, finite.ptr);
+                    (grads[i].0, grp.code, numel as u64, scale_ptr, finite.ptr);
                 let mut cs = coeffs.clone();
                 let mut args =
                     vec![arg(&mut x), arg(&mut g), arg(&mut code), arg(&mut v), arg(&mut h), arg(&mut count)];
@@ -291,6 +304,7 @@ impl Kernel for CudaMixedAdam {
                 if out.dtype != copy || out.numel != numel {
                     return Err(Error::input(op, 1 + 3 * n + i, "X_copy", copy.name(), out.dtype.name()));
                 }
+                device_output(op, ordinal, &out, 1 + 3 * n + i, "X_copy")?;
                 if numel > 0 {
                     let kernel = if copy == DType::Float16 { "trainops_cast_f16" } else { "trainops_cast_bf16" };
                     let (mut src, mut dst, mut count) = (outs[0], out.ptr, numel as u64);
