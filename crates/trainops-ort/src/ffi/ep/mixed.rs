@@ -14,8 +14,8 @@ use core::ffi::c_void;
 
 use trainops_kernels::loss_scale::LossScaleRule;
 
-use super::cuda::{device_output, Staged};
 use super::launch::{arg, host_r_t, stream_of, StreamFrom};
+use super::staging::{device_output, Staged};
 use crate::error::{Error, Result};
 use crate::ffi::device::MixedAdamStep;
 use crate::ffi::tensor::{DType, Tensor};

@@ -17,6 +17,7 @@ mod factory;
 pub mod launch;
 mod memory;
 mod mixed;
+mod staging;
 
 use core::ffi::{c_char, CStr};
 use std::sync::atomic::{AtomicU64, Ordering};
