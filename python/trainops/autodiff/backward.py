@@ -12,8 +12,8 @@ from . import control
 from .gelu_chain import gelu_chains
 # infer, default_opset and toposort live in the modules below this one (graph, hygiene);
 # they stay importable from here, where callers have always found them.
-from .graph import (FLOAT_TYPES, Builder, GradientError, captures, default_opset, defined_in,
-                    describe, infer, node_inputs, value_inputs)
+from .graph import (FLOAT_TYPES, Builder, GradientError, attr, captures, default_opset,
+                    defined_in, describe, infer, node_inputs, value_inputs)
 from .hygiene import cast_types, check_float, reinfer, toposort, undefined
 from .rules import RULES, Ctx
 
@@ -106,7 +106,7 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
             # an op every EP has (WebGPU 0.4.0 has no Sum kernel: the sums of a value's
             # gradients ran on the CPU, activation-sized tensors copied both ways)
             # (every part of a tensor's gradient has the tensor's shape)
-            tiled = _tiles(b, parts)
+            tiled = _tiles(b, name, parts)
             if tiled is not None:
                 grads[name] = [tiled]
                 return tiled
@@ -166,26 +166,61 @@ def backprop(b: Builder, nodes: Sequence[onnx.NodeProto], seeds: dict[str, list[
 
 
 
-def _tiles(b: Builder, parts: list[str]) -> str | None:
-    """The gradients ``parts`` of one tensor as a single Concat when every one is a Slice's
-    gradient put back by Pad (:attr:`Builder.placed`) and together they cover one axis
-    exactly, without overlap: torch's LSTM export slices each weight into its four gates and
-    concatenates them in ONNX's order, and the sum of the four padded gradients (Pad and Add
-    on one thread: 2 ms of the bench LSTM's step) is the gradients side by side. Each
-    element's sum is one term and zeros, so the values are the same (a -0.0 term, which the
-    zeros' sum turns into +0.0, stays -0.0). None when the parts do not tile."""
-    placed = [b.placed.get(p) for p in parts]
-    if any(t is None for t in placed) or len({(t[0], t[3]) for t in placed}) != 1:
+def _made_by(b: Builder, parts: list[str]) -> dict[str, onnx.NodeProto]:
+    """The emitted nodes making ``parts`` (a tensor's gradients: made by the latest rules,
+    so found from the end)."""
+    made: dict[str, onnx.NodeProto] = {}
+    for n in reversed(b.nodes):
+        if len(made) == len(parts):
+            break
+        if n.output and n.output[0] in parts:
+            made[n.output[0]] = n
+    return made
+
+
+def _zero_padded(b: Builder, node: onnx.NodeProto | None, shape) -> tuple | None:
+    """``(axis, start, end, dY)`` when ``node`` is a Pad of zeros (constant pads, no value
+    given) putting dY back along one axis of ``shape`` (a Slice's gradient), else None."""
+    if node is None or node.op_type != "Pad" or len(node.input) != 2 or shape is None:
         return None
-    ranges = sorted((t[1], t[2], t[4]) for t in placed)
+    pads = b.consts.get(node.input[1])
+    mode = attr(node, "mode", b"constant")
+    if pads is None or mode not in (b"constant", "constant") or len(pads) != 2 * len(shape) \
+            or (pads < 0).any():
+        return None
+    r = len(shape)
+    moved = [a for a in range(r) if pads[a] or pads[r + a]]
+    if len(moved) != 1 or not isinstance(shape[moved[0]], int):
+        return None
+    a = moved[0]
+    return a, int(pads[a]), shape[a] - int(pads[r + a]), node.input[0]
+
+
+def _tiles(b: Builder, name: str, parts: list[str]) -> str | None:
+    """The gradients ``parts`` of ``name`` as a single Concat when every one is a Slice's
+    gradient put back among zeros by Pad and together they cover one axis exactly, without
+    overlap: torch's LSTM export slices each weight into its four gates and concatenates
+    them in ONNX's order, and the sum of the four padded gradients (Pad and Add on one
+    thread: 2 ms of the bench LSTM's step) is the gradients side by side. Each element's sum
+    is one term and zeros, so the values are the same (a -0.0 term, which the zeros' sum
+    turns into +0.0, stays -0.0). None when the parts do not tile."""
+    shape = b.shape(name)
+    made = _made_by(b, parts)
+    placed = [_zero_padded(b, made.get(p), shape) for p in parts]
+    if any(t is None for t in placed) or len({t[0] for t in placed}) != 1:
+        return None
+    axis = placed[0][0]
+    ranges = sorted(t[1:] for t in placed)
     ends = [0] + [e for _, e, _ in ranges]
-    if any(s != e or s >= end for (s, end, _), e in zip(ranges, ends)) or ends[-1] != placed[0][3]:
+    if any(s != e or s >= end for (s, end, _), e in zip(ranges, ends)) or ends[-1] != shape[axis]:
         return None
-    # The Pads, emitted by the Slice rule before their sum was known, go with their pads.
-    drop = set(parts)
-    drop |= {n.input[1] for n in b.nodes if n.output and n.output[0] in drop}
-    b.nodes[:] = [n for n in b.nodes if not (n.output and n.output[0] in drop)]
-    return b.op("Concat", [g for _, _, g in ranges], axis=placed[0][0])
+    # The Pads, emitted by the Slice rule before their sum was known, go, and their pads
+    # with them where nothing else reads those.
+    b.nodes[:] = [n for n in b.nodes if not (n.output and n.output[0] in parts)]
+    read = {i for n in b.nodes for i in n.input}
+    unread = {made[p].input[1] for p in parts} - read
+    b.nodes[:] = [n for n in b.nodes if not (n.output and n.output[0] in unread)]
+    return b.op("Concat", [g for _, _, g in ranges], axis=axis)
 
 
 def _unexpanded(b: Builder, parts: list[str]) -> list[str]:
@@ -194,12 +229,7 @@ def _unexpanded(b: Builder, parts: list[str]) -> list[str]:
     broadcast it to the same values (x + e, one rounding either way), where onnxruntime's
     Expand wrote the full tensor on one thread first (efficientnet_b0's squeeze-excitation
     means: 5 ms of its step at one thread and at two). The unread Expands go."""
-    made = {}
-    for n in reversed(b.nodes):
-        if len(made) == len(parts):
-            break
-        if n.output and n.output[0] in parts:
-            made[n.output[0]] = n
+    made = _made_by(b, parts)
     small = {p: made[p].input[0] for p in parts
              if p in made and made[p].op_type == "Expand" and p not in b.scatters}
     if small:  # (an Expand some node reads stays as it is)

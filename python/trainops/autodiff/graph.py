@@ -60,10 +60,10 @@ class Builder:
         self.types: dict[str, int] = {}
         self.shapes: dict[str, list[Any] | None] = {}
         self.consts: dict[str, np.ndarray] = {}
-        # Gradients put into zeros, which the backward's sums join without dense Adds: scatters
-        # (output -> its scatter into a given base), placed (a Slice's Pad -> axis, range, dY).
+        # Gradients made by adding updates into zeros (ScatterND 'add', GatherGrad): output
+        # -> the same scatter into a given base. Where one meets another gradient of the same
+        # tensor (a tied embedding), the backward scatters into that one instead of an Add.
         self.scatters: dict[str, Callable[[str], str]] = {}
-        self.placed: dict[str, tuple[int, int, int, int, str]] = {}
         for vi in list(graph.input) + list(graph.value_info) + list(graph.output):
             self._used.add(vi.name)
             if vi.type.HasField("tensor_type"):

@@ -647,13 +647,8 @@ def slice_(c: Ctx):
     b = c.b
     pads = _slice_pads(c)
     if pads is not None:  # the output placed back among zeros: no index grid, no scatter
-        out = b.op("Pad", [c.gy, b.ints(pads)], mode="constant")
-        r = len(pads) // 2
-        moved = [a for a in range(r) if pads[a] or pads[r + a]]
-        if len(moved) == 1:  # one axis: the backward may join such pads (Builder.placed)
-            a, d = moved[0], b.shape(c.x(0))[moved[0]]
-            b.placed[out] = (a, pads[a], d - pads[r + a], d, c.gy)
-        return [out] + [None] * (len(c.node.input) - 1)
+        return [b.op("Pad", [c.gy, b.ints(pads)], mode="constant")] + \
+            [None] * (len(c.node.input) - 1)
     grid, _ = _index_grid(b, c.x(0))
     picked = b.op("Slice", [grid] + list(c.node.input[1:]))
     return [_scatter_flat(b, c.x(0), picked, c.gy, add=False)] + [None] * (len(c.node.input) - 1)
