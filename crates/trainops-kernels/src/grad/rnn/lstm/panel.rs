@@ -137,7 +137,10 @@ fn run(
                 // ndarray's row views, the copies cost a third of a product with k = 128).
                 // SAFETY: rows r0..r0 + mr and columns c0..c0 + NR are inside C's view,
                 // whose rows are `ldc` apart and columns contiguous (asserted above).
-                unsafe { block(isa, a, lda, k, panel, cp.add(r0 * ldc + c0), ldc, mr, accumulate) };
+                unsafe {
+                    let c = cp.add(r0 * ldc + c0);
+                    block(isa, Tile { a, lda, k, panel, c, ldc, mr, accumulate });
+                }
                 continue;
             }
             for (r, row) in acc[..mr].iter_mut().enumerate() {
@@ -146,8 +149,9 @@ fn run(
                     false => row.fill(0.0),
                 }
             }
+            let buffer = acc.as_mut_ptr().cast();
             // SAFETY: `acc`'s first `mr` rows of NR, `NR` apart.
-            unsafe { block(isa, a, lda, k, panel, acc.as_mut_ptr().cast(), NR, mr, true) };
+            unsafe { block(isa, Tile { a, lda, k, panel, c: buffer, ldc: NR, mr, accumulate: true }) };
             for (r, row) in acc[..mr].iter().enumerate() {
                 let mut dst = c.row_mut(r0 + r);
                 dst.as_slice_mut().expect("contiguous")[c0..c0 + w].copy_from_slice(&row[..w]);
@@ -157,24 +161,28 @@ fn run(
     }
 }
 
-/// `C[r] = fma(a[r, k], panel[k], C[r])` for every k ascending, for `mr` rows of NR
-/// elements each, `ldc` apart from `c`, starting from C (`accumulate`) or from zeros.
-///
-/// # Safety
-/// `c.add(r * ldc + j)` for `r < mr`, `j < NR` must be valid for reads and writes, and no
-/// other reference may reach those elements during the call.
-#[allow(clippy::too_many_arguments)] // one product's operands, as the microkernels take them
-unsafe fn block(
-    isa: Isa,
-    a: &[f32],
+/// One microkernel call: `mr` rows of A from `a` (element `(r, kk)` at `r * lda.0 + kk *
+/// lda.1`), `k` deep, times one packed panel, into `mr` rows of NR elements of C, `ldc`
+/// apart from `c`, starting from C (`accumulate`) or from zeros.
+#[derive(Clone, Copy)]
+struct Tile<'a> {
+    a: &'a [f32],
     lda: (usize, usize),
     k: usize,
-    panel: &[f32],
+    panel: &'a [f32],
     c: *mut f32,
     ldc: usize,
     mr: usize,
     accumulate: bool,
-) {
+}
+
+/// `C[r] = fma(a[r, k], panel[k], C[r])` for every k ascending, for the tile's rows.
+///
+/// # Safety
+/// `t.c.add(r * t.ldc + j)` for `r < t.mr`, `j < NR` must be valid for reads and writes, and
+/// no other reference may reach those elements during the call.
+unsafe fn block(isa: Isa, t: Tile<'_>) {
+    let Tile { a, lda, k, panel, c, ldc, mr, accumulate } = t;
     assert!(mr <= 8);
     assert!(mr == 0 || k == 0 || (mr - 1) * lda.0 + (k - 1) * lda.1 < a.len());
     assert!(panel.len() >= k * NR);
@@ -182,10 +190,10 @@ unsafe fn block(
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the token proves AVX-512F; the reads stay in `a` and `panel` (asserted),
         // C's rows are the caller's promise.
-        Isa::Avx512(t) => unsafe { block_avx512(t, a, lda, k, panel, c, ldc, mr, accumulate) },
+        Isa::Avx512(token) => unsafe { block_avx512(token, t) },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the token proves AVX2 and FMA; as above.
-        Isa::Avx2(t) => unsafe { block_avx2(t, a, lda, k, panel, c, ldc, mr.min(3), accumulate) },
+        Isa::Avx2(token) => unsafe { block_avx2(token, Tile { mr: mr.min(3), ..t }) },
         _ => {
             for r in 0..mr {
                 // SAFETY: row r of C, NR elements: the caller's promise.
@@ -206,18 +214,9 @@ unsafe fn block(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-#[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // indices name registers, unrolled
-unsafe fn block_avx512(
-    _: crate::simd::Avx512,
-    a: &[f32],
-    (rs, cs): (usize, usize),
-    k: usize,
-    panel: &[f32],
-    c: *mut f32,
-    ldc: usize,
-    mr: usize,
-    accumulate: bool,
-) {
+#[allow(clippy::needless_range_loop)] // indices name registers, unrolled
+unsafe fn block_avx512(_: crate::simd::Avx512, t: Tile<'_>) {
+    let Tile { a, lda: (rs, cs), k, panel, c, ldc, mr, accumulate } = t;
     // SAFETY: every pointer read stays in `a` and `panel` (the caller asserted their
     // lengths), every one read or written through `c` in the rows the caller vouched for;
     // the token proves the instruction set.
@@ -262,18 +261,9 @@ unsafe fn block_avx512(
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::needless_range_loop, clippy::too_many_arguments)] // indices name registers, unrolled
-unsafe fn block_avx2(
-    _: crate::simd::Avx2,
-    a: &[f32],
-    (rs, cs): (usize, usize),
-    k: usize,
-    panel: &[f32],
-    c: *mut f32,
-    ldc: usize,
-    mr: usize,
-    accumulate: bool,
-) {
+#[allow(clippy::needless_range_loop)] // indices name registers, unrolled
+unsafe fn block_avx2(_: crate::simd::Avx2, t: Tile<'_>) {
+    let Tile { a, lda: (rs, cs), k, panel, c, ldc, mr, accumulate } = t;
     // SAFETY: as `block_avx512`'s.
     unsafe {
         use std::arch::x86_64::*;
