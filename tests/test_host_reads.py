@@ -57,3 +57,26 @@ def test_a_taken_alias_name_is_not_reused():
                    ["a", "w", "g", "v", "h", "r", "t", "w" + HOST_SUFFIX])
     out, aliases = split_host_reads(model, ["w"])
     assert aliases == {} and list(out.graph.node[0].input) == ["a", "w"]
+
+
+def test_the_device_ops_mirror_the_plugin_eps_claims():
+    """DEVICE_OPS is a copy of the library's list of the ops the plugin EP runs on its
+    device and their host inputs (crates/trainops-ort/src/ops/mod.rs, device_support): an op
+    added there and not here would read host copies of the weights again."""
+    import re
+    from pathlib import Path
+
+    from trainops.train.host_reads import DEVICE_OPS
+
+    root = Path(__file__).resolve().parent.parent
+    src = (root / "crates/trainops-ort/src/ops/mod.rs").read_text()
+    body = src[src.index("pub fn device_support"):]
+    body = body[:body.index("_ => None")]
+    named = {"SCALARS": frozenset({0, 1})}
+    found = {}
+    arm = r'\(b"([^"]+)", ((?:b"\w+"(?: \| )?)+)\) => support\((SCALARS|&\[[^\]]*\]),'
+    for domain, ops, host in re.findall(arm, body):
+        hosts = named.get(host) or frozenset(int(i) for i in re.findall(r"\d+", host))
+        for op in re.findall(r'b"(\w+)"', ops):
+            found[(domain, op)] = hosts
+    assert found and found == DEVICE_OPS

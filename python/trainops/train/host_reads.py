@@ -45,7 +45,8 @@ def _reads_on_device(node: onnx.NodeProto, index: int) -> bool:
     return host is not None and index not in host
 
 
-def split_host_reads(model: onnx.ModelProto, states: Sequence[str]) -> tuple[onnx.ModelProto, dict[str, str]]:
+def split_host_reads(model: onnx.ModelProto,
+                     states: Sequence[str]) -> tuple[onnx.ModelProto, dict[str, str]]:
     """``model`` (a copy where anything changes) in which every state of ``states`` that is
     read both on the device (an input of a :data:`DEVICE_OPS` node the EP takes in device
     memory) and elsewhere is read elsewhere as ``<state>/host``, a new graph input of the
