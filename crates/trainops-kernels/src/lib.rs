@@ -6,6 +6,7 @@
 //! - [`grad`]: backward kernels of standard ops (activations, pooling).
 //! - [`loss_scale`]: mixed precision (loss-scale rule, finiteness, 16-bit copies).
 //! - [`grad`]: backward kernels of the training graph (convolution gradients).
+//! - [`matmul`]: the step's matrix products, whose operands change every call.
 //! - [`shape`]: overflow-checked shape arithmetic and fallible working memory, used by
 //!   every kernel (and its runtime glue) before it allocates.
 //! - [`simd`] picks the instruction set once; [`parallel`] cuts work into chunks run on a
@@ -21,6 +22,7 @@ pub mod elem;
 mod error;
 pub mod grad;
 pub mod loss_scale;
+pub mod matmul;
 pub mod optim;
 pub mod parallel;
 pub mod random;

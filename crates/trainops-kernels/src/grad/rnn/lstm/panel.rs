@@ -7,11 +7,9 @@
 
 use ndarray::{ArrayViewMut2, Axis};
 
+use crate::matmul::micro::{rows, tile_into, Tile, NR};
 use crate::parallel::{for_each_item, Parallelism};
 use crate::simd::Isa;
-
-/// Columns per panel.
-pub(crate) const NR: usize = 32;
 
 /// B (`[k, n]`) as panels `[n / NR][k][NR]`, the last one zero-padded.
 #[derive(Debug, Default)]
@@ -112,192 +110,15 @@ fn run(
     accumulate: bool,
 ) {
     let (m, k, ncols) = (c.nrows(), b.k, c.ncols());
-    let ldc = c.strides()[0];
-    assert!(m <= 1 || (ldc >= 0 && ldc as usize >= ncols), "gemm_packed: C's rows overlap");
-    assert!(ncols <= 1 || c.strides()[1] == 1, "gemm_packed: C's columns not contiguous");
-    let ldc = ldc.max(0) as usize;
-    let cp = c.as_mut_ptr();
-    let mut acc = [[0.0f32; NR]; 8];
+    let mr = rows(isa).min(8);
     // Row blocks outside, panels inside: C is written row block by row block (a panel at a
     // time down all rows strode across C's pages, 1.8x slower on 1024 x 128 x 1024).
-    let mut r0 = 0;
-    while r0 < m {
-        let mr = match isa {
-            Isa::Avx512(_) => 8,
-            Isa::Avx2(_) => 3,
-            Isa::Scalar => 4,
-        }
-        .min(m - r0);
+    for r0 in (0..m).step_by(mr) {
+        let mr = mr.min(m - r0);
         for (q, c0) in (0..ncols).step_by(NR).enumerate() {
-            let w = NR.min(ncols - c0);
             let panel = &b.data[(p0 + q) * k * NR..][..k * NR];
-            let a = &a[r0 * lda.0..];
-            if w == NR {
-                // A whole panel: straight from and into C's rows (through a buffer and
-                // ndarray's row views, the copies cost a third of a product with k = 128).
-                // SAFETY: rows r0..r0 + mr and columns c0..c0 + NR are inside C's view,
-                // whose rows are `ldc` apart and columns contiguous (asserted above).
-                unsafe {
-                    let c = cp.add(r0 * ldc + c0);
-                    block(isa, Tile { a, lda, k, panel, c, ldc, mr, accumulate });
-                }
-                continue;
-            }
-            for (r, row) in acc[..mr].iter_mut().enumerate() {
-                match accumulate {
-                    true => row[..w].copy_from_slice(&c.row(r0 + r).as_slice().expect("contiguous")[c0..c0 + w]),
-                    false => row.fill(0.0),
-                }
-            }
-            let buffer = acc.as_mut_ptr().cast();
-            // SAFETY: `acc`'s first `mr` rows of NR, `NR` apart.
-            unsafe { block(isa, Tile { a, lda, k, panel, c: buffer, ldc: NR, mr, accumulate: true }) };
-            for (r, row) in acc[..mr].iter().enumerate() {
-                let mut dst = c.row_mut(r0 + r);
-                dst.as_slice_mut().expect("contiguous")[c0..c0 + w].copy_from_slice(&row[..w]);
-            }
-        }
-        r0 += mr;
-    }
-}
-
-/// One microkernel call: `mr` rows of A from `a` (element `(r, kk)` at `r * lda.0 + kk *
-/// lda.1`), `k` deep, times one packed panel, into `mr` rows of NR elements of C, `ldc`
-/// apart from `c`, starting from C (`accumulate`) or from zeros.
-#[derive(Clone, Copy)]
-struct Tile<'a> {
-    a: &'a [f32],
-    lda: (usize, usize),
-    k: usize,
-    panel: &'a [f32],
-    c: *mut f32,
-    ldc: usize,
-    mr: usize,
-    accumulate: bool,
-}
-
-/// `C[r] = fma(a[r, k], panel[k], C[r])` for every k ascending, for the tile's rows.
-///
-/// # Safety
-/// `t.c.add(r * t.ldc + j)` for `r < t.mr`, `j < NR` must be valid for reads and writes, and
-/// no other reference may reach those elements during the call.
-unsafe fn block(isa: Isa, t: Tile<'_>) {
-    let Tile { a, lda, k, panel, c, ldc, mr, accumulate } = t;
-    assert!(mr <= 8);
-    assert!(mr == 0 || k == 0 || (mr - 1) * lda.0 + (k - 1) * lda.1 < a.len());
-    assert!(panel.len() >= k * NR);
-    match isa {
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the token proves AVX-512F; the reads stay in `a` and `panel` (asserted),
-        // C's rows are the caller's promise.
-        Isa::Avx512(token) => unsafe { block_avx512(token, t) },
-        #[cfg(target_arch = "x86_64")]
-        // SAFETY: the token proves AVX2 and FMA; as above.
-        Isa::Avx2(token) => unsafe { block_avx2(token, Tile { mr: mr.min(3), ..t }) },
-        _ => {
-            for r in 0..mr {
-                // SAFETY: row r of C, NR elements: the caller's promise.
-                let row = unsafe { std::slice::from_raw_parts_mut(c.add(r * ldc), NR) };
-                if !accumulate {
-                    row.fill(0.0);
-                }
-                for kk in 0..k {
-                    let av = a[r * lda.0 + kk * lda.1];
-                    for (o, &bv) in row.iter_mut().zip(&panel[kk * NR..(kk + 1) * NR]) {
-                        *o = av.mul_add(bv, *o);
-                    }
-                }
-            }
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[allow(clippy::needless_range_loop)] // indices name registers, unrolled
-unsafe fn block_avx512(_: crate::simd::Avx512, t: Tile<'_>) {
-    let Tile { a, lda: (rs, cs), k, panel, c, ldc, mr, accumulate } = t;
-    // SAFETY: every pointer read stays in `a` and `panel` (the caller asserted their
-    // lengths), every one read or written through `c` in the rows the caller vouched for;
-    // the token proves the instruction set.
-    unsafe {
-        use std::arch::x86_64::*;
-        let mut v = [[_mm512_setzero_ps(); 2]; 8];
-        if accumulate {
-            for r in 0..mr {
-                v[r] = [_mm512_loadu_ps(c.add(r * ldc)), _mm512_loadu_ps(c.add(r * ldc + 16))];
-            }
-        }
-        let (ap, bp) = (a.as_ptr(), panel.as_ptr());
-        macro_rules! rows {
-            ($n:literal) => {
-                for kk in 0..k {
-                    let b0 = _mm512_loadu_ps(bp.add(kk * NR));
-                    let b1 = _mm512_loadu_ps(bp.add(kk * NR + 16));
-                    for r in 0..$n {
-                        let av = _mm512_set1_ps(*ap.add(r * rs + kk * cs));
-                        v[r][0] = _mm512_fmadd_ps(av, b0, v[r][0]);
-                        v[r][1] = _mm512_fmadd_ps(av, b1, v[r][1]);
-                    }
-                }
-            };
-        }
-        match mr {
-            8 => rows!(8),
-            7 => rows!(7),
-            6 => rows!(6),
-            5 => rows!(5),
-            4 => rows!(4),
-            3 => rows!(3),
-            2 => rows!(2),
-            _ => rows!(1),
-        }
-        for r in 0..mr {
-            _mm512_storeu_ps(c.add(r * ldc), v[r][0]);
-            _mm512_storeu_ps(c.add(r * ldc + 16), v[r][1]);
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-#[allow(clippy::needless_range_loop)] // indices name registers, unrolled
-unsafe fn block_avx2(_: crate::simd::Avx2, t: Tile<'_>) {
-    let Tile { a, lda: (rs, cs), k, panel, c, ldc, mr, accumulate } = t;
-    // SAFETY: as `block_avx512`'s.
-    unsafe {
-        use std::arch::x86_64::*;
-        let mut v = [[_mm256_setzero_ps(); 4]; 3];
-        if accumulate {
-            for r in 0..mr {
-                for q in 0..4 {
-                    v[r][q] = _mm256_loadu_ps(c.add(r * ldc + 8 * q));
-                }
-            }
-        }
-        let (ap, bp) = (a.as_ptr(), panel.as_ptr());
-        macro_rules! rows {
-            ($n:literal) => {
-                for kk in 0..k {
-                    let b = [0, 1, 2, 3].map(|q| _mm256_loadu_ps(bp.add(kk * NR + 8 * q)));
-                    for r in 0..$n {
-                        let av = _mm256_set1_ps(*ap.add(r * rs + kk * cs));
-                        for q in 0..4 {
-                            v[r][q] = _mm256_fmadd_ps(av, b[q], v[r][q]);
-                        }
-                    }
-                }
-            };
-        }
-        match mr {
-            3 => rows!(3),
-            2 => rows!(2),
-            _ => rows!(1),
-        }
-        for r in 0..mr {
-            for q in 0..4 {
-                _mm256_storeu_ps(c.add(r * ldc + 8 * q), v[r][q]);
-            }
+            let t = Tile { a: &a[r0 * lda.0..], lda, k, panel, mr, accumulate };
+            tile_into(isa, t, &mut c, r0, c0, NR.min(ncols - c0));
         }
     }
 }
