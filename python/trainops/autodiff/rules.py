@@ -330,17 +330,6 @@ def _static_last(b: Builder, a: str, w: str) -> bool:
             and all(isinstance(d, int) for d in w_dims) and a_dims[-1] == w_dims[0])
 
 
-# A linear layer's weight gradient dW = dY^T X with dW [N, K] gets N in blocks of
-# _ROW_BLOCK rows from _ROW_BLOCKS_FROM rows on (a language model's vocabulary
-# projection): onnxruntime's CPU GEMM (MLAS) runs all of a product's rows under each packed
-# block of the other operand, so with tens of thousands of rows the result leaves the
-# cache between blocks. Measured on this machine's kind (Intel Xeon, one thread) for dY
-# [1024, 49152], X [1024, 960]: 80-85 GFLOP/s as one Gemm, 143-160 per block of up to 2048
-# rows, the whole 25-30% faster with the slices and the Concat.
-_ROW_BLOCKS_FROM = 8192
-_ROW_BLOCK = 2048
-
-
 def _transposed(c: Ctx, t: str) -> bool:
     """True when ``t`` is the forward's 2-D ``Transpose`` of another tensor."""
     p = c.producer.get(t)
@@ -350,13 +339,33 @@ def _transposed(c: Ctx, t: str) -> bool:
     return c.rank(t) == 2 and perm in ([], [[1, 0]])
 
 
-def _weight_grad_rows(b: Builder, g2: str, a2: str, n: int) -> str:
-    """``g2^T a2`` ([n, K]) as a Concat of Gemms over blocks of ``g2``'s columns."""
-    blocks = []
-    for v0 in range(0, n, _ROW_BLOCK):
-        g = b.op("Slice", [g2, b.ints([v0]), b.ints([min(v0 + _ROW_BLOCK, n)]), b.ints([1])])
-        blocks.append(b.op("Gemm", [g, a2], transA=1))
-    return b.op("Concat", blocks, axis=0)
+def _gemm_t(b: Builder, a: str, m: str, w: str, trans_b: int = 0, fused: bool | None = None) -> str:
+    """``a^T op(m)`` of 2-D ``a`` and ``m``, the gradient of weight ``w`` (``X^T dY`` or ``dY^T
+    X``): on the fused CPU step trainops' ``BlockedMatMul`` when ``w`` has at least
+    ``_BLOCKED_FROM`` elements, else (and on other placements) a ``Gemm``. ``fused``: the
+    caller's ``Builder.fuses`` of the tensors ``a`` and ``m`` were made from (a Reshape's
+    output has no type yet), by default ``a``'s and ``m``'s own."""
+    dims = b.shape(w)
+    big = dims is not None and all(isinstance(d, int) for d in dims) and math.prod(dims) >= _BLOCKED_FROM
+    if big and (b.fuses(a, m) if fused is None else fused):
+        return b.op("BlockedMatMul", [a, m], domain=TRAINOPS_DOMAIN, transA=1, transB=trans_b)
+    return b.op("Gemm", [a, m], transA=1, **({"transB": trans_b} if trans_b else {}))
+
+
+# Weight gradients of this many elements and more run on BlockedMatMul in the fused CPU
+# step. MLAS (onnxruntime's GEMM, with both operands graph inputs) ran the large ones at
+# 0.7-0.8x its rate and the small ones faster, on this machine's kind (Intel Xeon, one
+# thread, 2026-11-28, the same minutes): 2048 x 960 x 1024 at 120 against 149 GFLOP/s, a
+# language model's [49152, 960] weight at 80-85 (its own blocks of 2048 rows 143-160), but
+# ConvNeXt's 384 x 96 x 8192 at 141 against 122.
+_BLOCKED_FROM = 1 << 19
+
+
+# An input gradient dX = dY W whose depth (W's rows, dY's last axis) is at least this many
+# terms runs on BlockedMatMul on the fused CPU step: a language model's output layer,
+# 49152 terms deep, where MLAS swept C through memory once per 256 of them (1024 x 960 x
+# 49152 at 107-108 GFLOP/s against 127-141 in the same runs, one thread, 2026-11-28).
+_DEEP = 8192
 
 
 @rule("MatMul")
@@ -370,7 +379,7 @@ def matmul(c: Ctx):
                 b.op("Mul", [gy, A]) if c.need(1) else None]
     if ra == 2 and rb == 2:  # Gemm transposes as it reads: no Transpose node
         return [b.op("Gemm", [gy, B], transB=1) if c.need(0) else None,
-                b.op("Gemm", [A, gy], transA=1) if c.need(1) else None]
+                _gemm_t(b, A, gy, B, fused=b.fuses(A, B)) if c.need(1) else None]
     y_dims = b.shape(c.y)
     a2, b2 = A, B
     if ra == 1:
@@ -395,7 +404,14 @@ def matmul(c: Ctx):
 
     out = [None, None]
     if c.need(0):
-        ga = b.op("MatMul", [gy, _swap_last2(b, b2, rb2)])
+        depth = b_dims[-1] if b_dims is not None and rb == 2 else None
+        if ra >= 2 and isinstance(depth, int) and depth >= _DEEP and b.fuses(A, B):
+            # dY W^T over a deep axis: W itself when B is the forward's W^T (torch's Linear)
+            ga = b.op("BlockedMatMul", [gy, c.producer[B].input[0]], domain=TRAINOPS_DOMAIN) \
+                if _transposed(c, B) else \
+                b.op("BlockedMatMul", [gy, B], domain=TRAINOPS_DOMAIN, transB=1)
+        else:
+            ga = b.op("MatMul", [gy, _swap_last2(b, b2, rb2)])
         last = (a_dims[-2:] if ra >= 2 else [1, a_dims[0]]) if a_dims is not None else None
         if ra == 1:
             b.set_info(a2, b.dtype(A), [1] + list(a_dims) if a_dims is not None else None)
@@ -408,12 +424,12 @@ def matmul(c: Ctx):
         # the flattened rows, not a batched MatMul of per-sample products and a ReduceSum.
         k, n = b.shape(B)
         a2, g2 = b.op("Reshape", [A, b.ints([-1, k])]), b.op("Reshape", [gy, b.ints([-1, n])])
-        if n >= _ROW_BLOCKS_FROM and _transposed(c, B):
-            # B = W^T with W [N, K] (torch's Linear): dW's rows in blocks, transposed back
-            # for the Transpose's own rule to cancel
-            out[1] = b.op("Transpose", [_weight_grad_rows(b, g2, a2, n)], perm=[1, 0])
+        if _transposed(c, B):
+            # B = W^T with W [N, K] (torch's Linear): dW = dY^T X, transposed back for the
+            # Transpose's own rule to cancel
+            out[1] = b.op("Transpose", [_gemm_t(b, g2, a2, B, fused=True)], perm=[1, 0])
         else:
-            out[1] = b.op("Gemm", [a2, g2], transA=1)
+            out[1] = _gemm_t(b, a2, g2, B, fused=True)
     elif c.need(1):
         gb = b.op("MatMul", [_swap_last2(b, a2, ra2), gy])
         last = (b_dims[-2:] if rb >= 2 else [b_dims[0], 1]) if b_dims is not None else None
@@ -441,8 +457,12 @@ def gemm(c: Ctx):
         else:
             out[0] = b.op("Gemm", [B, gy], alpha=alpha, transA=tb, transB=1)
     if c.need(1):
-        if not tb:
+        if not tb and not ta and alpha == 1.0:
+            out[1] = _gemm_t(b, A, gy, B, fused=b.fuses(A, B))
+        elif not tb:
             out[1] = b.op("Gemm", [A, gy], alpha=alpha, transA=1 - ta)
+        elif alpha == 1.0:
+            out[1] = _gemm_t(b, gy, A, B, trans_b=ta, fused=b.fuses(A, B))
         else:
             out[1] = b.op("Gemm", [gy, A], alpha=alpha, transA=1, transB=ta)
     if C is not None and c.need(2):

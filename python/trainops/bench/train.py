@@ -195,7 +195,7 @@ def _peers(fam, threads, args, torch_version, notes):
 # their gradients), in a trainops step's profile: torch eager's step time over theirs bounds
 # the ratio trainops can reach without faster matrix products.
 DENSE_OPS = frozenset({"Gemm", "MatMul", "FusedMatMul", "FusedGemm", "Conv", "FusedConv",
-                       "ConvTranspose", "ConvWeightGrad", "ConvInputGrad", "GRU", "GRUGrad",
+                       "ConvTranspose", "ConvWeightGrad", "ConvInputGrad", "BlockedMatMul", "GRU", "GRUGrad",
                        "GRUTrain", "LSTM", "LSTMGrad", "LSTMTrain", "RNN"})
 
 

@@ -5,7 +5,7 @@
 //! MaxPoolGrad, MaxPoolGradFromInput), [`bench`]
 //! (MemoryCeiling); [`io`] is the one input reader and output check.
 //! handling they share), [`bench`]
-//! (MemoryCeiling); [`grad`] (ConvWeightGrad, ConvInputGrad, GatherGrad, BiasGrad: backward kernels); [`io`] is the one input reader and output check.
+//! (MemoryCeiling); [`grad`] (ConvWeightGrad, ConvInputGrad, GatherGrad, BiasGrad, BlockedMatMul: backward kernels); [`io`] is the one input reader and output check.
 
 pub mod bench;
 pub mod grad;
@@ -64,6 +64,7 @@ pub fn catalogue() -> Vec<Domain> {
                 &grad::conv::ConvInputGrad,
                 &grad::gather::GatherGrad,
                 &grad::bias::BiasGrad,
+                &grad::matmul::BlockedMatMul,
                 &grad::depthwise::DepthwiseConv,
                 &grad::depthwise::DepthwiseConvGrad,
             ]

@@ -15,6 +15,8 @@
 //!   `GRUTrain`, GRU's forward keeping the gates `GRUGrad` then reads; [`lstm`]: `LSTMTrain`
 //!   and `LSTMGrad`, the same pair for ONNX's `LSTM`.
 //! - [`bias`]: `BiasGrad(dY; leading) -> dB`, the sum over the leading axes.
+//! - [`matmul`]: `BlockedMatMul(A, B; transA, transB) -> Y`, a weight's gradient and deep
+//!   products on trainops' blocked matrix product.
 //! - [`conv`]: `ConvWeightGrad(X, dY) -> dW`, `ConvInputGrad(dY, W, X_shape) -> dX`.
 //! - [`gather`]: `GatherGrad(shape, indices, dY, base?) -> dX`, Gather's gradient on axis 0.
 //! - [`depthwise`]: `DepthwiseConv(X, W, B?) -> Y`, `DepthwiseConvGrad(dY, X, W) -> dX?, dW?`.
@@ -27,6 +29,7 @@ pub mod depthwise;
 pub mod gather;
 pub mod gru_train;
 pub mod lstm;
+pub mod matmul;
 pub mod norm;
 pub mod pool;
 pub mod rnn;
