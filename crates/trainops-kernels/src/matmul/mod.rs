@@ -168,7 +168,7 @@ fn forced() -> Option<crate::simd::Level> {
 thread_local! {
     /// This thread's packed block of B (a product's calling thread) and of A (each task's
     /// thread): kept between calls, so a step's products do not map and fault in fresh
-    /// pages each time (at most KC x NC and MC x KC floats: 2 MiB and 192 KiB).
+    /// pages each time (at most KC x NC and MC x KC floats: 1 MiB and 64 KiB).
     static PACKED_B: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     static PACKED_A: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }

@@ -70,23 +70,16 @@ pub(super) fn pack_a(
                 // are a multiple of 4 KiB apart, as a 49152-wide A's are), then eight rows by
                 // eight columns at a time transposed in registers.
                 let kw = kc - kc % 8;
-                // The next strip's rows requested now: each row's piece is a short stream
-                // the hardware prefetcher starts late on (its reads waited on memory).
-                for r in r0 + 8..(r0 + 16).min(i0 + rows) {
-                    for j in (0..kw).step_by(16) {
-                        prefetch(a.as_ptr().wrapping_add(r * lda.0 + pc + j));
-                    }
-                }
-                let mut rows = [[0.0f32; 1024]; 8];
+                let mut rows = [[0.0f32; super::KC]; 8];
                 for (r, row) in rows.iter_mut().enumerate() {
                     row[..kw].copy_from_slice(&a[(r0 + r) * lda.0 + pc..][..kw]);
                 }
                 while k0 < kw {
-                    // SAFETY: `rows` holds 8 rows of 1024 floats, and k0 + 8 <= kw <= 1024; the
+                    // SAFETY: `rows` holds 8 rows of KC floats, and k0 + 8 <= kw <= kc <= KC; the
                     // 64 floats written are `strip`'s `k0 * 8..(k0 + 8) * 8` (sliced).
                     unsafe {
                         let dst = strip[k0 * 8..(k0 + 8) * 8].as_mut_ptr();
-                        transpose8(token, rows.as_ptr().cast::<f32>().add(k0), 1024, dst);
+                        transpose8(token, rows.as_ptr().cast::<f32>().add(k0), super::KC, dst);
                     }
                     k0 += 8;
                 }
@@ -159,18 +152,6 @@ unsafe fn transpose8(_: crate::simd::Avx512, src: *const f32, ld: usize, dst: *m
             _mm256_storeu_ps(dst.add((q + 4) * 8), _mm256_permute2f128_ps::<0x31>(u[q], u[q + 4]));
         }
     }
-}
-
-/// Asks the cache for the line holding `p` (a hint: it never faults, nor reads into the
-/// program).
-fn prefetch(p: *const f32) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: a prefetch instruction never faults, whatever the address.
-    unsafe {
-        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast())
-    };
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = p;
 }
 
 /// `dst[..w] = src[..w]`, `dst[w..] = 0` for `dst` of `N` elements: a copy of a length the

@@ -123,7 +123,7 @@ mod speed {
             matmul(&Sequential, d, &a, &b, 1.0, None, &mut c).unwrap();
             let reps = (1usize << 31) / (m * k * n) + 1;
             let mut line = format!("{m}x{n}x{k} {ta} {tb}:");
-            for blk in [(KC, MC, NC, 0), (KC, MC, NC, usize::MAX)] {
+            for blk in [(KC, MC, NC, PACK_A_FROM)] {
                 BLOCKS.with(|b| b.set(blk));
                 let t0 = std::time::Instant::now();
                 for _ in 0..reps {
