@@ -34,6 +34,7 @@ use pack::{pack_a, pack_b};
 
 /// Rows of B (depth) per packed block.
 pub const KC: usize = 256;
+const _: () = assert!(KC <= pack::ROW_DEPTH, "KC deeper than pack_a's row copies");
 /// Rows of A per packed block.
 pub const MC: usize = 64;
 /// Columns of B per packed block.

@@ -5,6 +5,10 @@ use super::micro::NR;
 use crate::parallel::{for_each_item, Parallelism};
 use crate::simd::Isa;
 
+/// The depth the row copies of A's 8-row strips hold: at least the blocked product's KC (a
+/// compile-time check there).
+pub(super) const ROW_DEPTH: usize = 256;
+
 /// Rows `pc..pc + kc` and columns `jc..jc + nc` of op(B) (element `(kk, j)` at `kk * ldb.0 +
 /// j * ldb.1`) into `out` as panels `[nc / NR][kc][NR]`, the last zero-padded; a few
 /// panels a task.
@@ -70,16 +74,17 @@ pub(super) fn pack_a(
                 // are a multiple of 4 KiB apart, as a 49152-wide A's are), then eight rows by
                 // eight columns at a time transposed in registers.
                 let kw = kc - kc % 8;
-                let mut rows = [[0.0f32; super::KC]; 8];
+                let mut rows = [[0.0f32; ROW_DEPTH]; 8];
                 for (r, row) in rows.iter_mut().enumerate() {
                     row[..kw].copy_from_slice(&a[(r0 + r) * lda.0 + pc..][..kw]);
                 }
                 while k0 < kw {
-                    // SAFETY: `rows` holds 8 rows of KC floats, and k0 + 8 <= kw <= kc <= KC; the
-                    // 64 floats written are `strip`'s `k0 * 8..(k0 + 8) * 8` (sliced).
+                    // SAFETY: `rows` holds 8 rows of ROW_DEPTH floats and k0 + 8 <= kw <=
+                    // ROW_DEPTH (the copies above sliced `kw` of each); the 64 floats written
+                    // are `strip`'s `k0 * 8..(k0 + 8) * 8` (sliced).
                     unsafe {
                         let dst = strip[k0 * 8..(k0 + 8) * 8].as_mut_ptr();
-                        transpose8(token, rows.as_ptr().cast::<f32>().add(k0), super::KC, dst);
+                        transpose8(token, rows.as_ptr().cast::<f32>().add(k0), ROW_DEPTH, dst);
                     }
                     k0 += 8;
                 }
