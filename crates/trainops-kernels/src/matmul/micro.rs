@@ -11,12 +11,11 @@ use crate::simd::Isa;
 /// Columns per packed panel of B.
 pub(crate) const NR: usize = 32;
 
-/// The most rows one call takes (the AVX-512 kernel's: 24 accumulators, two panel
-/// vectors and a broadcast of 32 registers).
-pub(crate) const MR_MAX: usize = 12;
-
-/// The AVX-512 kernel's rows.
+/// The AVX-512 kernel's rows (16 accumulators; 12 rows measured no faster).
 const MR512: usize = 8;
+
+/// The most rows one call takes: the AVX-512 kernel's.
+pub(crate) const MR_MAX: usize = MR512;
 
 /// Rows per call at `isa`: as many as its registers hold next to the panel's vectors.
 pub(crate) fn rows(isa: Isa) -> usize {
@@ -164,8 +163,8 @@ unsafe fn block_avx512(_: crate::simd::Avx512, t: Tile<'_>, c: *mut f32, ldc: us
                 }
             };
         }
-        // A packed into strips of the level's rows (`(1, MR512)`): constant offsets, each
-        // broadcast folded into its FMA's memory operand.
+        // A packed into whole strips of the level's rows (`(1, MR512)`): constant offsets,
+        // each broadcast folded into its FMA's memory operand; partial strips as any A.
         macro_rules! packed {
             ($n:expr) => {
                 for kk in 0..k {
@@ -179,34 +178,16 @@ unsafe fn block_avx512(_: crate::simd::Avx512, t: Tile<'_>, c: *mut f32, ldc: us
                 }
             };
         }
-        if (rs, cs) == (1, MR512) {
-            match mr {
-                MR512 => packed!(MR512),
-                _ => {
-                    for r in 0..mr {
-                        for kk in 0..k {
-                            let av = _mm512_set1_ps(*ap.add(kk * MR512 + r));
-                            v[r][0] = _mm512_fmadd_ps(av, _mm512_loadu_ps(bp.add(kk * NR)), v[r][0]);
-                            v[r][1] = _mm512_fmadd_ps(av, _mm512_loadu_ps(bp.add(kk * NR + 16)), v[r][1]);
-                        }
-                    }
-                }
-            }
-        } else {
-            match mr {
-                12 => rows!(12),
-                11 => rows!(11),
-                10 => rows!(10),
-                9 => rows!(9),
-                8 => rows!(8),
-                7 => rows!(7),
-                6 => rows!(6),
-                5 => rows!(5),
-                4 => rows!(4),
-                3 => rows!(3),
-                2 => rows!(2),
-                _ => rows!(1),
-            }
+        match mr {
+            MR512 if (rs, cs) == (1, MR512) => packed!(MR512),
+            8 => rows!(8),
+            7 => rows!(7),
+            6 => rows!(6),
+            5 => rows!(5),
+            4 => rows!(4),
+            3 => rows!(3),
+            2 => rows!(2),
+            _ => rows!(1),
         }
         for r in 0..mr {
             _mm512_storeu_ps(c.add(r * ldc), v[r][0]);
