@@ -295,10 +295,12 @@ fn correlate_blocks<const S: usize, const Q: usize>(
     let sw = if S == 0 { sw } else { S };
     let mut acc = [[0f32; LANES]; Q];
     for &(w, off) in taps {
+        // One slice (one bounds check) per tap for all Q blocks: the indices below are
+        // then within its constant length, and the loop is the products and sums alone.
+        let s = &buf[sw * b * LANES + off..][..(Q * LANES - 1) * sw + 1];
         for (q, a) in acc.iter_mut().enumerate() {
-            let s = &buf[sw * (b + q) * LANES + off..][..(LANES - 1) * sw + 1];
             for (l, v) in a.iter_mut().enumerate() {
-                *v += w * s[l * sw];
+                *v += w * s[(q * LANES + l) * sw];
             }
         }
     }
