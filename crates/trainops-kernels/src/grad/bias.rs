@@ -12,7 +12,7 @@
 //! sum_r |dY[r, j]|` of the exact sum `s` (`u = 2^-24`): the float32 rounding of a float64
 //! sum of at most `rows + rows / ROW_BLOCK` additions, each rounding at `2^-53` relative.
 //!
-//! Within a task, [`STRIP`] columns at a time are summed over the block's rows in
+//! Within a task, 32 columns at a time are summed over the block's rows in
 //! registers (compiled for AVX2 and AVX-512 where the CPU has them): a running sum per
 //! column kept in memory cost a load and a store of it per element, and the sums ran at
 //! about 12 GB/s of `dY`. Each column's additions are the same, in the same order, at every
