@@ -6,8 +6,10 @@
 //!   as one product `dW_g [M/G x K] = dY_g [M/G x N*P] * col_g^T [N*P x K]` whose reduction
 //!   runs over every sample's output positions (`col` the [`im2col`](super::im2col)
 //!   matrix, `K = C/G * prod(kernel)`, `P = prod(output)`), on `fma_chain`: every
-//!   element of `dW` is one chain of fused multiply-adds, sample 0's positions first, so
-//!   the result is the same bits at every SIMD level ([`weight_grad_at`]) and thread count.
+//!   element of `dW` is one chain of fused multiply-adds, sample 0's positions first (or,
+//!   where the blocks of `dW` make one task, one chain per part of the samples, four parts
+//!   added in order), so the result is the same bits at every SIMD level
+//!   ([`weight_grad_at`]) and thread count.
 //!   `dY` is packed once into the product's panels and shared; the column matrix is
 //!   lowered a block of 256 positions at a time straight into panels (AVX-512 gathers).
 //! - [`input_grad`]: `dX[n, g*C/G + c, i] = sum_{m in g, k, o: o*s + k*d - p = i} W[m, c, k]
@@ -18,7 +20,8 @@
 //! small grids make few large products. Threads: the weight gradient is cut into blocks of
 //! `dW`'s columns (rows of `col`, whole tiles of 32) per group, and where those are too
 //! few into blocks of its rows (output channels, whole panels of 8) as well, each task
-//! running its block's chains over every sample; the input gradient into chunks of samples. The cut
+//! running its block's chains over every sample, and where that makes one task (a stem
+//! convolution) into four parts of the samples; the input gradient into chunks of samples. The cut
 //! depends on the shapes only, so results do not depend on the thread count. Against the
 //! float64 [`reference`](mod@reference), each result is within `terms * f32::EPSILON *
 //! sum |terms|` (float32 sums of `terms` products, any order).
@@ -318,6 +321,25 @@ fn split(dims: &ConvDims) -> bool {
     work >= SPLIT_ABOVE
 }
 
+/// Parts of the samples a weight gradient of one task is cut into ([`sample_parts`]).
+const SAMPLE_PARTS: usize = 4;
+
+/// The samples of a weight gradient's reduction, cut into [`SAMPLE_PARTS`] consecutive
+/// parts of whole sample chunks where its column and row blocks make one task per group
+/// (`tasks`): a stem convolution of 3 input channels and 16 or 32 output channels has one
+/// column tile and too few rows to cut, so its lowering of the columns (27 rows of gathers
+/// for 16 or 32 output channels) ran on one thread, and no faster on two. Each part's block
+/// is its own fused chain per element over its samples, and the parts' blocks are added
+/// in order: a function of the shapes only. (Cutting wherever the blocks made fewer than
+/// [`TARGET_TASKS`], 8 parts, cost 6-8% at one thread on those stems and made resnet18's
+/// 7x7 stem, 5 column blocks, slower at two.)
+fn sample_parts(dims: &ConvDims, tasks: usize) -> Vec<Range<usize>> {
+    let chunk = samples_per_chunk(dims);
+    let chunks = dims.batch.div_ceil(chunk).max(1);
+    let count = if split(dims) && tasks == 1 { SAMPLE_PARTS.min(chunks) } else { 1 };
+    even(chunks, count).into_iter().map(|r| r.start * chunk..(r.end * chunk).min(dims.batch)).collect()
+}
+
 /// The column blocks of one group's `dW_g` (a function of the shapes only): whole tiles
 /// of the product (fma_chain::NR columns), the first blocks one tile longer where they
 /// cannot all be equal; the last tile may be partial.
@@ -492,10 +514,15 @@ pub fn weight_grad_at(
     });
     let ranges = blocks(dims);
     let panels = row_blocks(dims, ranges.len());
-    let mut tasks: Vec<(usize, Range<usize>, Range<usize>)> = Vec::new();
+    let parts = sample_parts(dims, panels.len() * ranges.len());
+    // The sample parts of a block innermost, in order, so that their partial blocks are
+    // added in that order below.
+    let mut tasks: Vec<WeightTask> = Vec::new();
     for g in 0..groups {
         for pr in &panels {
-            tasks.extend(ranges.iter().map(|r| (g, pr.clone(), r.clone())));
+            for r in &ranges {
+                tasks.extend(parts.iter().map(|s| (g, pr.clone(), r.clone(), s.clone())));
+            }
         }
     }
     let results: Vec<Mutex<Vec<f32>>> = tasks.iter().map(|_| Mutex::new(Vec::new())).collect();
@@ -505,7 +532,7 @@ pub fn weight_grad_at(
     let spares = Spares::<[Vec<f32>; 3]>::new();
     let padded = windows.pads_a_copy();
     let run = |t: usize| {
-        let (g, panel_rows, rows) = &tasks[t];
+        let (g, panel_rows, rows, samples) = &tasks[t];
         let pt = panel_rows.len();
         let nb = rows.len();
         let rt = nb.div_ceil(NR);
@@ -533,8 +560,8 @@ pub fn weight_grad_at(
         let kl = dims.kernel_len;
         let (c0, c1) = (rows.start / kl, rows.end.div_ceil(kl));
         let mut first = true;
-        for n0 in (0..dims.batch).step_by(chunk) {
-            let nc = chunk.min(dims.batch - n0);
+        for n0 in samples.clone().step_by(chunk) {
+            let nc = chunk.min(samples.end - n0);
             let cols = nc * p;
             let ld = cols + ROW_PAD;
             xp.clear();
@@ -579,18 +606,26 @@ pub fn weight_grad_at(
         par.run(tasks.len(), &run);
     }
     failed.into_result()?;
-    for ((g, panel_rows, rows), block) in tasks.iter().zip(results) {
+    for ((g, panel_rows, rows, samples), block) in tasks.iter().zip(results) {
         let block = block.into_inner().unwrap_or_else(|e| e.into_inner());
         let ldc = rows.len().div_ceil(NR) * NR;
         let m0 = panel_rows.start * MR;
         for m in m0..mg.min(panel_rows.end * MR) {
-            let dst = (g * mg + m) * k + rows.start;
-            let src = (m - m0) * ldc;
-            dw[dst..dst + rows.len()].copy_from_slice(&block[src..src + rows.len()]);
+            let dst = &mut dw[(g * mg + m) * k + rows.start..][..rows.len()];
+            let src = &block[(m - m0) * ldc..][..rows.len()];
+            if samples.start == 0 {
+                dst.copy_from_slice(src);
+            } else {
+                // A later part of the samples: its partial sums added, parts in order.
+                dst.iter_mut().zip(src).for_each(|(d, &v)| *d += v);
+            }
         }
     }
     Ok(())
 }
+
+/// One task of a weight gradient: (group, panels of `MR` rows, columns of `dW_g`, samples).
+type WeightTask = (usize, Range<usize>, Range<usize>, Range<usize>);
 
 /// Steps of the reduction (output positions) packed at a time: the right operand's panel
 /// (`KC x NR`, 32 KiB) stays in the L1 cache while the left operand's panels stream past.

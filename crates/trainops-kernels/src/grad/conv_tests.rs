@@ -67,6 +67,9 @@ fn cases() -> Vec<Case> {
         // 7 or 8 channels of 9 rows each, so blocks share panels of the column matrix.
         case("split channels", (2, 60, 32), &[8, 8], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
         case("split rows, pointwise", (2, 40, 140), &[16, 16], &[1, 1], &[1, 1], &[1, 1], &[0, 0, 0, 0], 1),
+        // A stem: one column tile and two panels of rows make one task, so the samples
+        // are cut into 4 parts (of 9 samples: the first part holds three).
+        case("split samples, stem", (9, 3, 16), &[48, 48], &[3, 3], &[2, 2], &[1, 1], &[1, 1, 1, 1], 1),
         // Output grids above GATHER_MAX positions: col2im's runs path.
         case("large grid runs", (2, 2, 3), &[20, 19], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
         case("large grid stride 2", (1, 3, 2), &[41, 37], &[3, 2], &[2, 2], &[1, 2], &[2, 0, 1, 1], 1),
@@ -218,6 +221,26 @@ fn few_column_tiles_cut_the_rows() {
     // Few panels: no row cut (each row block lowers the columns again).
     let narrow = ConvDims::new(&c.geo, 64, 16, 32, &[16, 16]).unwrap();
     assert_eq!(row_blocks(&narrow, blocks(&narrow).len()).len(), 1);
+}
+
+/// A weight gradient whose blocks make one task (a stem convolution) is cut along its
+/// samples too, in parts of whole chunks covering every sample once, in order; one whose
+/// blocks make two tasks or more, or too small to split, keeps its samples whole.
+#[test]
+fn few_tasks_cut_the_samples() {
+    let c = cases().into_iter().find(|c| c.name == "split samples, stem").unwrap();
+    let dims = ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input).unwrap();
+    let (cols, rows) = (blocks(&dims), row_blocks(&dims, 1));
+    assert_eq!((cols.len(), rows.len()), (1, 1));
+    let parts = sample_parts(&dims, 1);
+    assert_eq!(parts, vec![0..3, 3..5, 5..7, 7..9]);
+    assert_eq!(sample_parts(&dims, 2), vec![0..9]);
+    let layer = cases().into_iter().find(|c| c.name == "split blocks").unwrap();
+    let layer = ConvDims::new(&layer.geo, layer.batch, layer.channels, layer.out_channels, &layer.input).unwrap();
+    assert_eq!(sample_parts(&layer, 8), vec![0..4]);
+    let small = cases().into_iter().find(|c| c.name == "2d 3x3 pad 1").unwrap();
+    let small = ConvDims::new(&small.geo, small.batch, small.channels, small.out_channels, &small.input).unwrap();
+    assert_eq!(sample_parts(&small, 1), vec![0..2]);
 }
 
 /// The input gradient of few sample chunks is cut into channel blocks covering every
