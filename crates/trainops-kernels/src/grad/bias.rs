@@ -15,8 +15,8 @@
 //! Within a task, 32 columns at a time are summed over the block's rows in
 //! registers (compiled for AVX2 and AVX-512 where the CPU has them): a running sum per
 //! column kept in memory cost a load and a store of it per element, and the sums ran at
-//! about 12 GB/s of `dY`. Each column's additions are the same, in the same order, at every
-//! level: the same bits.
+//! about 24 GB/s of `dY` on one thread (60-65 now, where `dY` is in the cache). Each
+//! column's additions are the same, in the same order, at every level: the same bits.
 
 use crate::error::KernelError;
 use crate::parallel::{for_each_item, Parallelism};
