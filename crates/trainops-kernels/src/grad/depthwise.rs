@@ -826,6 +826,7 @@ fn fold(mut a: [f32; LANES]) -> f32 {
 /// flight; dY's blocks stay in L1).
 #[inline(always)]
 fn accumulate<const S: usize>(acc: &mut [[f32; LANES]], buf: &[f32], dyv: &[f32], offs: &[usize], sw: usize) {
+    assert!(reads_within(buf.len(), offs.iter().copied(), sw, dyv.len()), "depthwise: tap outside the buffer");
     let mut accs = acc.chunks_exact_mut(4);
     let mut offs4 = offs.chunks_exact(4);
     for (a, o) in (&mut accs).zip(&mut offs4) {
@@ -836,7 +837,7 @@ fn accumulate<const S: usize>(acc: &mut [[f32; LANES]], buf: &[f32], dyv: &[f32]
     }
 }
 
-/// [`accumulate`] for `Q` taps.
+/// [`accumulate`] for `Q` taps (`accumulate` checked that their reads lie inside `buf`).
 #[inline(always)]
 fn accumulate_taps<const S: usize, const Q: usize>(
     acc: &mut [[f32; LANES]],
@@ -847,14 +848,13 @@ fn accumulate_taps<const S: usize, const Q: usize>(
 ) {
     let sw = if S == 0 { sw } else { S };
     let offs: [usize; Q] = core::array::from_fn(|q| offs[q]);
-    assert!(reads_within(buf.len(), offs.iter().copied(), sw, dyv.len()), "depthwise: tap outside the buffer");
     let mut a: [[f32; LANES]; Q] = core::array::from_fn(|q| acc[q]);
     for (b, ds) in dyv.chunks_exact(LANES).enumerate() {
         for (aq, &off) in a.iter_mut().zip(&offs) {
             let base = off + sw * b * LANES;
             for (l, v) in aq.iter_mut().enumerate() {
                 // SAFETY: base + sw * l = off + sw * v for a position v < dyv.len(): inside
-                // `buf` by the assertion above.
+                // `buf` by `accumulate`'s assertion.
                 *v += ds[l] * unsafe { *buf.get_unchecked(base + sw * l) };
             }
         }
