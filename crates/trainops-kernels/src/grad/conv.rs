@@ -11,7 +11,9 @@
 //!   added in order), so the result is the same bits at every SIMD level
 //!   ([`weight_grad_at`]) and thread count.
 //!   `dY` is packed once into the product's panels and shared; the column matrix is
-//!   lowered a block of 256 positions at a time straight into panels (AVX-512 gathers).
+//!   lowered a block of 256 positions at a time straight into panels (AVX-512 gathers), or
+//!   at the AVX-512 level, where the output channels come in whole panels of 32, read in
+//!   place from the padded input (`dW_g^T = col_g * dY_g^T`, the same chains).
 //! - [`input_grad`]: `dX[n, g*C/G + c, i] = sum_{m in g, k, o: o*s + k*d - p = i} W[m, c, k]
 //!   * dY[n, m, o]`, as `col = W_g^T [K x M/G] * dY_{n,g} [M/G x P]`, then col2im (the
 //!   product on the `gemm` crate).
@@ -34,7 +36,7 @@ use crate::error::KernelError;
 use crate::parallel::{for_each_item, Parallelism};
 use crate::shape;
 use crate::simd::{detected, Isa, Level};
-use fma_chain::{Out, Panels, MR, NR};
+use fma_chain::{Out, Panels, Rows, Transposed, MR, NR};
 
 #[path = "fma_chain.rs"]
 pub(crate) mod fma_chain;
@@ -495,26 +497,32 @@ pub fn weight_grad_at(
     let (p, il) = (dims.output_len, dims.input_len);
     let chunk = samples_per_chunk(dims);
     let mt = mg.div_ceil(MR);
-    // dY packed once, shared by every task: per group, `mt` panels of MR output channels
-    // over every sample's output positions (the product's left operand, q-major).
-    let panel_len = shape::mul("ConvWeightGrad's packed dY", dims.batch * p, MR)?;
+    let ranges = blocks(dims);
+    let panels = row_blocks(dims, ranges.len());
+    let parts = sample_parts(dims, panels.len() * ranges.len());
+    let padded = windows.pads_a_copy();
+    let in_place = reads_in_place(isa, padded, mg, &panels);
+    // dY packed once, shared by every task: per group, panels of `width` output channels
+    // over every sample's output positions, q-major: the product's left operand (MR
+    // channels, broadcast), or its right one (NR channels) where the column matrix is read
+    // in place.
+    let width = if in_place { NR } else { MR };
+    let wt = mg.div_ceil(width);
+    let panel_len = shape::mul("ConvWeightGrad's packed dY", dims.batch * p, width)?;
     let groups = dims.geo.group;
-    let mut dyp = shape::zeroed::<f32>("ConvWeightGrad's packed dY", groups * mt * panel_len)?;
+    let mut dyp = shape::zeroed::<f32>("ConvWeightGrad's packed dY", groups * wt * panel_len)?;
     let items: Vec<(usize, &mut [f32])> = dyp.chunks_mut(panel_len).enumerate().collect();
     for_each_item(par, items, |(idx, panel)| {
-        let m0 = (idx / mt) * mg + (idx % mt) * MR;
-        let valid = MR.min(mg - (idx % mt) * MR);
-        let mut rows: [&[f32]; MR] = [&[]; MR];
+        let m0 = (idx / wt) * mg + (idx % wt) * width;
+        let valid = width.min(mg - (idx % wt) * width);
+        let mut rows: [&[f32]; NR] = [&[]; NR];
         for n in 0..dims.batch {
             for (i, row) in rows[..valid].iter_mut().enumerate() {
                 *row = &dy[(n * dims.out_channels + m0 + i) * p..][..p];
             }
-            fma_chain::pack_panel(&rows[..valid], MR, p, &mut panel[n * p * MR..]);
+            fma_chain::pack_panel_at(isa, &rows[..valid], width, p, &mut panel[n * p * width..]);
         }
     });
-    let ranges = blocks(dims);
-    let panels = row_blocks(dims, ranges.len());
-    let parts = sample_parts(dims, panels.len() * ranges.len());
     // The sample parts of a block innermost, in order, so that their partial blocks are
     // added in that order below.
     let mut tasks: Vec<WeightTask> = Vec::new();
@@ -530,9 +538,16 @@ pub fn weight_grad_at(
     // The column matrix (only without the padded copy), the padded input and the right
     // operand's panels of a task.
     let spares = Spares::<[Vec<f32>; 3]>::new();
-    let padded = windows.pads_a_copy();
     let run = |t: usize| {
         let (g, panel_rows, rows, samples) = &tasks[t];
+        if in_place {
+            let block = in_place_block(isa, dims, &windows, x, (&dyp, panel_len), (*g, panel_rows, rows, samples));
+            match block {
+                Ok(acc) => *results[t].lock().unwrap_or_else(|e| e.into_inner()) = acc,
+                Err(e) => failed.set(e),
+            }
+            return;
+        }
         let pt = panel_rows.len();
         let nb = rows.len();
         let rt = nb.div_ceil(NR);
@@ -626,6 +641,88 @@ pub fn weight_grad_at(
 
 /// One task of a weight gradient: (group, panels of `MR` rows, columns of `dW_g`, samples).
 type WeightTask = (usize, Range<usize>, Range<usize>, Range<usize>);
+
+/// Whether a weight gradient reads its column matrix in place from the padded input
+/// ([`fma_chain::product_rows`]) rather than lowering it into panels: at the AVX-512 level
+/// (the lowering's gathers cost a fifth of resnet18's layer1 weight gradient, 64 output
+/// channels, where each lowered element meets only 64 rows of dY), from the padded copy,
+/// and where every row block is whole panels of [`NR`] output channels (dY is then the
+/// right operand, [`NR`] channels a panel; a partial panel would spend lanes on nothing).
+/// The same chains either way, so the same bits.
+fn reads_in_place(isa: Isa, padded: bool, mg: usize, panels: &[Range<usize>]) -> bool {
+    matches!(isa, Isa::Avx512(_)) && in_place_shapes(padded, mg, panels)
+}
+
+/// The shapes' half of [`reads_in_place`].
+fn in_place_shapes(padded: bool, mg: usize, panels: &[Range<usize>]) -> bool {
+    padded && mg.is_multiple_of(NR) && panels.iter().all(|pr| (pr.start * MR).is_multiple_of(NR))
+}
+
+/// One task's block of dW_g (the task's output channels, panels `panel_rows` of [`MR`], by
+/// `rows` of dW_g's columns, laid out as the lowered path's blocks), computed as its
+/// transpose with the column matrix read in place from each chunk's padded input: `dW_g^T
+/// = cols * dY_g^T`, every element the same chain over the samples' output positions as
+/// the lowered path's. `dyp`: dY packed in panels of [`NR`] channels, `panel_len` apart.
+fn in_place_block(
+    isa: Isa,
+    dims: &ConvDims,
+    windows: &Windows,
+    x: &[f32],
+    (dyp, panel_len): (&[f32], usize),
+    (g, panel_rows, rows, samples): (usize, &Range<usize>, &Range<usize>, &Range<usize>),
+) -> Result<Vec<f32>, KernelError> {
+    let (cg, mg, p, il, kl) = (dims.cg(), dims.mg(), dims.output_len, dims.input_len, dims.kernel_len);
+    let (ch0, ch1) = (panel_rows.start * MR, mg.min(panel_rows.end * MR));
+    let (bt, ap) = ((ch1 - ch0) / NR, rows.len().div_ceil(MR));
+    let ldc = bt * NR;
+    let chunk = samples_per_chunk(dims);
+    // The chains between blocks of the reduction, K-major (none when one block holds it
+    // all, as on small grids).
+    let steps = samples.clone().step_by(chunk).map(|n0| (chunk.min(samples.end - n0) * p).div_ceil(KC)).sum::<usize>();
+    let held = if steps > 1 { ap * MR * ldc } else { 0 };
+    let mut acc = shape::zeroed::<f32>("ConvWeightGrad's dW block", held)?;
+    let (c0, c1) = (rows.start / kl, rows.end.div_ceil(kl));
+    // Each panel's rows' places in a chunk's padded channels (rows past the block's end
+    // read its first row: their results are thrown away).
+    let bases: Vec<[usize; MR]> = (0..ap)
+        .map(|a| {
+            core::array::from_fn(|i| {
+                let r = rows.start + a * MR + i;
+                windows.row_offset(if r < rows.end { r } else { rows.start }, c0)
+            })
+        })
+        .collect();
+    let (mut xp, mut runs) = (Vec::new(), Vec::new());
+    // The result in the lowered path's layout: channels by `rows`, rows `ldt` apart.
+    let ldt = rows.len().div_ceil(NR) * NR;
+    let mut block = shape::zeroed::<f32>("ConvWeightGrad's dW block", panel_rows.len() * MR * ldt)?;
+    let mut first = true;
+    for n0 in samples.clone().step_by(chunk) {
+        let nc = chunk.min(samples.end - n0);
+        xp.clear();
+        for s in 0..nc {
+            let start = ((n0 + s) * dims.channels + g * cg + c0) * il;
+            windows.pad_into(&x[start..start + (c1 - c0) * il], &mut xp)?;
+        }
+        let per_sample = xp.len() / nc;
+        for q0 in (0..nc * p).step_by(KC) {
+            let kc = KC.min(nc * p - q0);
+            windows.column_runs(per_sample, (q0, kc), &mut runs);
+            let a = Rows { data: &xp, bases: &bases, runs: &runs, step: windows.last_stride() };
+            // The last block of the reduction stores its chains transposed into `block`.
+            let last = n0 + nc == samples.end && q0 + kc == nc * p;
+            for tb in 0..bt {
+                let panel = (g * mg.div_ceil(NR) + ch0 / NR + tb) * panel_len;
+                let b = &dyp[panel + (n0 * p + q0) * NR..][..kc * NR];
+                let to = last.then(|| Transposed { data: &mut block[tb * NR * ldt..], ld: ldt });
+                let held = if acc.is_empty() { &mut [][..] } else { &mut acc[tb * NR..] };
+                fma_chain::product_rows(isa, a, b, Out { data: held, ld: ldc, first }, to);
+            }
+            first = false;
+        }
+    }
+    Ok(block)
+}
 
 /// Steps of the reduction (output positions) packed at a time: the right operand's panel
 /// (`KC x NR`, 32 KiB) stays in the L1 cache while the left operand's panels stream past.

@@ -71,6 +71,16 @@ fn cases() -> Vec<Case> {
         // are cut into 4 parts (of 9 samples: the first part holds three).
         case("split samples, stem", (9, 3, 16), &[48, 48], &[3, 3], &[2, 2], &[1, 1], &[1, 1, 1, 1], 1),
         // Output grids above GATHER_MAX positions: col2im's runs path.
+        // Whole panels of 32 output channels: at the AVX-512 level the weight gradient
+        // reads its column matrix in place (a 3x3 layer, a 7x7 stride 2 stem of 5 column
+        // blocks, a strided pointwise one, row blocks of 64 channels, dilated, 1-d, 3-d).
+        case("in place, 3x3", (3, 8, 64), &[10, 9], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
+        case("in place, 7x7 stem", (2, 3, 32), &[20, 18], &[7, 7], &[2, 2], &[1, 1], &[3, 3, 3, 3], 1),
+        case("in place, 1x1 stride 2", (2, 24, 64), &[9, 7], &[1, 1], &[2, 2], &[1, 1], &[0, 0, 0, 0], 1),
+        case("in place, row blocks", (4, 16, 128), &[16, 16], &[1, 1], &[1, 1], &[1, 1], &[0, 0, 0, 0], 1),
+        case("in place, dilated", (2, 5, 32), &[11, 12], &[3, 2], &[1, 2], &[2, 3], &[2, 1, 0, 2], 1),
+        case("in place, 1-d", (3, 4, 32), &[40], &[3], &[2], &[1], &[1, 1], 1),
+        case("in place, 3-d", (2, 3, 32), &[5, 6, 4], &[3, 3, 3], &[1, 1, 1], &[1, 1, 1], &[1, 1, 1, 1, 1, 1], 1),
         case("large grid runs", (2, 2, 3), &[20, 19], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
         case("large grid stride 2", (1, 3, 2), &[41, 37], &[3, 2], &[2, 2], &[1, 2], &[2, 0, 1, 1], 1),
         case("1-d long", (2, 2, 3), &[300], &[5], &[1], &[2], &[3, 1], 1),
@@ -172,6 +182,29 @@ fn gradients_are_the_same_at_every_level() {
             }
         }
     }
+}
+
+/// The cases named "in place" (and only those of them at the AVX-512 level) read the
+/// column matrix in place, the row blocks' case in two blocks of 64 channels; row blocks of
+/// 40 and 24 channels (not whole panels of 32), 48 channels, or no padded copy keep the
+/// lowering.
+#[test]
+fn whole_channel_panels_read_the_columns_in_place() {
+    for c in cases() {
+        let dims = ConvDims::new(&c.geo, c.batch, c.channels, c.out_channels, &c.input).unwrap();
+        let panels = row_blocks(&dims, blocks(&dims).len());
+        let padded = dims.windows().unwrap().pads_a_copy();
+        if c.name.starts_with("in place") {
+            assert!(in_place_shapes(padded, dims.mg(), &panels), "{}", c.name);
+        }
+        if c.name == "in place, row blocks" {
+            assert_eq!(panels, vec![0..8, 8..16]);
+        }
+    }
+    assert!(in_place_shapes(true, 64, &[0..4, 4..8]));
+    assert!(!in_place_shapes(true, 64, &[0..5, 5..8]));
+    assert!(!in_place_shapes(true, 48, &[0..3, 3..6]));
+    assert!(!in_place_shapes(false, 64, &[0..4, 4..8]));
 }
 
 /// The cases with pads far beyond the input really skip the padded copy (else the runs

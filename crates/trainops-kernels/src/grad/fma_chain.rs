@@ -10,9 +10,11 @@
 //! every sample's output positions `q`): both operands are contiguous along the reduction,
 //! so they are packed into panels, `q`-major: [`MR`] rows of the left operand (`dY`'s
 //! output channels, broadcast) or [`NR`] columns of the right one (`col`'s rows, two
-//! AVX-512 vectors) per panel. The result is row-major with its rows and columns padded
-//! to whole tiles, so the kernels have no edge cases: the lanes past a matrix's edge may
-//! hold anything, and only reach elements of the result that are thrown away.
+//! AVX-512 vectors) per panel; or, in [`product_rows`], the column matrix is the left
+//! operand read where it lies in the padded input and dY the right one. The result is
+//! row-major with its rows and columns padded to whole tiles, so the kernels have no edge
+//! cases: the lanes past a matrix's edge may hold anything, and only reach elements of the
+//! result that are thrown away.
 //!
 //! Measured with `cargo bench -p trainops-kernels --bench conv_weight_grad`.
 
@@ -49,6 +51,81 @@ pub(crate) fn pack_panel(rows: &[&[f32]], width: usize, kc: usize, dst: &mut [f3
             lanes[i] = v;
         }
         i += 1;
+    }
+}
+
+/// [`pack_panel`] at SIMD level `isa`: a whole panel of [`NR`] rows at the AVX-512 level
+/// goes through 16x16 transposes in registers (the byte-wise copy above wrote each step's
+/// two lines eight times over and took a fifth of the 7x7 stem's weight gradient, whose dY
+/// is 8 MiB); anything else through [`pack_panel`]. The same values either way.
+pub(crate) fn pack_panel_at(isa: Isa, rows: &[&[f32]], width: usize, kc: usize, dst: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if let (Isa::Avx512(t), NR, NR) = (isa, width, rows.len()) {
+        assert!(rows.iter().all(|r| r.len() >= kc) && dst.len() >= kc * NR, "fma_chain: one panel");
+        let whole = kc / 16 * 16;
+        // SAFETY: the token proves the CPU has AVX-512F; the rows hold `kc >= whole`
+        // elements and `dst` `kc * NR`, checked above.
+        unsafe { pack_transposed(t, rows, whole, dst) };
+        if whole < kc {
+            let tail: Vec<&[f32]> = rows.iter().map(|r| &r[whole..kc]).collect();
+            pack_panel(&tail, width, kc - whole, &mut dst[whole * NR..]);
+        }
+        return;
+    }
+    pack_panel(rows, width, kc, dst);
+}
+
+/// `dst[q * NR + i] = rows[i][q]` for `q < kc` (a multiple of 16) and all [`NR`] rows, a
+/// 16x16 square at a time: pairs, then quads within each 128-bit lane, then a 4x4
+/// transpose of the lanes.
+///
+/// # Safety
+///
+/// AVX-512F; `rows` are [`NR`] slices of at least `kc` elements and `dst` holds `kc * NR`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pack_transposed(_: crate::simd::Avx512, rows: &[&[f32]], kc: usize, dst: &mut [f32]) {
+    use core::arch::x86_64::*;
+    let out = dst.as_mut_ptr();
+    for q0 in (0..kc).step_by(16) {
+        for h in 0..2 {
+            // SAFETY: rows `16 h .. 16 h + 16` hold elements `q0 .. q0 + 16 <= kc`.
+            let r: [__m512; 16] =
+                core::array::from_fn(|i| unsafe { _mm512_loadu_ps(rows[16 * h + i].as_ptr().add(q0)) });
+            let t: [__m512; 16] = core::array::from_fn(|k| {
+                let (a, b) = (r[k & !1], r[k | 1]);
+                if k % 2 == 0 {
+                    _mm512_unpacklo_ps(a, b)
+                } else {
+                    _mm512_unpackhi_ps(a, b)
+                }
+            });
+            // u[4 g + i], lane L: column 4 L + i of rows 4 g .. 4 g + 4.
+            let u: [__m512; 16] = core::array::from_fn(|k| {
+                let (g, i) = (k / 4, k % 4);
+                let (x, y) = (t[4 * g + i / 2], t[4 * g + 2 + i / 2]);
+                if i % 2 == 0 {
+                    _mm512_shuffle_ps::<0x44>(x, y)
+                } else {
+                    _mm512_shuffle_ps::<0xEE>(x, y)
+                }
+            });
+            for i in 0..4 {
+                let (u0, u1, u2, u3) = (u[i], u[4 + i], u[8 + i], u[12 + i]);
+                let (v0, v1) = (_mm512_shuffle_f32x4::<0x44>(u0, u1), _mm512_shuffle_f32x4::<0xEE>(u0, u1));
+                let (v2, v3) = (_mm512_shuffle_f32x4::<0x44>(u2, u3), _mm512_shuffle_f32x4::<0xEE>(u2, u3));
+                let cols = [
+                    _mm512_shuffle_f32x4::<0x88>(v0, v2),
+                    _mm512_shuffle_f32x4::<0xDD>(v0, v2),
+                    _mm512_shuffle_f32x4::<0x88>(v1, v3),
+                    _mm512_shuffle_f32x4::<0xDD>(v1, v3),
+                ];
+                for (l, col) in cols.into_iter().enumerate() {
+                    // SAFETY: step q0 + 4 l + i < kc, lanes 16 h .. 16 h + 16 of NR.
+                    unsafe { _mm512_storeu_ps(out.add((q0 + 4 * l + i) * NR + 16 * h), col) };
+                }
+            }
+        }
     }
 }
 
@@ -233,6 +310,205 @@ fn product_avx2(_: crate::simd::Avx2, kc: usize, a: Panels<'_>, b: &[f32], mut c
     });
 }
 
+/// The left operand of [`product_rows`], read where it lies instead of packed: panel `m`'s
+/// row `i` holds, at the steps of piece `(at, len)` of `runs` (the pieces in order),
+/// `data[bases[m][i] + at + j * step]`, `j < len`. A convolution's column matrix is such a
+/// matrix in its padded input (`Windows::row_offset`, `Windows::column_runs`), so its
+/// weight gradient needs no lowered copy.
+#[derive(Clone, Copy)]
+pub(crate) struct Rows<'a> {
+    pub data: &'a [f32],
+    pub bases: &'a [[usize; MR]],
+    pub runs: &'a [(usize, usize)],
+    pub step: usize,
+}
+
+/// Where [`product_rows`] puts its chains' results when they are final: transposed, tile
+/// element `(i, j)` (row `i` of the left operand, column `j` of the right) at
+/// `data[j * ld + i]`, from tile `(m, r)`'s first element at `m * MR + r * NR * ld`. The weight
+/// gradient computes `dW^T` and wants `dW`; storing each tile transposed from registers
+/// costs a few shuffles, where transposing the block afterwards took a third of layer4's
+/// time (its reduction is 128 steps, so dW-sized work weighs).
+pub(crate) struct Transposed<'a> {
+    pub data: &'a mut [f32],
+    pub ld: usize,
+}
+
+/// [`product`] with the left operand read in place ([`Rows`]): `c (+)= a * b` over the
+/// `kc` steps of `a.runs`, `b` [`NR`]-column panels as for [`product`], `c` (`a.bases.len() *
+/// MR` rows of `c.ld`) covering `rt * NR` columns from `c.data`'s start. With `to`, the
+/// results go there instead of into `c` (which is still read where `!c.first`). Every
+/// element is the same chain as [`product`]'s, so the same bits; at the scalar and AVX2
+/// levels it runs the scalar loop (callers choose this form for AVX-512 only).
+pub(crate) fn product_rows(isa: Isa, a: Rows<'_>, b: &[f32], c: Out<'_>, to: Option<Transposed<'_>>) {
+    let kc: usize = a.runs.iter().map(|&(_, len)| len).sum();
+    let rt = b.len() / (kc * NR).max(1);
+    assert_eq!(b.len(), rt * kc * NR, "fma_chain: panels of whole steps");
+    if kc == 0 || a.bases.is_empty() || rt == 0 {
+        return;
+    }
+    let rows = a.bases.len() * MR;
+    // `c` is read unless `first`, written unless `to`: otherwise it may be empty.
+    if !c.first || to.is_none() {
+        assert!(rt * NR <= c.ld && (rows - 1) * c.ld + rt * NR <= c.data.len(), "fma_chain: the result");
+    }
+    if let Some(t) = &to {
+        assert!(rows <= t.ld && (rt * NR - 1) * t.ld + rows <= t.data.len(), "fma_chain: the transposed result");
+    }
+    // Every element read lies in `a.data`: the largest base plus each piece's last place.
+    let top = a.bases.iter().flatten().copied().max().unwrap_or(0);
+    for &(at, len) in a.runs {
+        let last = len.checked_sub(1).map(|l| l.checked_mul(a.step).and_then(|s| s.checked_add(top + at)));
+        assert!(last.is_none_or(|e| e.is_some_and(|e| e < a.data.len())), "fma_chain: a piece past the left operand");
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the token proves the CPU has AVX-512F; every read and write was checked
+        // above.
+        Isa::Avx512(t) => unsafe { product_rows_avx512(t, kc, a, b, c, to) },
+        _ => product_rows_scalar(kc, a, b, c, to),
+    }
+}
+
+/// The tiles of [`product_rows`], right panel outermost (it stays in the L1 cache while
+/// the left operand's rows are read from the L2 cache); the reference loop.
+fn product_rows_scalar(kc: usize, a: Rows<'_>, b: &[f32], c: Out<'_>, mut to: Option<Transposed<'_>>) {
+    for (r, bp) in b.chunks_exact(kc * NR).enumerate() {
+        for (m, base) in a.bases.iter().enumerate() {
+            for (i, &row) in base.iter().enumerate() {
+                for j in 0..NR {
+                    let (e, t) =
+                        ((m * MR + i) * c.ld + r * NR + j, (r * NR + j) * to.as_ref().map_or(0, |t| t.ld) + m * MR + i);
+                    let start = if c.first { 0.0 } else { c.data[e] };
+                    let places = a.runs.iter().flat_map(|&(at, len)| (0..len).map(move |t| at + t * a.step));
+                    let v =
+                        places.enumerate().fold(start, |acc, (q, at)| a.data[row + at].mul_add(bp[q * NR + j], acc));
+                    match &mut to {
+                        Some(to) => to.data[t] = v,
+                        None => c.data[e] = v,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// AVX-512: as [`product_avx512`], the broadcasts read from the rows' places.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn product_rows_avx512(
+    _: crate::simd::Avx512,
+    kc: usize,
+    a: Rows<'_>,
+    b: &[f32],
+    c: Out<'_>,
+    to: Option<Transposed<'_>>,
+) {
+    use core::arch::x86_64::*;
+    let (first, ld) = (c.first, c.ld);
+    let (pt, ldt) = match to {
+        Some(t) => (Some(t.data.as_mut_ptr()), t.ld),
+        None => (None, 0),
+    };
+    for (r, bp) in b.chunks_exact(kc * NR).enumerate() {
+        for (m, base) in a.bases.iter().enumerate() {
+            // SAFETY: `product_rows` checked that every `base[i] + at + t * step` (`t <
+            // len`, every piece `(at, len)`) lies in `a.data`,
+            // that the tile's MR rows of NR, `ld` apart from `m * MR * ld + r * NR`, lie in
+            // `c.data`, and with `to` that its NR columns of MR, `ldt` apart from `m * MR + r
+            // * NR * ldt`, lie in `to.data`; `bp` holds kc * NR elements.
+            unsafe {
+                let pd = a.data.as_ptr();
+                let rows: [*const f32; MR] = base.map(|o| pd.add(o));
+                // `pc` is only dereferenced where `c` was checked (read unless `first`,
+                // written unless `to`); `wrapping_add` keeps its computation defined
+                // where `c` is empty.
+                let (pb, pc) = (bp.as_ptr(), c.data.as_mut_ptr().wrapping_add(m * MR * ld + r * NR));
+                let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+                if !first {
+                    for (i, row) in acc.iter_mut().enumerate() {
+                        row[0] = _mm512_loadu_ps(pc.add(i * ld));
+                        row[1] = _mm512_loadu_ps(pc.add(i * ld + 16));
+                    }
+                }
+                let mut pb = pb;
+                for &(at, len) in a.runs {
+                    for t in 0..len {
+                        let e = at + t * a.step;
+                        let b0 = _mm512_loadu_ps(pb);
+                        let b1 = _mm512_loadu_ps(pb.add(16));
+                        for (row, &p) in acc.iter_mut().zip(&rows) {
+                            let av = _mm512_set1_ps(*p.add(e));
+                            row[0] = _mm512_fmadd_ps(av, b0, row[0]);
+                            row[1] = _mm512_fmadd_ps(av, b1, row[1]);
+                        }
+                        pb = pb.add(NR);
+                    }
+                }
+                match pt {
+                    Some(pt) => {
+                        let at = pt.add(m * MR + r * NR * ldt);
+                        store_transposed(acc.map(|row| row[0]), at, ldt);
+                        store_transposed(acc.map(|row| row[1]), at.add(16 * ldt), ldt);
+                    }
+                    None => {
+                        for (i, row) in acc.iter().enumerate() {
+                            _mm512_storeu_ps(pc.add(i * ld), row[0]);
+                            _mm512_storeu_ps(pc.add(i * ld + 16), row[1]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Stores 8 rows of 16 as 16 rows of 8, `ld` apart from `out`: `out[j * ld + i] =
+/// rows[i][j]`. Per 128-bit lane `L`, unpacks and shuffles gather column `4L + c`'s rows
+/// 0-3 in `u[c]` and rows 4-7 in `v[c]`; a lane shuffle then puts columns `c` and `4 + c`
+/// (and `8 + c`, `12 + c`) whole in the halves of one register each.
+///
+/// # Safety
+///
+/// AVX-512F; `out[j * ld .. j * ld + 8]` writable for every `j < 16`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn store_transposed(rows: [core::arch::x86_64::__m512; MR], out: *mut f32, ld: usize) {
+    use core::arch::x86_64::*;
+    let [r0, r1, r2, r3, r4, r5, r6, r7] = rows;
+    let quads = |a: __m512, b: __m512, c: __m512, d: __m512| {
+        let (t0, t1) = (_mm512_unpacklo_ps(a, b), _mm512_unpackhi_ps(a, b));
+        let (t2, t3) = (_mm512_unpacklo_ps(c, d), _mm512_unpackhi_ps(c, d));
+        [
+            _mm512_shuffle_ps::<0x44>(t0, t2),
+            _mm512_shuffle_ps::<0xEE>(t0, t2),
+            _mm512_shuffle_ps::<0x44>(t1, t3),
+            _mm512_shuffle_ps::<0xEE>(t1, t3),
+        ]
+    };
+    let (u, v) = (quads(r0, r1, r2, r3), quads(r4, r5, r6, r7));
+    let half = |x: __m512, hi: bool| {
+        let x = _mm512_castps_pd(x);
+        _mm256_castpd_ps(if hi { _mm512_extractf64x4_pd::<1>(x) } else { _mm512_castpd512_pd256(x) })
+    };
+    for c in 0..4 {
+        // [u.L0, u.L1, v.L0, v.L1] then [u.L0, v.L0, u.L1, v.L1]: columns c and 4 + c.
+        let lo = _mm512_shuffle_f32x4::<0x44>(u[c], v[c]);
+        let lo = _mm512_shuffle_f32x4::<0xD8>(lo, lo);
+        // [u.L2, u.L3, v.L2, v.L3] then [u.L2, v.L2, u.L3, v.L3]: columns 8 + c and 12 + c.
+        let hi = _mm512_shuffle_f32x4::<0xEE>(u[c], v[c]);
+        let hi = _mm512_shuffle_f32x4::<0xD8>(hi, hi);
+        // SAFETY: columns c, 4 + c, 8 + c and 12 + c, each 8 floats at `out + column * ld`,
+        // inside what the caller guarantees.
+        unsafe {
+            _mm256_storeu_ps(out.add(c * ld), half(lo, false));
+            _mm256_storeu_ps(out.add((4 + c) * ld), half(lo, true));
+            _mm256_storeu_ps(out.add((8 + c) * ld), half(hi, false));
+            _mm256_storeu_ps(out.add((12 + c) * ld), half(hi, true));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,6 +561,68 @@ mod tests {
             }
         }
         out
+    }
+
+    /// The transposing pack gives the plain pack's panel on edge lengths, and leaves the
+    /// elements past the panel alone.
+    #[test]
+    fn packing_is_the_same_at_every_level() {
+        for kc in [0, 1, 15, 16, 17, 31, 32, 33, 100, 257] {
+            let src: Vec<Vec<f32>> = (0..NR).map(|i| data(kc + 3, i as u32 * 31 + kc as u32)).collect();
+            let rows: Vec<&[f32]> = src.iter().map(|r| &r[..kc + 3]).collect();
+            let mut want = vec![f32::NAN; kc * NR + 5];
+            pack_panel(&rows, NR, kc, &mut want);
+            for level in available_levels() {
+                let mut got = vec![f32::NAN; kc * NR + 5];
+                pack_panel_at(level.isa().unwrap(), &rows, NR, kc, &mut got);
+                assert!(got.iter().zip(&want).all(|(g, w)| g.to_bits() == w.to_bits()), "{level:?}, kc {kc}");
+            }
+        }
+    }
+
+    proptest! {
+        /// The left operand read in place, in pieces of up to `len` steps `step` apart, over
+        /// two blocks of the reduction: every level gives the in-order
+        /// chain bit for bit, into the result and transposed.
+        #[test]
+        fn rows_read_in_place_are_the_chain(
+            panels in 1usize..4, cols in 1usize..3, k in 1usize..40, len in 1usize..9, step in 1usize..4,
+            split in 0usize..40, seed in 0u32..1000,
+        ) {
+            let rows = panels * MR;
+            let buf = data(rows * 7 + k * 4 * step + 11, seed);
+            // Row i starts at 7 i; step q of the reduction at piece q / len, element q % len.
+            let place = |q: usize| (q / len) * (len * step + 3) + (q % len) * step;
+            let a: Vec<f32> = (0..rows * k).map(|e| buf[7 * (e / k) + place(e % k)]).collect();
+            let b = data(cols * NR * k, seed ^ 0x3333);
+            let want = chain(&a, &b, rows, cols * NR, k);
+            let bases: Vec<[usize; MR]> = (0..panels).map(|m| core::array::from_fn(|i| 7 * (m * MR + i))).collect();
+            let split = split.min(k - 1);
+            for level in available_levels() {
+                let isa = level.isa().unwrap();
+                let ld = cols * NR + 1;
+                let (mut c, mut t) = (vec![f32::NAN; rows * ld], vec![f32::NAN; cols * NR * (rows + 2)]);
+                for (q0, q1, last) in [(0, split, false), (split, k, true)] {
+                    let runs: Vec<(usize, usize)> = (q0..q1)
+                        .filter(|&q| q == q0 || q % len == 0)
+                        .map(|q| (place(q), (len - q % len).min(q1 - q)))
+                        .collect();
+                    let mut bp = vec![f32::NAN; cols * (q1 - q0) * NR];
+                    for (r, panel) in bp.chunks_exact_mut(((q1 - q0) * NR).max(1)).enumerate().take(cols) {
+                        let src: Vec<&[f32]> = (r * NR..(r + 1) * NR).map(|j| &b[j * k + q0..j * k + q1]).collect();
+                        pack_panel(&src, NR, q1 - q0, panel);
+                    }
+                    let rows_a = Rows { data: &buf, bases: &bases, runs: &runs, step };
+                    let to = last.then(|| Transposed { data: &mut t, ld: rows + 2 });
+                    product_rows(isa, rows_a, &bp, Out { data: &mut c, ld, first: q0 == 0 }, to);
+                }
+                for i in 0..rows {
+                    for j in 0..cols * NR {
+                        prop_assert_eq!(t[j * (rows + 2) + i].to_bits(), want[i * cols * NR + j].to_bits(), "{:?}", level);
+                    }
+                }
+            }
+        }
     }
 
     proptest! {

@@ -481,6 +481,45 @@ impl Windows {
         }
     }
 
+    /// The column matrix read where it lies in the padded copy, for products that take their
+    /// operand from `xp` instead of a lowered copy: row `r` of a block whose channels start
+    /// at `c0` holds, at column `j` of piece `(at, len)` of [`Windows::column_runs`],
+    /// `xp[row_offset(r, c0) + at + j * strides[last]]`. The split comes from the run starts [`Windows::im2col`] reads: a run's start
+    /// is its kernel position's offset plus its outer output position's, and kernel
+    /// position 0 and outer position 0 both have offset 0. Only from the padded copy.
+    pub(crate) fn row_offset(&self, r: usize, c0: usize) -> usize {
+        assert!(self.padded_copy, "row_offset reads the padded copy");
+        let (kl, outer) = (self.kernel_len(), self.output_len() / self.output[self.output.len() - 1].max(1));
+        (r / kl - c0) * self.padded_len() + self.starts[(r % kl) * outer]
+    }
+
+    /// Columns `q0 .. q0 + kc` of the column matrices of samples side by side (column `n *
+    /// output_len() + p`, samples `per_sample` elements of `xp` apart; see
+    /// [`Windows::row_offset`]) as pieces `(at, len)`, each inside one run of the innermost
+    /// output dimension: column `j < len` of a piece lies at `at + j * strides[last]`. In
+    /// column order, into `runs` (cleared first).
+    pub(crate) fn column_runs(&self, per_sample: usize, (q0, kc): (usize, usize), runs: &mut Vec<(usize, usize)>) {
+        assert!(self.padded_copy, "column_runs reads the padded copy");
+        runs.clear();
+        let (p, out_l, s) = (self.output_len(), self.output[self.output.len() - 1], self.last_stride());
+        if p == 0 {
+            return;
+        }
+        let mut q = 0;
+        while q < kc {
+            let (n, pp) = ((q0 + q) / p, (q0 + q) % p);
+            let (run, j0) = (pp / out_l, pp % out_l);
+            let len = (out_l - j0).min(kc - q);
+            runs.push((n * per_sample + self.starts[run] + j0 * s, len));
+            q += len;
+        }
+    }
+
+    /// The stride of the innermost dimension.
+    pub(crate) fn last_stride(&self) -> usize {
+        self.strides[self.strides.len() - 1]
+    }
+
     /// Adds the column matrix (`channels * kernel_len()` rows, row `r` at `col[r * ld +
     /// col0..][..output_len()]`) back onto the input grid `dx` (`channels x input_len()`):
     /// the adjoint of [`Windows::im2col`] (every column element to the input element
