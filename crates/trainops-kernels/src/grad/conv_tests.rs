@@ -73,13 +73,15 @@ fn cases() -> Vec<Case> {
         // Output grids above GATHER_MAX positions: col2im's runs path.
         // Whole panels of 32 output channels: at the AVX-512 level the weight gradient
         // reads its column matrix in place (a 3x3 layer, a 7x7 stride 2 stem of 5 column
-        // blocks, a strided pointwise one, row blocks of 64 channels, dilated, 1-d, 3-d).
+        // blocks, a strided pointwise one, row blocks of 64 channels, dilated, a stem cut
+        // into sample parts, 1-d, 3-d).
         case("in place, 3x3", (3, 8, 64), &[10, 9], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
         case("in place, 7x7 stem", (2, 3, 32), &[20, 18], &[7, 7], &[2, 2], &[1, 1], &[3, 3, 3, 3], 1),
         case("in place, 1x1 stride 2", (2, 24, 64), &[9, 7], &[1, 1], &[2, 2], &[1, 1], &[0, 0, 0, 0], 1),
         case("in place, row blocks", (4, 16, 128), &[16, 16], &[1, 1], &[1, 1], &[1, 1], &[0, 0, 0, 0], 1),
         case("in place, dilated", (2, 5, 32), &[11, 12], &[3, 2], &[1, 2], &[2, 3], &[2, 1, 0, 2], 1),
         case("in place, 1-d", (3, 4, 32), &[40], &[3], &[2], &[1], &[1, 1], 1),
+        case("in place, split samples", (9, 3, 32), &[48, 48], &[3, 3], &[2, 2], &[1, 1], &[1, 1, 1, 1], 1),
         case("in place, 3-d", (2, 3, 32), &[5, 6, 4], &[3, 3, 3], &[1, 1, 1], &[1, 1, 1], &[1, 1, 1, 1, 1, 1], 1),
         case("large grid runs", (2, 2, 3), &[20, 19], &[3, 3], &[1, 1], &[1, 1], &[1, 1, 1, 1], 1),
         case("large grid stride 2", (1, 3, 2), &[41, 37], &[3, 2], &[2, 2], &[1, 2], &[2, 0, 1, 1], 1),
@@ -199,6 +201,10 @@ fn whole_channel_panels_read_the_columns_in_place() {
         }
         if c.name == "in place, row blocks" {
             assert_eq!(panels, vec![0..8, 8..16]);
+        }
+        // Cut into sample parts: each part's block is added into dW (not written there).
+        if c.name == "in place, split samples" {
+            assert_eq!(sample_parts(&dims, panels.len() * blocks(&dims).len()).len(), SAMPLE_PARTS);
         }
     }
     assert!(in_place_shapes(true, 64, &[0..4, 4..8]));

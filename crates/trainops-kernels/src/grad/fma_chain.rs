@@ -323,15 +323,15 @@ pub(crate) struct Rows<'a> {
     pub step: usize,
 }
 
-/// Where [`product_rows`] puts its chains' results when they are final: transposed, tile
-/// element `(i, j)` (row `i` of the left operand, column `j` of the right) at
-/// `data[j * ld + i]`, from tile `(m, r)`'s first element at `m * MR + r * NR * ld`. The weight
-/// gradient computes `dW^T` and wants `dW`; storing each tile transposed from registers
-/// costs a few shuffles, where transposing the block afterwards took a third of layer4's
-/// time (its reduction is 128 steps, so dW-sized work weighs).
-pub(crate) struct Transposed<'a> {
-    pub data: &'a mut [f32],
-    pub ld: usize,
+/// Where [`product_rows`] puts its chains' results when they are final: transposed, one
+/// slice per column of the right operand, tile element `(i, j)` (row `i` of the left
+/// operand, column `j` of the right) at `cols[j][i]`, rows past the slices' common length
+/// dropped. The weight gradient computes `dW^T` and wants `dW`: each slice is a piece of a
+/// row of `dW` (or of a task's block), so the tiles go there transposed from registers,
+/// where transposing a block afterwards took a third of layer4's time (its reduction is
+/// 128 steps, so dW-sized work weighs).
+pub(crate) struct Transposed<'a, 'b> {
+    pub cols: &'a mut [&'b mut [f32]],
 }
 
 /// [`product`] with the left operand read in place ([`Rows`]): `c (+)= a * b` over the
@@ -340,7 +340,7 @@ pub(crate) struct Transposed<'a> {
 /// results go there instead of into `c` (which is still read where `!c.first`). Every
 /// element is the same chain as [`product`]'s, so the same bits; at the scalar and AVX2
 /// levels it runs the scalar loop (callers choose this form for AVX-512 only).
-pub(crate) fn product_rows(isa: Isa, a: Rows<'_>, b: &[f32], c: Out<'_>, to: Option<Transposed<'_>>) {
+pub(crate) fn product_rows(isa: Isa, a: Rows<'_>, b: &[f32], c: Out<'_>, to: Option<Transposed<'_, '_>>) {
     let kc: usize = a.runs.iter().map(|&(_, len)| len).sum();
     let rt = b.len() / (kc * NR).max(1);
     assert_eq!(b.len(), rt * kc * NR, "fma_chain: panels of whole steps");
@@ -353,7 +353,9 @@ pub(crate) fn product_rows(isa: Isa, a: Rows<'_>, b: &[f32], c: Out<'_>, to: Opt
         assert!(rt * NR <= c.ld && (rows - 1) * c.ld + rt * NR <= c.data.len(), "fma_chain: the result");
     }
     if let Some(t) = &to {
-        assert!(rows <= t.ld && (rt * NR - 1) * t.ld + rows <= t.data.len(), "fma_chain: the transposed result");
+        let len = t.cols.first().map_or(0, |c| c.len());
+        let same = t.cols.iter().all(|c| c.len() == len);
+        assert!(t.cols.len() >= rt * NR && same && len <= rows, "fma_chain: the transposed result");
     }
     // Every element read lies in `a.data`: the largest base plus each piece's last place.
     let top = a.bases.iter().flatten().copied().max().unwrap_or(0);
@@ -372,19 +374,22 @@ pub(crate) fn product_rows(isa: Isa, a: Rows<'_>, b: &[f32], c: Out<'_>, to: Opt
 
 /// The tiles of [`product_rows`], right panel outermost (it stays in the L1 cache while
 /// the left operand's rows are read from the L2 cache); the reference loop.
-fn product_rows_scalar(kc: usize, a: Rows<'_>, b: &[f32], c: Out<'_>, mut to: Option<Transposed<'_>>) {
+fn product_rows_scalar(kc: usize, a: Rows<'_>, b: &[f32], c: Out<'_>, mut to: Option<Transposed<'_, '_>>) {
     for (r, bp) in b.chunks_exact(kc * NR).enumerate() {
         for (m, base) in a.bases.iter().enumerate() {
             for (i, &row) in base.iter().enumerate() {
                 for j in 0..NR {
-                    let (e, t) =
-                        ((m * MR + i) * c.ld + r * NR + j, (r * NR + j) * to.as_ref().map_or(0, |t| t.ld) + m * MR + i);
+                    let e = (m * MR + i) * c.ld + r * NR + j;
                     let start = if c.first { 0.0 } else { c.data[e] };
                     let places = a.runs.iter().flat_map(|&(at, len)| (0..len).map(move |t| at + t * a.step));
                     let v =
                         places.enumerate().fold(start, |acc, (q, at)| a.data[row + at].mul_add(bp[q * NR + j], acc));
                     match &mut to {
-                        Some(to) => to.data[t] = v,
+                        Some(t) => {
+                            if let Some(d) = t.cols[r * NR + j].get_mut(m * MR + i) {
+                                *d = v;
+                            }
+                        }
                         None => c.data[e] = v,
                     }
                 }
@@ -402,21 +407,23 @@ fn product_rows_avx512(
     a: Rows<'_>,
     b: &[f32],
     c: Out<'_>,
-    to: Option<Transposed<'_>>,
+    to: Option<Transposed<'_, '_>>,
 ) {
     use core::arch::x86_64::*;
     let (first, ld) = (c.first, c.ld);
-    let (pt, ldt) = match to {
-        Some(t) => (Some(t.data.as_mut_ptr()), t.ld),
-        None => (None, 0),
+    // The transposed result's columns, and how many rows they hold.
+    let (outs, kept): (Vec<*mut f32>, usize) = match to {
+        Some(t) => (t.cols.iter_mut().map(|c| c.as_mut_ptr()).collect(), t.cols.first().map_or(0, |c| c.len())),
+        None => (Vec::new(), 0),
     };
     for (r, bp) in b.chunks_exact(kc * NR).enumerate() {
         for (m, base) in a.bases.iter().enumerate() {
             // SAFETY: `product_rows` checked that every `base[i] + at + t * step` (`t <
             // len`, every piece `(at, len)`) lies in `a.data`,
             // that the tile's MR rows of NR, `ld` apart from `m * MR * ld + r * NR`, lie in
-            // `c.data`, and with `to` that its NR columns of MR, `ldt` apart from `m * MR + r
-            // * NR * ldt`, lie in `to.data`; `bp` holds kc * NR elements.
+            // `c.data`, and with `to` that it has NR columns for every tile, all `kept` long:
+            // `store_transposed` writes rows `m * MR ..` of them below `kept`; `bp` holds kc
+            // * NR elements.
             unsafe {
                 let pd = a.data.as_ptr();
                 let rows: [*const f32; MR] = base.map(|o| pd.add(o));
@@ -445,17 +452,17 @@ fn product_rows_avx512(
                         pb = pb.add(NR);
                     }
                 }
-                match pt {
-                    Some(pt) => {
-                        let at = pt.add(m * MR + r * NR * ldt);
-                        store_transposed(acc.map(|row| row[0]), at, ldt);
-                        store_transposed(acc.map(|row| row[1]), at.add(16 * ldt), ldt);
+                if outs.is_empty() {
+                    for (i, row) in acc.iter().enumerate() {
+                        _mm512_storeu_ps(pc.add(i * ld), row[0]);
+                        _mm512_storeu_ps(pc.add(i * ld + 16), row[1]);
                     }
-                    None => {
-                        for (i, row) in acc.iter().enumerate() {
-                            _mm512_storeu_ps(pc.add(i * ld), row[0]);
-                            _mm512_storeu_ps(pc.add(i * ld + 16), row[1]);
-                        }
+                } else {
+                    let valid = kept.saturating_sub(m * MR).min(MR);
+                    for h in 0..2 {
+                        let cols: [*mut f32; 16] =
+                            core::array::from_fn(|j| outs[r * NR + 16 * h + j].wrapping_add(m * MR));
+                        store_transposed(acc.map(|row| row[h]), cols, valid);
                     }
                 }
             }
@@ -463,17 +470,18 @@ fn product_rows_avx512(
     }
 }
 
-/// Stores 8 rows of 16 as 16 rows of 8, `ld` apart from `out`: `out[j * ld + i] =
-/// rows[i][j]`. Per 128-bit lane `L`, unpacks and shuffles gather column `4L + c`'s rows
-/// 0-3 in `u[c]` and rows 4-7 in `v[c]`; a lane shuffle then puts columns `c` and `4 + c`
-/// (and `8 + c`, `12 + c`) whole in the halves of one register each.
+/// Stores 8 rows of 16 as 16 columns of `valid <= 8`: `cols[j][i] = rows[i][j]` for `i <
+/// valid` (rows past `valid` are dropped). Per 128-bit lane `L`, unpacks and shuffles
+/// gather column `4L + c`'s rows 0-3 in `u[c]` and rows 4-7 in `v[c]`; a lane shuffle then
+/// puts columns `c` and `4 + c` (and `8 + c`, `12 + c`) whole in the halves of one register
+/// each.
 ///
 /// # Safety
 ///
-/// AVX-512F; `out[j * ld .. j * ld + 8]` writable for every `j < 16`.
+/// AVX-512F; `cols[j][..valid]` writable for every `j < 16`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn store_transposed(rows: [core::arch::x86_64::__m512; MR], out: *mut f32, ld: usize) {
+unsafe fn store_transposed(rows: [core::arch::x86_64::__m512; MR], cols: [*mut f32; 16], valid: usize) {
     use core::arch::x86_64::*;
     let [r0, r1, r2, r3, r4, r5, r6, r7] = rows;
     let quads = |a: __m512, b: __m512, c: __m512, d: __m512| {
@@ -498,13 +506,20 @@ unsafe fn store_transposed(rows: [core::arch::x86_64::__m512; MR], out: *mut f32
         // [u.L2, u.L3, v.L2, v.L3] then [u.L2, v.L2, u.L3, v.L3]: columns 8 + c and 12 + c.
         let hi = _mm512_shuffle_f32x4::<0xEE>(u[c], v[c]);
         let hi = _mm512_shuffle_f32x4::<0xD8>(hi, hi);
-        // SAFETY: columns c, 4 + c, 8 + c and 12 + c, each 8 floats at `out + column * ld`,
-        // inside what the caller guarantees.
-        unsafe {
-            _mm256_storeu_ps(out.add(c * ld), half(lo, false));
-            _mm256_storeu_ps(out.add((4 + c) * ld), half(lo, true));
-            _mm256_storeu_ps(out.add((8 + c) * ld), half(hi, false));
-            _mm256_storeu_ps(out.add((12 + c) * ld), half(hi, true));
+        for (j, x) in
+            [(c, half(lo, false)), (4 + c, half(lo, true)), (8 + c, half(hi, false)), (12 + c, half(hi, true))]
+        {
+            // SAFETY: `cols[j][..valid]` is writable (the caller); a partial column goes
+            // through a local copy.
+            unsafe {
+                if valid == MR {
+                    _mm256_storeu_ps(cols[j], x);
+                } else {
+                    let mut tmp = [0f32; MR];
+                    _mm256_storeu_ps(tmp.as_mut_ptr(), x);
+                    core::ptr::copy_nonoverlapping(tmp.as_ptr(), cols[j], valid);
+                }
+            }
         }
     }
 }
@@ -582,12 +597,12 @@ mod tests {
 
     proptest! {
         /// The left operand read in place, in pieces of up to `len` steps `step` apart, over
-        /// two blocks of the reduction: every level gives the in-order
-        /// chain bit for bit, into the result and transposed.
+        /// two blocks of the reduction: every level gives the in-order chain bit for bit,
+        /// transposed into columns that keep all rows or fewer (and nothing past them).
         #[test]
         fn rows_read_in_place_are_the_chain(
             panels in 1usize..4, cols in 1usize..3, k in 1usize..40, len in 1usize..9, step in 1usize..4,
-            split in 0usize..40, seed in 0u32..1000,
+            split in 0usize..40, dropped in 0usize..8, seed in 0u32..1000,
         ) {
             let rows = panels * MR;
             let buf = data(rows * 7 + k * 4 * step + 11, seed);
@@ -601,6 +616,8 @@ mod tests {
             for level in available_levels() {
                 let isa = level.isa().unwrap();
                 let ld = cols * NR + 1;
+                // The transposed result: `rows - dropped` of each column kept.
+                let kept = rows - dropped;
                 let (mut c, mut t) = (vec![f32::NAN; rows * ld], vec![f32::NAN; cols * NR * (rows + 2)]);
                 for (q0, q1, last) in [(0, split, false), (split, k, true)] {
                     let runs: Vec<(usize, usize)> = (q0..q1)
@@ -613,12 +630,18 @@ mod tests {
                         pack_panel(&src, NR, q1 - q0, panel);
                     }
                     let rows_a = Rows { data: &buf, bases: &bases, runs: &runs, step };
-                    let to = last.then(|| Transposed { data: &mut t, ld: rows + 2 });
+                    let mut pieces: Vec<&mut [f32]> = t.chunks_exact_mut(rows + 2).map(|r| &mut r[..kept]).collect();
+                    let to = last.then(|| Transposed { cols: &mut pieces });
                     product_rows(isa, rows_a, &bp, Out { data: &mut c, ld, first: q0 == 0 }, to);
                 }
-                for i in 0..rows {
-                    for j in 0..cols * NR {
-                        prop_assert_eq!(t[j * (rows + 2) + i].to_bits(), want[i * cols * NR + j].to_bits(), "{:?}", level);
+                for j in 0..cols * NR {
+                    for i in 0..rows {
+                        let got = t[j * (rows + 2) + i];
+                        if i < kept {
+                            prop_assert_eq!(got.to_bits(), want[i * cols * NR + j].to_bits(), "{:?}", level);
+                        } else {
+                            prop_assert!(got.is_nan(), "{:?}: row {} past the kept ones written", level, i);
+                        }
                     }
                 }
             }
