@@ -540,7 +540,7 @@ pub fn weight_grad_at(
     // layer4, dW is 9.4 MB and its reduction only 128 steps: the blocks' fresh pages and
     // the copy took a third of the time).
     let direct = in_place && parts.len() == 1;
-    let pieces: Vec<Mutex<Vec<&mut [f32]>>> = tasks.iter().map(|_| Mutex::new(Vec::new())).collect();
+    let mut cut: Vec<Vec<&mut [f32]>> = tasks.iter().map(|_| Vec::new()).collect();
     if direct {
         for (at, row) in dw.chunks_exact_mut(k).enumerate() {
             let (g, m) = (at / mg, at % mg);
@@ -549,11 +549,11 @@ pub fn weight_grad_at(
             for (r, range) in ranges.iter().enumerate() {
                 let (piece, tail) = rest.split_at_mut(range.len());
                 rest = tail;
-                let task = (g * panels.len() + pr) * ranges.len() + r;
-                pieces[task].lock().unwrap_or_else(|e| e.into_inner()).push(piece);
+                cut[(g * panels.len() + pr) * ranges.len() + r].push(piece);
             }
         }
     }
+    let pieces: Vec<Mutex<Vec<&mut [f32]>>> = cut.into_iter().map(Mutex::new).collect();
     let failed = FirstError::new();
     // The column matrix (only without the padded copy), the padded input and the right
     // operand's panels of a task.

@@ -495,9 +495,8 @@ impl Windows {
 
     /// Columns `q0 .. q0 + kc` of the column matrices of samples side by side (column `n *
     /// output_len() + p`, samples `per_sample` elements of `xp` apart; see
-    /// [`Windows::row_offset`]) as pieces `(at, len)`, each inside one run of the innermost
-    /// output dimension: column `j < len` of a piece lies at `at + j * strides[last]`. In
-    /// column order, into `runs` (cleared first).
+    /// [`Windows::row_offset`]) as pieces `(at, len)`: column `j < len` of a piece lies at
+    /// `at + j * strides[last]`. In column order, into `runs` (cleared first).
     pub(crate) fn column_runs(&self, per_sample: usize, (q0, kc): (usize, usize), runs: &mut Vec<(usize, usize)>) {
         assert!(self.padded_copy, "column_runs reads the padded copy");
         runs.clear();
@@ -510,7 +509,13 @@ impl Windows {
             let (n, pp) = ((q0 + q) / p, (q0 + q) % p);
             let (run, j0) = (pp / out_l, pp % out_l);
             let len = (out_l - j0).min(kc - q);
-            runs.push((n * per_sample + self.starts[run] + j0 * s, len));
+            let at = n * per_sample + self.starts[run] + j0 * s;
+            // A piece that goes on where the last one ended (a pointwise convolution's rows
+            // follow one another) joins it: fewer, longer pieces.
+            match runs.last_mut() {
+                Some((a0, l0)) if *a0 + *l0 * s == at => *l0 += len,
+                _ => runs.push((at, len)),
+            }
             q += len;
         }
     }
