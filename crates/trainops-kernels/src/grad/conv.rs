@@ -607,6 +607,7 @@ pub fn weight_grad_at(
         let kl = dims.kernel_len;
         let (c0, c1) = (rows.start / kl, rows.end.div_ceil(kl));
         let mut first = true;
+        let mut runs = Vec::new();
         for n0 in samples.clone().step_by(chunk) {
             let nc = chunk.min(samples.end - n0);
             let cols = nc * p;
@@ -625,7 +626,8 @@ pub fn weight_grad_at(
                 let kc = KC.min(cols - q0);
                 let b = &mut bp[..rt * kc * NR];
                 if padded {
-                    windows.im2col_panels(isa, &xp, nc, c0, rows.clone(), (q0, kc), NR, b);
+                    windows.column_runs(xp.len() / nc, (q0, kc), &mut runs);
+                    windows.im2col_panels(isa, &xp, (c0, rows.clone()), &runs, NR, b);
                 } else {
                     for (t, panel) in b.chunks_exact_mut(kc * NR).enumerate() {
                         let src: Vec<&[f32]> =

@@ -67,7 +67,7 @@ pub(crate) fn pack_panel_at(isa: Isa, rows: &[&[f32]], width: usize, kc: usize, 
         // elements and `dst` `kc * NR`, checked above.
         unsafe { pack_transposed(t, rows, whole, dst) };
         if whole < kc {
-            let tail: Vec<&[f32]> = rows.iter().map(|r| &r[whole..kc]).collect();
+            let tail: [&[f32]; NR] = core::array::from_fn(|i| &rows[i][whole..kc]);
             pack_panel(&tail, width, kc - whole, &mut dst[whole * NR..]);
         }
         return;

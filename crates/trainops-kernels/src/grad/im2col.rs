@@ -394,61 +394,52 @@ impl Windows {
         }
     }
 
-    /// Columns `q0 .. q0 + kc` of rows `rows` of the column matrices of `samples` samples
-    /// side by side (as [`Windows::im2col`] lays them out: column `n * output_len() + p`),
-    /// straight into panels of `width` rows, `q`-major: row `rows.start + i`, column `q0 +
-    /// q` goes to `dst[(i / width) * kc * width + q * width + i % width]`; the lanes past
-    /// the last row are left as they are. `xp` as for [`Windows::im2col`]; only from the
-    /// padded copy (the caller checks [`Windows::pads_a_copy`]), where every run is a
-    /// strided read with no test for the padding.
-    #[allow(clippy::too_many_arguments)] // the block of the matrix and its panels' layout
+    /// Columns `q0 .. q0 + kc` of rows `rows` of the column matrices of samples side by
+    /// side (as [`Windows::im2col`] lays them out: column `n * output_len() + p`), given as
+    /// the pieces [`Windows::column_runs`] made of them, straight into panels of `width`
+    /// rows, `q`-major: row `rows.start + i`, column `q0 + q` goes to
+    /// `dst[(i / width) * kc * width + q * width + i % width]`; the lanes past the last row
+    /// are left as they are. `xp` as for [`Windows::im2col`]; only from the padded copy (the
+    /// caller checks [`Windows::pads_a_copy`]), where every piece is a strided read with no
+    /// test for the padding.
     pub(crate) fn im2col_panels(
         &self,
         isa: Isa,
         xp: &[f32],
-        samples: usize,
-        c0: usize,
-        rows: core::ops::Range<usize>,
-        (q0, kc): (usize, usize),
+        (c0, rows): (usize, core::ops::Range<usize>),
+        runs: &[(usize, usize)],
         width: usize,
         dst: &mut [f32],
     ) {
         assert!(self.padded_copy, "im2col_panels reads the padded copy");
-        let (kl, p) = (self.kernel_len(), self.output_len());
-        let out_l = self.output[self.output.len() - 1];
-        let s = self.strides[self.strides.len() - 1];
-        if p == 0 || samples == 0 || kc == 0 {
+        let s = self.last_stride();
+        let kc: usize = runs.iter().map(|&(_, len)| len).sum();
+        if kc == 0 {
             return;
         }
-        let grid = self.padded_len();
-        let outer = p / out_l;
-        let per_sample = xp.len() / samples;
         let nb = rows.len();
         for (t, panel) in dst.chunks_exact_mut(kc * width).take(nb.div_ceil(width)).enumerate() {
+            let first = rows.start + t * width;
+            let offsets = (first..rows.end.min(first + width)).map(|r| self.row_offset(r, c0));
             #[cfg(target_arch = "x86_64")]
             if let (Isa::Avx512(token), GATHER_LANES) = (isa, width) {
                 if xp.len() <= i32::MAX as usize {
-                    let first = rows.start + t * width;
-                    let lanes: Vec<(usize, usize)> = (first..rows.end.min(first + width))
-                        .map(|r| ((r / kl - c0) * grid, (r % kl) * outer))
-                        .collect();
+                    let mut base = [0i32; GATHER_LANES];
+                    let mut lanes = 0;
+                    for (b, off) in base.iter_mut().zip(offsets) {
+                        *b = off as i32;
+                        lanes += 1;
+                    }
+                    // Lanes past the last row read the first row's elements.
+                    let b0 = base[0];
+                    base[lanes..].fill(b0);
+                    let top = base[..lanes].iter().copied().max().unwrap_or(0) as usize;
                     let mut q = 0;
-                    while q < kc {
-                        let (n, pp) = ((q0 + q) / p, (q0 + q) % p);
-                        let (run, j0) = (pp / out_l, pp % out_l);
-                        let len = (out_l - j0).min(kc - q);
-                        let base = n * per_sample + j0 * s;
-                        let mut at = [0i32; GATHER_LANES];
-                        for (a, &(off, kk)) in at.iter_mut().zip(&lanes) {
-                            let e = base + off + self.starts[kk + run];
-                            // Every element the run reads lies in `xp` (which fits i32).
-                            assert!(e + (len - 1) * s < xp.len(), "im2col_panels: a run past the input");
-                            *a = e as i32;
-                        }
-                        // Lanes past the last row read the first row's elements.
-                        let a0 = at[0];
-                        at[lanes.len()..].fill(a0);
-                        // The step wraps only where the run has one element (else the
+                    for &(at, len) in runs {
+                        // Every element the piece reads lies in `xp` (which fits i32).
+                        assert!(top + at + (len - 1) * s < xp.len(), "im2col_panels: a run past the input");
+                        let at = base.map(|b| b + at as i32);
+                        // The step wraps only where the piece has one element (else the
                         // assertion above bounds it by the input's length).
                         let step = s as i32;
                         // SAFETY: the token proves the CPU has AVX-512F.
@@ -458,17 +449,11 @@ impl Windows {
                     continue;
                 }
             }
-            for i in 0..width.min(nb - t * width) {
-                let r = rows.start + t * width + i;
-                let (c, kk) = (r / kl - c0, r % kl);
-                let starts = &self.starts[kk * outer..(kk + 1) * outer];
-                // Along the columns, one run of the innermost output dimension at a time.
+            for (i, off) in offsets.enumerate() {
+                // Along the columns, one piece at a time.
                 let mut q = 0;
-                while q < kc {
-                    let (n, pp) = ((q0 + q) / p, (q0 + q) % p);
-                    let (run, j0) = (pp / out_l, pp % out_l);
-                    let len = (out_l - j0).min(kc - q);
-                    let at = n * per_sample + c * grid + starts[run] + j0 * s;
+                for &(at, len) in runs {
+                    let at = off + at;
                     let lanes = panel[q * width + i..].iter_mut().step_by(width);
                     if s == 1 {
                         lanes.zip(&xp[at..at + len]).for_each(|(v, &e)| *v = e);
@@ -484,9 +469,10 @@ impl Windows {
     /// The column matrix read where it lies in the padded copy, for products that take their
     /// operand from `xp` instead of a lowered copy: row `r` of a block whose channels start
     /// at `c0` holds, at column `j` of piece `(at, len)` of [`Windows::column_runs`],
-    /// `xp[row_offset(r, c0) + at + j * strides[last]]`. The split comes from the run starts [`Windows::im2col`] reads: a run's start
-    /// is its kernel position's offset plus its outer output position's, and kernel
-    /// position 0 and outer position 0 both have offset 0. Only from the padded copy.
+    /// `xp[row_offset(r, c0) + at + j * strides[last]]`. The split comes from the run
+    /// starts [`Windows::im2col`] reads: a run's start is its kernel position's offset plus
+    /// its outer output position's, and kernel position 0 and outer position 0 both have
+    /// offset 0. Only from the padded copy.
     pub(crate) fn row_offset(&self, r: usize, c0: usize) -> usize {
         assert!(self.padded_copy, "row_offset reads the padded copy");
         let (kl, outer) = (self.kernel_len(), self.output_len() / self.output[self.output.len() - 1].max(1));
